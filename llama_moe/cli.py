@@ -1,0 +1,45 @@
+"""``python -m llama_moe <command>``: each command lives in its own module and registers itself here."""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Callable
+
+from .errors import LlamaMoeError
+
+
+def _commands() -> list[Callable[[argparse._SubParsersAction], None]]:
+    from .commands import build_cmd, info, stats
+    from .synth import cli as synth_cli
+
+    return [stats.register, build_cmd.register, synth_cli.register, info.register]
+
+
+def make_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m llama_moe", description="MoE inference with a VRAM expert cache")
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv: llama.cpp's debug log)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for register in _commands():
+        register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = make_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    level = logging.WARNING - 10 * min(args.verbose, 2) if args.verbose else logging.INFO
+    logging.basicConfig(level=level, format="%(message)s", stream=sys.stderr)
+    # llama.cpp's own log is loud at INFO; show its warnings unless asked for more.
+    logging.getLogger("llama_moe.native").setLevel(logging.DEBUG if args.verbose >= 2 else
+                                                   logging.INFO if args.verbose else logging.WARNING)
+    try:
+        return int(args.func(args) or 0)
+    except LlamaMoeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130

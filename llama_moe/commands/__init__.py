@@ -1,0 +1,1 @@
+"""The subcommands of ``python -m llama_moe``."""

@@ -1,0 +1,103 @@
+"""``python -m llama_moe stats [MODEL]``: the main job. Runs a prompt and a generation with the experts in
+RAM and reports what happened: throughput, the model's MoE geometry and where its experts were."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..context import Context, Sampling
+from ..default_model import default_model_path, default_prompt
+from ..experts import ExpertLayout, expert_layout
+from ..model import Model
+from ..params import ContextParams, ModelParams
+
+
+@dataclass(frozen=True)
+class StatsReport:
+    model: str
+    description: str
+    library: str
+    variant: str
+    experts_in_ram: str
+    layout: ExpertLayout
+    n_prompt: int
+    n_gen: int
+    prompt_tps: float
+    gen_tps: float
+    text: str
+
+
+def run_stats(model_path: Path, model_params: ModelParams, ctx_params: ContextParams, prompt: str,
+              n_gen: int, sampling: Sampling) -> StatsReport:
+    from .. import _loader
+
+    layout = expert_layout(model_path)
+    with Model(model_path, model_params) as model, Context(model, ctx_params) as ctx:
+        # A warm-up decode, so that one-time allocations do not count against the prompt.
+        ctx.decode(model.tokenize("warm up"))
+        ctx.reset()
+        ctx.reset_perf()
+        completion = ctx.complete(prompt, n_gen, sampling)
+        perf = ctx.perf()
+        placement = ("all layers (cpu_moe)" if model_params.cpu_moe else
+                     f"layers 0..{model_params.n_cpu_moe - 1} (n_cpu_moe)" if model_params.n_cpu_moe else
+                     "none (experts on the default device)")
+        manifest = _loader.manifest()
+        return StatsReport(str(model_path), model.description, str(_loader.library_path()),
+                           manifest.get("variant", "?"), placement, layout, perf.n_prompt, perf.n_gen,
+                           perf.prompt_tps, perf.gen_tps, completion.text)
+
+
+def format_report(r: StatsReport) -> str:
+    lay = r.layout
+    lines = [
+        f"model        {r.model}",
+        f"             {r.description}; {lay.n_moe_layers} MoE layers x {lay.n_expert} experts, {lay.n_expert_used} used per token",
+        f"library      {r.library} ({r.variant})",
+        f"experts      in RAM: {r.experts_in_ram}",
+        f"prompt       {r.n_prompt} tokens at {r.prompt_tps:.1f} tok/s",
+        f"generation   {r.n_gen} tokens at {r.gen_tps:.1f} tok/s",
+        "",
+        "layer  experts  used/token  bytes/expert  expert type",
+    ]
+    for layer in lay.layers:
+        lines.append(f"{layer.il:5d}  {layer.n_expert:7d}  {lay.n_expert_used:10d}  {layer.bytes_per_expert:12,d}  {layer.type_name}")
+    lines += ["", f"text: {r.text!r}"]
+    return "\n".join(lines)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("stats", help="run a prompt and a generation and report what happened (the main job)")
+    p.add_argument("model", nargs="?", help="a GGUF MoE model (default: the embedded tiny synthetic model, made on first use)")
+    p.add_argument("-p", "--prompt", help="prompt text (default: a passage of the embedded corpus)")
+    p.add_argument("-n", "--n-gen", type=int, default=64, help="tokens to generate (default 64)")
+    p.add_argument("-t", "--threads", type=int, help="CPU threads (default: one per core)")
+    p.add_argument("-c", "--ctx", type=int, default=2048, help="context size (default 2048)")
+    p.add_argument("-ngl", "--n-gpu-layers", type=int, default=-1, help="layers on the GPU (default: all)")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--n-cpu-moe", type=int, help="keep the experts of the first N layers in RAM")
+    where.add_argument("--no-cpu-moe", action="store_true", help="do not keep experts in RAM")
+    p.add_argument("--temp", type=float, default=0.0, help="sampling temperature (default 0: greedy)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    model_path = Path(args.model) if args.model else default_model_path()
+    mp = ModelParams(n_gpu_layers=args.n_gpu_layers,
+                     cpu_moe=not args.no_cpu_moe and args.n_cpu_moe is None,
+                     n_cpu_moe=args.n_cpu_moe or 0)
+    cp = ContextParams(n_ctx=args.ctx, n_threads=args.threads)
+    report = run_stats(model_path, mp, cp, args.prompt or default_prompt(), args.n_gen,
+                       Sampling(temperature=args.temp, seed=args.seed))
+    if args.json:
+        json.dump(dataclasses.asdict(report), sys.stdout, indent=2)
+        print()
+    else:
+        print(format_report(report))
+    return 0

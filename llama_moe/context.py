@@ -1,0 +1,214 @@
+"""A context over a model: decoding batches, logits, and generation (greedy or sampled, streamed)."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+
+from . import _log
+from ._ffi import ffi
+from ._handle import NativeHandle
+from .errors import NativeCallError
+from .model import Model
+from .params import ContextParams
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How the next token is picked. ``temperature == 0`` is greedy (argmax) and ignores the rest."""
+
+    temperature: float = 0.0
+    top_k: int = 40
+    top_p: float = 0.95
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+
+
+GREEDY = Sampling()
+
+
+@dataclass(frozen=True)
+class Perf:
+    """llama.cpp's own timings since the context was created (or reset): prompt and generation."""
+
+    n_prompt: int
+    n_gen: int
+    t_prompt_ms: float
+    t_gen_ms: float
+
+    @property
+    def prompt_tps(self) -> float:
+        return 1000.0 * self.n_prompt / self.t_prompt_ms if self.t_prompt_ms > 0 else 0.0
+
+    @property
+    def gen_tps(self) -> float:
+        return 1000.0 * self.n_gen / self.t_gen_ms if self.t_gen_ms > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class Completion:
+    prompt_tokens: tuple[int, ...]
+    tokens: tuple[int, ...]
+    text: str
+    prompt_seconds: float
+    gen_seconds: float
+    stopped_by: str  # "eog" or "length"
+
+
+class _Sampler:
+    def __init__(self, lib: Any, sampling: Sampling) -> None:
+        self._lib = lib
+        chain = lib.llama_sampler_chain_init(lib.llama_sampler_chain_default_params())
+        if sampling.temperature == 0:
+            lib.llama_sampler_chain_add(chain, lib.llama_sampler_init_greedy())
+        else:
+            if sampling.top_k > 0:
+                lib.llama_sampler_chain_add(chain, lib.llama_sampler_init_top_k(sampling.top_k))
+            lib.llama_sampler_chain_add(chain, lib.llama_sampler_init_top_p(sampling.top_p, 1))
+            lib.llama_sampler_chain_add(chain, lib.llama_sampler_init_temp(sampling.temperature))
+            lib.llama_sampler_chain_add(chain, lib.llama_sampler_init_dist(sampling.seed & 0xFFFFFFFF))
+        self.chain = chain
+
+    def free(self) -> None:
+        if self.chain is not None:
+            self._lib.llama_sampler_free(self.chain)
+            self.chain = None
+
+
+class Context(NativeHandle):
+    """A llama.cpp context: KV cache, compute buffers and (with the patch series) the MoE expert cache.
+
+    One thread at a time: every native call holds the context's lock, so concurrent calls queue.
+    """
+
+    _kind = "Context"
+
+    def __init__(self, model: Model, params: ContextParams | None = None) -> None:
+        super().__init__()
+        self.model = model  # a strong reference: the model must outlive its contexts
+        self.params = params or ContextParams()
+        lib = model._lib
+        native, _keep = self.params._to_native(lib)
+        _log.clear_recent_problems()
+        ptr = lib.llama_init_from_model(model._native, native)
+        if ptr == ffi.NULL:
+            said = "; ".join(_log.recent_problems()) or "no reason given"
+            raise NativeCallError("llama_init_from_model", None, f"could not create the context: {said}")
+        self._lib = lib
+        n_batch = int(lib.llama_n_batch(ptr))
+        batch = lib.llama_batch_init(n_batch, 0, 1)
+
+        def free(p: Any = ptr, b: Any = batch, l: Any = lib) -> None:
+            l.llama_batch_free(b)
+            l.llama_free(p)
+
+        self._adopt(ptr, free)
+        self._batch = batch
+        self._n_batch = n_batch
+        self.n_past = 0
+
+    @property
+    def n_ctx(self) -> int:
+        return int(self._lib.llama_n_ctx(self._live()))
+
+    def reset(self) -> None:
+        """Forgets the evaluated tokens (clears the KV cache)."""
+        with self._lock:
+            self._lib.llama_memory_clear(self._lib.llama_get_memory(self._live()), True)
+            self.n_past = 0
+
+    def decode(self, tokens: Sequence[int], all_logits: bool = False) -> None:
+        """Evaluates tokens after the ones already evaluated, in chunks of n_batch; the last token's
+        logits (or every token's, with ``all_logits``, for the last chunk) become readable."""
+        if not tokens:
+            raise ValueError("decode needs at least one token")
+        n_vocab = self.model.n_vocab
+        for t in tokens:
+            if not 0 <= t < n_vocab:
+                raise ValueError(f"token id {t} is outside the vocabulary (0..{n_vocab - 1})")
+        with self._lock:
+            ptr = self._live()
+            if self.n_past + len(tokens) > self.n_ctx:
+                raise ValueError(f"{self.n_past} + {len(tokens)} tokens do not fit the context of {self.n_ctx}")
+            b = self._batch
+            for start in range(0, len(tokens), self._n_batch):
+                chunk = tokens[start:start + self._n_batch]
+                last_chunk = start + self._n_batch >= len(tokens)
+                b.n_tokens = len(chunk)
+                for i, tok in enumerate(chunk):
+                    b.token[i] = tok
+                    b.pos[i] = self.n_past + i
+                    b.n_seq_id[i] = 1
+                    b.seq_id[i][0] = 0
+                    b.logits[i] = 1 if last_chunk and (all_logits or i == len(chunk) - 1) else 0
+                rc = self._lib.llama_decode(ptr, b)
+                if rc != 0:
+                    said = "; ".join(_log.recent_problems())
+                    meaning = {1: "no KV cache slot for the batch", 2: "aborted", -1: "invalid batch"}.get(rc, "failed")
+                    raise NativeCallError("llama_decode", rc, meaning + (f": {said}" if said else ""))
+                self.n_past += len(chunk)
+
+    def logits(self, i: int = -1) -> np.ndarray:
+        """A copy of the logits of output ``i`` of the last decode (-1: the last)."""
+        with self._lock:
+            ptr = self._lib.llama_get_logits_ith(self._live(), i)
+            if ptr == ffi.NULL:
+                raise NativeCallError("llama_get_logits_ith", None, f"no logits for output {i}")
+            n = self.model.n_vocab
+            return np.frombuffer(ffi.buffer(ptr, 4 * n), dtype=np.float32).copy()
+
+    def generate(self, prompt: str | Sequence[int], max_tokens: int = 128, sampling: Sampling = GREEDY,
+                 stop_at_eog: bool = True) -> Iterator[int]:
+        """Evaluates the prompt, then yields up to ``max_tokens`` new tokens one by one as they are made."""
+        if max_tokens < 0:
+            raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
+        tokens = self.model.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+        sampler = _Sampler(self._lib, sampling)
+        try:
+            self.decode(tokens)
+            for _ in range(max_tokens):
+                with self._lock:
+                    tok = int(self._lib.llama_sampler_sample(sampler.chain, self._live(), -1))
+                if stop_at_eog and self.model.is_eog(tok):
+                    return
+                yield tok
+                self.decode([tok])
+        finally:
+            sampler.free()
+
+    def complete(self, prompt: str | Sequence[int], max_tokens: int = 128, sampling: Sampling = GREEDY) -> Completion:
+        """Generates to the end and returns the text with its timings."""
+        prompt_tokens = self.model.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+        out: list[int] = []
+        t0 = time.perf_counter()
+        t_first = None
+        stream = self.generate(prompt_tokens, max_tokens, sampling)
+        for tok in stream:
+            if t_first is None:
+                t_first = time.perf_counter()
+            out.append(tok)
+        t_end = time.perf_counter()
+        t_first = t_first or t_end
+        return Completion(tuple(prompt_tokens), tuple(out), self.model.detokenize(out), t_first - t0, t_end - t_first,
+                          "length" if len(out) == max_tokens else "eog")
+
+    def perf(self) -> Perf:
+        with self._lock:
+            d = self._lib.llama_perf_context(self._live())
+            return Perf(int(d.n_p_eval), int(d.n_eval), float(d.t_p_eval_ms), float(d.t_eval_ms))
+
+    def reset_perf(self) -> None:
+        with self._lock:
+            self._lib.llama_perf_context_reset(self._live())
+
+    def __repr__(self) -> str:
+        return f"<Context {'closed' if self.closed else f'n_ctx={self.n_ctx} n_past={self.n_past}'}>"

@@ -1,0 +1,60 @@
+"""Where a model's experts are and how big they are, read from its GGUF header."""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+from .errors import GgufError
+
+_EXPS = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down|gate_up)_(ch|)exps\.weight$")
+
+
+@dataclass(frozen=True)
+class LayerExperts:
+    il: int
+    n_expert: int
+    bytes_per_expert: int  # gate + up + down (or gate_up + down) of one expert
+    type_name: str         # the expert tensors' ggml types, e.g. "q8_0" or "q4_0/q8_0"
+
+
+@dataclass(frozen=True)
+class ExpertLayout:
+    n_layer: int
+    n_expert: int
+    n_expert_used: int
+    layers: tuple[LayerExperts, ...]
+
+    @property
+    def n_moe_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def total_expert_bytes(self) -> int:
+        return sum(l.n_expert * l.bytes_per_expert for l in self.layers)
+
+
+def expert_layout(path: str | os.PathLike[str]) -> ExpertLayout:
+    from .gguf.reader import read_gguf
+
+    gguf = read_gguf(path)
+    arch = gguf.architecture
+    if arch is None:
+        raise GgufError(f"{path}: no general.architecture; not a llama.cpp model")
+    n_layer = int(gguf.get(f"{arch}.block_count", 0))
+    n_expert = int(gguf.get(f"{arch}.expert_count", 0))
+    n_used = int(gguf.get(f"{arch}.expert_used_count", 0))
+    per_layer: dict[int, list] = {}
+    for t in gguf.tensors:
+        m = _EXPS.match(t.name)
+        if m:
+            per_layer.setdefault(int(m.group(1)), []).append(t)
+    layers = []
+    for il in sorted(per_layer):
+        tensors = per_layer[il]
+        n = tensors[0].ne[-1]
+        if any(t.ne[-1] != n for t in tensors):
+            raise GgufError(f"{path}: layer {il}'s expert tensors disagree on the number of experts")
+        types = "/".join(sorted({t.type.name.lower() for t in tensors}))
+        layers.append(LayerExperts(il, int(n), sum(t.nbytes for t in tensors) // int(n), types))
+    return ExpertLayout(n_layer, n_expert, n_used, tuple(layers))

@@ -1,0 +1,174 @@
+"""A loaded model: its geometry, its vocabulary, and tokenization."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from . import _log
+from ._ffi import ffi
+from ._handle import NativeHandle
+from ._loader import get_lib
+from .errors import GgufError, ModelLoadError
+from .params import ModelParams
+
+
+@dataclass(frozen=True)
+class MoeGeometry:
+    """The MoE shape of a model as its GGUF states it (zeros for a dense model)."""
+
+    n_layer: int
+    n_expert: int
+    n_expert_used: int
+    n_ff_exp: int
+
+
+def _check_gguf(path: Path) -> MoeGeometry:
+    """Reads the GGUF header before llama.cpp does, so a corrupt file gets an error that says what is wrong."""
+    from .gguf.reader import read_gguf
+
+    try:
+        gguf = read_gguf(path)
+    except GgufError as exc:
+        raise ModelLoadError(str(exc)) from exc
+    arch = gguf.metadata.get("general.architecture")
+    if not isinstance(arch, str):
+        raise ModelLoadError(f"{path}: no general.architecture in the GGUF metadata; is it a llama.cpp model?")
+
+    def meta_int(key: str) -> int:
+        value = gguf.metadata.get(f"{arch}.{key}", 0)
+        return int(value) if isinstance(value, (int, float)) else 0
+
+    return MoeGeometry(meta_int("block_count"), meta_int("expert_count"), meta_int("expert_used_count"),
+                       meta_int("expert_feed_forward_length"))
+
+
+class Model(NativeHandle):
+    """A GGUF model loaded by the patched libllama. Close it (or use ``with``) to free its memory."""
+
+    _kind = "Model"
+
+    def __init__(self, path: str | os.PathLike[str], params: ModelParams | None = None) -> None:
+        super().__init__()
+        self.path = Path(path)
+        self.params = params or ModelParams()
+        if not self.path.is_file():
+            raise ModelLoadError(f"{self.path}: no such model file")
+        self.geometry = _check_gguf(self.path)
+        lib = get_lib()
+        native, keep = self.params._to_native(lib)
+        _log.clear_recent_problems()
+        ptr = lib.llama_model_load_from_file(str(self.path).encode(), native)
+        del keep  # the loader copied what it needs
+        if ptr == ffi.NULL:
+            said = "; ".join(_log.recent_problems()) or "no reason given"
+            raise ModelLoadError(f"{self.path}: llama.cpp could not load it: {said}")
+        self._lib = lib
+        self._adopt(ptr, lambda p=ptr, l=lib: l.llama_model_free(p))
+        self._vocab = lib.llama_model_get_vocab(ptr)
+
+    # -- geometry -------------------------------------------------------------------------------------
+    @property
+    def n_layer(self) -> int:
+        return int(self._lib.llama_model_n_layer(self._live()))
+
+    @property
+    def n_embd(self) -> int:
+        return int(self._lib.llama_model_n_embd(self._live()))
+
+    @property
+    def n_vocab(self) -> int:
+        self._live()
+        return int(self._lib.llama_vocab_n_tokens(self._vocab))
+
+    @property
+    def n_params(self) -> int:
+        return int(self._lib.llama_model_n_params(self._live()))
+
+    @property
+    def size_bytes(self) -> int:
+        return int(self._lib.llama_model_size(self._live()))
+
+    @property
+    def description(self) -> str:
+        buf = ffi.new("char[]", 256)
+        self._lib.llama_model_desc(self._live(), buf, 256)
+        return ffi.string(buf).decode("utf-8", "replace")
+
+    def meta(self, key: str) -> str | None:
+        """A GGUF metadata value as llama.cpp renders it, or None when the key is absent."""
+        ptr = self._live()
+        size = 256
+        while True:
+            buf = ffi.new("char[]", size)
+            n = self._lib.llama_model_meta_val_str(ptr, key.encode(), buf, size)
+            if n < 0:
+                return None
+            if n < size:
+                return ffi.string(buf).decode("utf-8", "replace")
+            size = n + 1
+
+    # -- vocabulary -----------------------------------------------------------------------------------
+    @property
+    def bos(self) -> int:
+        self._live()
+        return int(self._lib.llama_vocab_bos(self._vocab))
+
+    @property
+    def eos(self) -> int:
+        self._live()
+        return int(self._lib.llama_vocab_eos(self._vocab))
+
+    def is_eog(self, token: int) -> bool:
+        self._live()
+        return bool(self._lib.llama_vocab_is_eog(self._vocab, token))
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        self._live()
+        data = text.encode("utf-8")
+        capacity = len(data) + 8
+        while True:
+            out = ffi.new("llama_token[]", capacity)
+            n = self._lib.llama_tokenize(self._vocab, data, len(data), out, capacity, add_special, parse_special)
+            if n >= 0:
+                return list(out[0:n])
+            if n == -(2**31):
+                raise ModelLoadError("tokenize: the text is too long for llama.cpp's int32 token count")
+            capacity = -n
+
+    def token_to_piece(self, token: int, special: bool = False) -> bytes:
+        """The bytes of one token; a multi-byte character can be split across tokens."""
+        self._live()
+        self._check_token(token)
+        buf = ffi.new("char[]", 64)
+        n = self._lib.llama_token_to_piece(self._vocab, token, buf, 64, 0, special)
+        if n < 0:
+            buf = ffi.new("char[]", -n)
+            n = self._lib.llama_token_to_piece(self._vocab, token, buf, -n, 0, special)
+        return ffi.buffer(buf, n)[:]
+
+    def detokenize(self, tokens: Sequence[int], remove_special: bool = False, unparse_special: bool = False) -> str:
+        self._live()
+        for t in tokens:
+            self._check_token(t)
+        arr = ffi.new("llama_token[]", list(tokens))
+        capacity = max(16, 8 * len(tokens))
+        while True:
+            buf = ffi.new("char[]", capacity)
+            n = self._lib.llama_detokenize(self._vocab, arr, len(tokens), buf, capacity, remove_special, unparse_special)
+            if n >= 0:
+                return ffi.buffer(buf, n)[:].decode("utf-8", "replace")
+            capacity = -n
+
+    def _check_token(self, token: int) -> None:
+        if not 0 <= token < self.n_vocab:
+            raise ValueError(f"token id {token} is outside the vocabulary (0..{self.n_vocab - 1})")
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"{self.geometry.n_layer} layers, {self.geometry.n_expert} experts"
+        return f"<Model {self.path.name}: {state}>"
+
+    @property
+    def _native(self) -> Any:
+        return self._live()

@@ -1,0 +1,127 @@
+"""Model and context parameters as dataclasses, validated in Python and turned into llama.cpp's structs."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from ._ffi import ffi
+from .errors import LlamaMoeError
+
+# llama.cpp's own patterns (common/common.h, LLM_FFN_EXPS_REGEX): the expert tensors of every MoE architecture.
+EXPERTS_REGEX = r"\.ffn_(up|down|gate|gate_up)_(ch|)exps"
+
+
+class ParameterError(LlamaMoeError, ValueError):
+    """A parameter is out of range or contradicts another."""
+
+
+def default_threads() -> int:
+    """Physical-ish cores: llama.cpp decodes fastest with one thread per core, not per hyperthread."""
+    n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, n // 2) if n > 4 else n
+
+
+@dataclass
+class ModelParams:
+    """How a model is loaded.
+
+    ``cpu_moe`` keeps every layer's experts in RAM (llama.cpp's ``--cpu-moe``); ``n_cpu_moe`` the experts of
+    the first N layers (``--n-cpu-moe N``); ``cpu_tensor_patterns`` adds regexes of tensors to keep in RAM (``-ot PATTERN=CPU``).
+    """
+
+    n_gpu_layers: int = -1
+    cpu_moe: bool = False
+    n_cpu_moe: int = 0
+    cpu_tensor_patterns: tuple[str, ...] = ()
+    use_mmap: bool = True
+    main_gpu: int = 0
+    check_tensors: bool = False
+
+    def validate(self) -> None:
+        if self.n_cpu_moe < 0:
+            raise ParameterError(f"n_cpu_moe must be >= 0, got {self.n_cpu_moe}")
+        if self.cpu_moe and self.n_cpu_moe:
+            raise ParameterError("cpu_moe already keeps every layer's experts in RAM; n_cpu_moe would contradict it")
+        if self.main_gpu < 0:
+            raise ParameterError(f"main_gpu must be >= 0, got {self.main_gpu}")
+
+    def override_patterns(self) -> list[str]:
+        """The tensor patterns placed in RAM, in the order llama.cpp's common library would add them."""
+        patterns = list(self.cpu_tensor_patterns)
+        if self.cpu_moe:
+            patterns.append(EXPERTS_REGEX)
+        patterns += [rf"blk\.{i}{EXPERTS_REGEX}" for i in range(self.n_cpu_moe)]
+        return patterns
+
+    @property
+    def experts_in_ram(self) -> bool:
+        return self.cpu_moe or self.n_cpu_moe > 0 or any("exps" in p for p in self.cpu_tensor_patterns)
+
+    def _to_native(self, lib: Any) -> tuple[Any, list[Any]]:
+        """The struct, and the cdata that must outlive the load (strings and the override array)."""
+        self.validate()
+        p = lib.llama_model_default_params()
+        p.n_gpu_layers = self.n_gpu_layers
+        p.main_gpu = self.main_gpu
+        p.check_tensors = self.check_tensors
+        p.load_mode = lib.LLAMA_LOAD_MODE_MMAP if self.use_mmap else lib.LLAMA_LOAD_MODE_NONE
+        keep: list[Any] = []
+        patterns = self.override_patterns()
+        if patterns:
+            overrides = ffi.new("struct llama_model_tensor_buft_override[]", len(patterns) + 1)
+            cpu = lib.ggml_backend_cpu_buffer_type()
+            for i, pattern in enumerate(patterns):
+                s = ffi.new("char[]", pattern.encode())
+                keep.append(s)
+                overrides[i].pattern = s
+                overrides[i].buft = cpu
+            overrides[len(patterns)].pattern = ffi.NULL  # the list ends with a NULL pattern
+            keep.append(overrides)
+            p.tensor_buft_overrides = overrides
+        return p, keep
+
+
+@dataclass
+class ContextParams:
+    """How a context runs. ``None`` for a thread count means one thread per core."""
+
+    n_ctx: int = 4096
+    n_batch: int = 2048
+    n_ubatch: int = 512
+    n_threads: int | None = None
+    n_threads_batch: int | None = None
+    flash_attn: bool | None = None  # None: llama.cpp decides
+    offload_kqv: bool = True
+    op_offload: bool = True
+    no_perf: bool = False
+
+    def validate(self) -> None:
+        for name in ("n_ctx", "n_batch", "n_ubatch"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 0 or value > 1 << 24:
+                raise ParameterError(f"{name} must be a whole number from 0 to {1 << 24}, got {value!r}")
+        if self.n_batch == 0 or self.n_ubatch == 0:
+            raise ParameterError("n_batch and n_ubatch must be at least 1")
+        if self.n_ubatch > self.n_batch:
+            raise ParameterError(f"n_ubatch ({self.n_ubatch}) cannot exceed n_batch ({self.n_batch})")
+        for name in ("n_threads", "n_threads_batch"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1 or value > 1024):
+                raise ParameterError(f"{name} must be from 1 to 1024 or None, got {value!r}")
+
+    def _to_native(self, lib: Any) -> tuple[Any, list[Any]]:
+        self.validate()
+        p = lib.llama_context_default_params()
+        p.n_ctx = self.n_ctx
+        p.n_batch = self.n_batch
+        p.n_ubatch = self.n_ubatch
+        threads = self.n_threads or default_threads()
+        p.n_threads = threads
+        p.n_threads_batch = self.n_threads_batch or threads
+        p.flash_attn_type = {None: lib.LLAMA_FLASH_ATTN_TYPE_AUTO, True: lib.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+                             False: lib.LLAMA_FLASH_ATTN_TYPE_DISABLED}[self.flash_attn]
+        p.offload_kqv = self.offload_kqv
+        p.op_offload = self.op_offload
+        p.no_perf = self.no_perf
+        return p, []

@@ -1,0 +1,32 @@
+"""Shared fixtures: the real patched libllama and small synthetic MoE models made once per session."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def lib():
+    """The loaded native library; a missing build fails loudly: CI builds it before the tests."""
+    from llama_moe._loader import get_lib
+
+    return get_lib()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from llama_moe.synth import synthesize
+
+    path = tmp_path_factory.mktemp("models") / "tiny-q8_0.gguf"
+    synthesize(path, shape="tiny", expert_type="q8_0", seed=0)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_q4_model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from llama_moe.synth import synthesize
+
+    path = tmp_path_factory.mktemp("models") / "tiny-q4_0.gguf"
+    synthesize(path, shape="tiny", expert_type="q4_0", seed=1)
+    return path

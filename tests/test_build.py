@@ -1,0 +1,117 @@
+"""build_native.py: the patch series, its failures, the no-op rebuild, bundles and CUDA detection."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from llama_moe import paths
+from llama_moe.build.patches import PatchSeries, apply_series
+from llama_moe.build.source import BUNDLE_MARKER, BasePin, write_bundle
+from llama_moe.errors import BuildError
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _run_build(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(ROOT / "build_native.py"), *args], capture_output=True, text=True,
+                          env={**os.environ, **env}, timeout=600)
+
+
+def _pristine() -> Path:
+    pin = BasePin.read(paths.patches_dir() / "BASE")
+    tree = paths.cache_dir() / "src" / f"pristine-{pin.commit}"
+    if not tree.is_dir():
+        pytest.skip("the pristine tree is only cached after a build from the sdist")
+    return tree
+
+
+def test_series_lists_existing_patches_and_the_hash_follows_the_content(tmp_path) -> None:
+    series = PatchSeries(paths.patches_dir())
+    assert series.names and all((series.root / n).is_file() for n in series.names)
+    copy = tmp_path / "patches"
+    subprocess.run(["cp", "-r", str(series.root), str(copy)], check=True)
+    before = PatchSeries(copy).digest()
+    assert before == series.digest()
+    new_file = copy / "files" / "src" / "llama-moe.cpp"
+    new_file.write_text(new_file.read_text() + "\n// edited\n")
+    assert PatchSeries(copy).digest() != before
+
+
+def test_a_patch_that_does_not_apply_names_itself_and_its_hunk(tmp_path) -> None:
+    tree = tmp_path / "tree"
+    (tree / "src").mkdir(parents=True)
+    (tree / "src" / "a.c").write_text("int a(void) {\n    return 1;\n}\n")
+    patches = tmp_path / "patches"
+    patches.mkdir()
+    (patches / "BASE").write_text("commit: x\npackage: p\nmember: m\nsha256: s\n")
+    (patches / "0001-change-a.patch").write_text(
+        "--- a/src/a.c\n+++ b/src/a.c\n@@ -1,3 +1,3 @@\n int a(void) {\n-    return 2;\n+    return 3;\n }\n")
+    (patches / "series").write_text("0001-change-a.patch\n")
+    with pytest.raises(BuildError) as err:
+        apply_series(PatchSeries(patches), tree)
+    text = str(err.value)
+    assert "0001-change-a.patch does not apply" in text
+    assert "return 2" in text  # the rejected hunk is shown
+    assert (tree / "src" / "a.c").read_text() == "int a(void) {\n    return 1;\n}\n"
+
+
+def test_the_series_applies_to_the_pinned_base(tmp_path) -> None:
+    pristine = _pristine()
+    tree = tmp_path / "llama.cpp"
+    tree.mkdir()
+    for part in ("include", "src"):
+        subprocess.run(["cp", "-r", str(pristine / part), str(tree / part)], check=True)
+    apply_series(PatchSeries(paths.patches_dir()), tree)
+    assert "llama_moe_abi_version" in (tree / "include" / "llama.h").read_text()
+    assert (tree / "src" / "llama-moe.cpp").is_file()
+
+
+def test_a_second_build_with_nothing_changed_is_a_no_op() -> None:
+    proc = _run_build("--cpu", "--tests")
+    assert proc.returncode == 0, proc.stderr
+    assert "up to date" in proc.stdout
+    install = Path(proc.stdout.split("up to date: ", 1)[1].split(" (", 1)[0])
+    manifest = json.loads((install / "manifest.json").read_text())
+    assert manifest["variant"] == "cpu" and manifest["abi_version"] == 1
+    assert manifest["patch_hash"] == PatchSeries(paths.patches_dir()).digest()
+    for tool in ("libllama.so", "llama-server", "llama-cli", "llama-bench", "test-backend-ops"):
+        assert (install / tool).exists(), tool
+
+
+def test_cuda_without_a_toolkit_fails_hard(tmp_path) -> None:
+    proc = _run_build("--cuda", CUDA_HOME=str(tmp_path))
+    assert proc.returncode == 1
+    assert "cannot build for CUDA" in proc.stderr and f"CUDA_HOME={tmp_path} has no working bin/nvcc" in proc.stderr
+
+
+def test_a_bad_source_is_refused(tmp_path) -> None:
+    not_a_tree = tmp_path / "empty"
+    not_a_tree.mkdir()
+    proc = _run_build("--cpu", "--force", "--source", str(not_a_tree))
+    assert proc.returncode == 1 and "not a llama.cpp source tree" in proc.stderr
+    fake = tmp_path / "fake.tar.gz"
+    with tarfile.open(fake, "w:gz") as tar:
+        tar.add(not_a_tree, arcname="x")
+    proc = _run_build("--cpu", "--force", "--source", str(fake))
+    assert proc.returncode == 1 and "sha256 is" in proc.stderr
+
+
+@pytest.mark.slow
+def test_bundle_is_small_and_marked(tmp_path) -> None:
+    pin = BasePin.read(paths.patches_dir() / "BASE")
+    out = tmp_path / "llama.cpp-bundle.tar.xz"
+    size = write_bundle(_pristine(), pin, out)
+    assert size < 16 * 2**20
+    with tarfile.open(out) as tar:
+        names = set(tar.getnames())
+        marker = json.load(tar.extractfile(f"llama.cpp/{BUNDLE_MARKER}"))
+    assert marker["commit"] == pin.commit
+    for needed in ("llama.cpp/include/llama.h", "llama.cpp/ggml/src/ggml-cuda/mmq.cu", "llama.cpp/tools/server/server.cpp",
+                   "llama.cpp/scripts/ui-assets.cmake", "llama.cpp/tests/test-backend-ops.cpp"):
+        assert needed in names, needed
