@@ -13,6 +13,8 @@ from ._handle import NativeHandle
 from .errors import NativeCallError
 from .model import Model
 from .params import ContextParams
+from .stats import LayerStats, MoeCacheStats
+from .trace import RoutingRecord, parse_stream
 
 
 @dataclass(frozen=True)
@@ -97,9 +99,10 @@ class Context(NativeHandle):
         self.model = model  # a strong reference: the model must outlive its contexts
         self.params = params or ContextParams()
         lib = model._lib
-        native, _keep = self.params._to_native(lib)
+        native, keep = self.params._to_native(lib)
         _log.clear_recent_problems()
         ptr = lib.llama_init_from_model(model._native, native)
+        del keep  # the context copied the strings it needs
         if ptr == ffi.NULL:
             said = "; ".join(_log.recent_problems()) or "no reason given"
             raise NativeCallError("llama_init_from_model", None, f"could not create the context: {said}")
@@ -200,6 +203,50 @@ class Context(NativeHandle):
         t_first = t_first or t_end
         return Completion(tuple(prompt_tokens), tuple(out), self.model.detokenize(out), t_first - t0, t_end - t_first,
                           "length" if len(out) == max_tokens else "eog")
+
+    # -- the MoE cache -------------------------------------------------------------------------------
+    def moe_cache_stats(self) -> MoeCacheStats | None:
+        """The cache's counters, or None when this context has no MoE cache."""
+        with self._lock:
+            out = ffi.new("struct llama_moe_cache_stats *")
+            if not self._lib.llama_moe_cache_get_stats(self._live(), out):
+                return None
+            return MoeCacheStats._from_native(out)
+
+    def layer_stats(self) -> list[LayerStats]:
+        """One entry per layer the cache serves (empty without a cache)."""
+        with self._lock:
+            ptr = self._live()
+            n = self._lib.llama_moe_cache_get_layer_stats(ptr, ffi.NULL, 0)
+            arr = ffi.new("struct llama_moe_cache_layer_stats[]", max(n, 1))
+            n = min(n, self._lib.llama_moe_cache_get_layer_stats(ptr, arr, n))
+            return [LayerStats(int(a.il), int(a.n_slots), int(a.n_hit), int(a.n_hit_profile), int(a.n_miss))
+                    for a in arr[0:n]]
+
+    def resident(self, il: int) -> np.ndarray:
+        """The expert ids the cache holds in layer ``il`` now, ascending (empty for a layer it does not serve)."""
+        with self._lock:
+            ptr = self._live()
+            n = self._lib.llama_moe_cache_get_resident(ptr, il, ffi.NULL, 0)
+            arr = ffi.new("int32_t[]", max(n, 1))
+            n = min(n, self._lib.llama_moe_cache_get_resident(ptr, il, arr, n))
+            return np.frombuffer(ffi.buffer(arr, 4 * n), dtype=np.int32).copy()
+
+    # -- routing traces --------------------------------------------------------------------------------
+    def start_trace(self) -> None:
+        """Records the experts every MoE layer selects from now on (one device sync per layer while on)."""
+        with self._lock:
+            self._lib.llama_moe_trace_start(self._live())
+
+    def stop_trace(self) -> list[RoutingRecord]:
+        """Stops recording and returns what was recorded since start_trace, one record per ubatch and layer."""
+        with self._lock:
+            ptr = self._live()
+            self._lib.llama_moe_trace_stop(ptr)
+            n = self._lib.llama_moe_trace_get(ptr, ffi.NULL, 0)
+            buf = np.empty(max(n, 1), dtype=np.int32)
+            n = min(n, self._lib.llama_moe_trace_get(ptr, ffi.cast("int32_t *", buf.ctypes.data), n))
+            return parse_stream(buf[:n])
 
     def perf(self) -> Perf:
         with self._lock:

@@ -37,6 +37,9 @@ class ModelParams:
     use_mmap: bool = True
     main_gpu: int = 0
     check_tensors: bool = False
+    # llama.cpp may repack CPU weights for faster kernels; the MoE cache cannot slice experts out of a
+    # repacked tensor, so on a machine without a GPU host buffer it needs repack=False (--no-repack)
+    repack: bool = True
 
     def validate(self) -> None:
         if self.n_cpu_moe < 0:
@@ -65,6 +68,7 @@ class ModelParams:
         p.n_gpu_layers = self.n_gpu_layers
         p.main_gpu = self.main_gpu
         p.check_tensors = self.check_tensors
+        p.use_extra_bufts = self.repack
         p.load_mode = lib.LLAMA_LOAD_MODE_MMAP if self.use_mmap else lib.LLAMA_LOAD_MODE_NONE
         keep: list[Any] = []
         patterns = self.override_patterns()
@@ -95,6 +99,11 @@ class ContextParams:
     offload_kqv: bool = True
     op_offload: bool = True
     no_perf: bool = False
+    # the MoE expert cache (patch 0002): size in MiB (0 = off), a profile to fill it from, and its modes
+    moe_cache_mib: float = 0
+    moe_cache_profile: str | os.PathLike[str] | None = None
+    moe_cache_hybrid: bool = False
+    moe_cache_adaptive: bool = False
 
     def validate(self) -> None:
         for name in ("n_ctx", "n_batch", "n_ubatch"):
@@ -105,6 +114,8 @@ class ContextParams:
             raise ParameterError("n_batch and n_ubatch must be at least 1")
         if self.n_ubatch > self.n_batch:
             raise ParameterError(f"n_ubatch ({self.n_ubatch}) cannot exceed n_batch ({self.n_batch})")
+        if not isinstance(self.moe_cache_mib, (int, float)) or not 0 <= self.moe_cache_mib <= 1 << 24:
+            raise ParameterError(f"moe_cache_mib must be from 0 to {1 << 24} MiB, got {self.moe_cache_mib!r}")
         for name in ("n_threads", "n_threads_batch"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1 or value > 1024):
@@ -124,4 +135,12 @@ class ContextParams:
         p.offload_kqv = self.offload_kqv
         p.op_offload = self.op_offload
         p.no_perf = self.no_perf
-        return p, []
+        keep: list[Any] = []
+        p.moe_cache_size = int(self.moe_cache_mib * 2**20)
+        if self.moe_cache_profile is not None:
+            profile = ffi.new("char[]", os.fsencode(self.moe_cache_profile))
+            keep.append(profile)
+            p.moe_cache_profile = profile
+        p.moe_cache_hybrid = self.moe_cache_hybrid
+        p.moe_cache_adaptive = self.moe_cache_adaptive
+        return p, keep

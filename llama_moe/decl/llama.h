@@ -159,6 +159,12 @@ struct llama_context_params {
     size_t                            n_samplers;
 
     struct llama_context * ctx_other;
+
+    // llama_moe (patches/0002-moe-cache.patch)
+    size_t       moe_cache_size;
+    const char * moe_cache_profile;
+    bool         moe_cache_hybrid;
+    bool         moe_cache_adaptive;
 };
 
 typedef struct llama_sampler_chain_params {

@@ -3,3 +3,35 @@
 int32_t llama_moe_abi_version(void);
 size_t  llama_moe_context_params_size(void);
 size_t  llama_moe_model_params_size(void);
+
+struct llama_moe_cache_stats {
+    uint64_t n_hit;
+    uint64_t n_hit_profile;
+    uint64_t n_miss;
+    uint64_t n_bytes_upload;
+    uint64_t n_bytes_cpu;
+    bool     hybrid;
+    uint64_t n_copy;
+    uint64_t n_bytes_copy;
+    uint64_t n_slots;
+    uint64_t n_prefilled;
+    uint64_t n_bytes_cache;
+    uint64_t n_swap;
+};
+
+struct llama_moe_cache_layer_stats {
+    int32_t  il;
+    int32_t  n_slots;
+    uint64_t n_hit;
+    uint64_t n_hit_profile;
+    uint64_t n_miss;
+};
+
+bool    llama_moe_cache_get_stats(const struct llama_context * ctx, struct llama_moe_cache_stats * stats);
+int32_t llama_moe_cache_get_layer_stats(const struct llama_context * ctx, struct llama_moe_cache_layer_stats * stats, int32_t n_max);
+int32_t llama_moe_cache_get_resident(const struct llama_context * ctx, int32_t il, int32_t * experts, int32_t n_max);
+int32_t llama_moe_cache_rebalance(struct llama_context * ctx, int32_t max_swaps);
+
+void    llama_moe_trace_start(struct llama_context * ctx);
+void    llama_moe_trace_stop(struct llama_context * ctx);
+int64_t llama_moe_trace_get(const struct llama_context * ctx, int32_t * data, int64_t n_max);

@@ -1,0 +1,433 @@
+#include "llama-moe-cache.h"
+
+#include "llama-impl.h"
+#include "llama-model.h"
+#include "llama-moe-profile.h"
+
+#include "ggml.h"
+#include "ggml-backend.h"
+#include "ggml-cpu.h"
+
+#include <algorithm>
+#include <cinttypes>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <stdexcept>
+#include <tuple>
+
+static constexpr double MiB = 1024.0*1024.0;
+
+// Where the cache lives: the model's first GPU, or the device LLAMA_MOE_CACHE_DEVICE names.
+// LLAMA_MOE_CACHE_DEVICE=CPU puts it in host memory: nothing is faster then, but every lookup, upload and
+// counter runs, which is how the cache is tested on machines without a GPU.
+static ggml_backend_buffer_type_t llama_moe_cache_pick_buft(const llama_model & model, std::string & name) {
+    const char * env = getenv("LLAMA_MOE_CACHE_DEVICE");
+    if (env && *env) {
+        if (strcasecmp(env, "CPU") == 0) {
+            name = "CPU";
+            return ggml_backend_cpu_buffer_type();
+        }
+        for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
+            ggml_backend_dev_t dev = ggml_backend_dev_get(i);
+            if (strcasecmp(ggml_backend_dev_name(dev), env) == 0) {
+                name = ggml_backend_dev_name(dev);
+                return ggml_backend_dev_buffer_type(dev);
+            }
+        }
+        LLAMA_LOG_WARN("llama_moe_cache: LLAMA_MOE_CACHE_DEVICE=%s names no device; the cache is off\n", env);
+        return nullptr;
+    }
+    for (const auto & d : model.devices) {
+        const auto type = ggml_backend_dev_type(d.dev);
+        if (type == GGML_BACKEND_DEVICE_TYPE_GPU || type == GGML_BACKEND_DEVICE_TYPE_IGPU) {
+            name = ggml_backend_dev_name(d.dev);
+            return ggml_backend_dev_buffer_type(d.dev);
+        }
+    }
+    return nullptr;
+}
+
+// An expert tensor the cache can copy from: in host memory, in the plain layout (a repacked CPU buffer
+// reorders the rows, so a slice of it is not an expert), with one expert per ne[2].
+static bool llama_moe_cache_host_tensor(const ggml_tensor * t) {
+    return t != nullptr && t->buffer != nullptr && ggml_backend_buffer_is_host(t->buffer) &&
+           ggml_backend_buffer_get_usage(t->buffer) == GGML_BACKEND_BUFFER_USAGE_WEIGHTS && t->data != nullptr;
+}
+
+std::unique_ptr<llama_moe_cache> llama_moe_cache::create(const llama_model & model, const llama_moe_cache_params & params) {
+    if (params.size == 0) {
+        if (!params.profile.empty() || params.hybrid || params.adaptive) {
+            LLAMA_LOG_WARN("llama_moe_cache: --moe-cache-profile, --moe-cache-hybrid and --moe-cache-adaptive do nothing "
+                           "without --moe-cache-mib\n");
+        }
+        return nullptr;
+    }
+    std::string dev_name;
+    ggml_backend_buffer_type_t buft = llama_moe_cache_pick_buft(model, dev_name);
+    if (buft == nullptr) {
+        LLAMA_LOG_WARN("llama_moe_cache: no GPU to hold the cache; it is off (LLAMA_MOE_CACHE_DEVICE=CPU runs it in RAM, for testing)\n");
+        return nullptr;
+    }
+
+    std::unique_ptr<llama_moe_cache> cache(new llama_moe_cache());
+    cache->params      = params;
+    cache->device_name = dev_name;
+
+    // the layers whose experts are all in host memory
+    int n_repacked = 0, n_scaled = 0;
+    std::map<std::tuple<int, int64_t, int64_t, int, int64_t, int64_t, int, int64_t, int64_t>, int> groups;
+    for (int il = 0; il < (int) model.layers.size(); ++il) {
+        const auto & l = model.layers[il];
+        ggml_tensor * gate = l.ffn_gate_up_exps ? l.ffn_gate_up_exps : l.ffn_gate_exps;
+        ggml_tensor * up   = l.ffn_gate_up_exps ? nullptr : l.ffn_up_exps;
+        ggml_tensor * down = l.ffn_down_exps;
+        if (down == nullptr || (gate == nullptr && up == nullptr)) {
+            continue;
+        }
+        if (l.ffn_gate_exps_s || l.ffn_up_exps_s || l.ffn_down_exps_s) {
+            n_scaled++; // per-expert scales would be looked up by slot id
+            continue;
+        }
+        bool host = llama_moe_cache_host_tensor(down);
+        for (ggml_tensor * t : {gate, up}) {
+            host = host && (t == nullptr || llama_moe_cache_host_tensor(t));
+        }
+        if (!host) {
+            // a CPU buffer that is not host memory is a repacked one (CPU_REPACK, AMX, ...)
+            if (down->buffer && strstr(ggml_backend_buffer_name(down->buffer), "CPU") != nullptr) {
+                n_repacked++;
+            }
+            continue;
+        }
+        llama_moe_cache_layer layer;
+        layer.il       = il;
+        layer.src[0]   = gate;
+        layer.src[1]   = up;
+        layer.src[2]   = down;
+        layer.n_expert = (int) down->ne[2];
+        for (ggml_tensor * t : layer.src) {
+            if (t) {
+                GGML_ASSERT(t->ne[2] == down->ne[2] && "expert tensors of a layer disagree on the number of experts");
+                layer.expert_bytes += t->nb[2];
+            }
+        }
+        auto key = std::make_tuple(
+            gate ? (int) gate->type : -1, gate ? gate->ne[0] : 0, gate ? gate->ne[1] : 0,
+            up   ? (int) up->type   : -1, up   ? up->ne[0]   : 0, up   ? up->ne[1]   : 0,
+            (int) down->type, down->ne[0], down->ne[1]);
+        auto it = groups.find(key);
+        layer.group = it == groups.end() ? (groups[key] = (int) groups.size()) : it->second;
+        cache->layers.push_back(std::move(layer));
+    }
+    if (n_scaled > 0) {
+        LLAMA_LOG_WARN("llama_moe_cache: %d layers have per-expert scales, which the cache does not copy; they keep llama.cpp's path\n", n_scaled);
+    }
+    if (cache->layers.empty()) {
+        LLAMA_LOG_WARN("llama_moe_cache: --moe-cache-mib is set, but no layer has its experts in RAM%s; the cache is off "
+                       "(use --cpu-moe, --n-cpu-moe N or -ot patterns that keep ffn_*_exps on the CPU)\n",
+                       n_repacked ? " in a layout it can copy (repacked CPU buffers: use --no-repack)" : "");
+        return nullptr;
+    }
+
+    // the same number of slots in every layer, as many as the budget allows, at most all of a layer's experts
+    size_t per_slot_row = 0; // bytes of one slot in every layer
+    size_t maps = 0;
+    for (const auto & l : cache->layers) {
+        per_slot_row += l.expert_bytes;
+        maps += GGML_PAD(l.n_expert * sizeof(int32_t), 256);
+    }
+    const size_t budget = params.size > maps ? params.size - maps : 0;
+    const int64_t slots = (int64_t) (budget / per_slot_row);
+    if (slots < 1) {
+        LLAMA_LOG_WARN("llama_moe_cache: %.2f MiB cannot hold one expert per layer (%zu layers need %.2f MiB); the cache is off\n",
+                       params.size / MiB, cache->layers.size(), (per_slot_row + maps) / MiB);
+        return nullptr;
+    }
+
+    const size_t n_tensors = cache->layers.size() * 4;
+    ggml_init_params ip = { ggml_tensor_overhead() * n_tensors, nullptr, true };
+    cache->ctx = ggml_init(ip);
+    if (!cache->ctx) {
+        throw std::runtime_error("llama_moe_cache: ggml_init failed");
+    }
+    int n_whole = 0;
+    for (auto & l : cache->layers) {
+        l.n_slots = (int) std::min<int64_t>(slots, l.n_expert);
+        l.whole   = l.n_slots == l.n_expert;
+        n_whole  += l.whole;
+        for (int j = 0; j < 3; ++j) {
+            if (l.src[j]) {
+                l.dst[j] = ggml_new_tensor_3d(cache->ctx, l.src[j]->type, l.src[j]->ne[0], l.src[j]->ne[1], l.n_slots);
+                ggml_format_name(l.dst[j], "moe_cache.%d.%d", l.il, j);
+            }
+        }
+        l.slot_map = ggml_new_tensor_2d(cache->ctx, GGML_TYPE_I32, 1, l.n_expert);
+        ggml_format_name(l.slot_map, "moe_cache_slots.%d", l.il);
+        l.slot_of.assign(l.n_expert, -1);
+        l.expert_in.assign(l.n_slots, -1);
+        l.last_use.assign(l.n_slots, 0);
+        l.from_profile.assign(l.n_slots, 0);
+        cache->n_slots_total += l.n_slots;
+    }
+    cache->buf = ggml_backend_alloc_ctx_tensors_from_buft(cache->ctx, buft);
+    if (!cache->buf) {
+        throw std::runtime_error(format("llama_moe_cache: cannot allocate %.2f MiB on %s for the MoE cache; "
+                                        "ask for less with --moe-cache-mib", params.size / MiB, dev_name.c_str()));
+    }
+    // weights usage makes the scheduler run the expert matmuls where the cache is
+    ggml_backend_buffer_set_usage(cache->buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+    ggml_backend_buffer_clear(cache->buf, 0);
+
+    for (size_t i = 0; i < cache->layers.size(); ++i) {
+        auto & l = cache->layers[i];
+        cache->layer_of_weight[l.src[2]]     = (int) i;
+        cache->layer_of_slot_map[l.slot_map] = (int) i;
+        if (l.whole) {
+            for (int j = 0; j < 3; ++j) {
+                if (l.src[j]) {
+                    ggml_backend_tensor_set(l.dst[j], l.src[j]->data, 0, ggml_nbytes(l.src[j]));
+                }
+            }
+            for (int e = 0; e < l.n_expert; ++e) {
+                l.slot_of[e] = e;
+                l.expert_in[e] = e;
+            }
+        }
+        cache->push_slot_map(l);
+    }
+
+    LLAMA_LOG_INFO("llama_moe_cache: %.2f MiB on %s for %zu layers (%zu groups): %" PRId64 " slots per layer of %d experts "
+                   "(%.2f MiB each), %d layers held whole\n",
+                   ggml_backend_buffer_get_size(cache->buf) / MiB, dev_name.c_str(), cache->layers.size(), groups.size(),
+                   std::min<int64_t>(slots, cache->layers[0].n_expert), cache->layers[0].n_expert,
+                   cache->layers[0].expert_bytes / MiB, n_whole);
+
+    if (!params.profile.empty()) {
+        cache->prefill(params.profile, (uint32_t) model.hparams.n_layer());
+    }
+    return cache;
+}
+
+llama_moe_cache::~llama_moe_cache() {
+    if (buf) {
+        ggml_backend_buffer_free(buf);
+    }
+    if (ctx) {
+        ggml_free(ctx);
+    }
+}
+
+size_t llama_moe_cache::buffer_size() const {
+    return buf ? ggml_backend_buffer_get_size(buf) : 0;
+}
+
+ggml_backend_buffer_type_t llama_moe_cache::buffer_type() const {
+    return buf ? ggml_backend_buffer_get_type(buf) : nullptr;
+}
+
+void llama_moe_cache::push_slot_map(llama_moe_cache_layer & layer) {
+    // a miss maps to slot 0 rather than -1, so that a device read of the map can never index outside the slots
+    remap_host.resize(layer.n_expert);
+    for (int e = 0; e < layer.n_expert; ++e) {
+        remap_host[e] = std::max(layer.slot_of[e], 0);
+    }
+    ggml_backend_tensor_set(layer.slot_map, remap_host.data(), 0, layer.n_expert * sizeof(int32_t));
+}
+
+bool llama_moe_cache::upload(llama_moe_cache_layer & layer, int32_t expert, int32_t slot) {
+    GGML_ASSERT(expert >= 0 && expert < layer.n_expert && slot >= 0 && slot < layer.n_slots);
+    const int32_t old = layer.expert_in[slot];
+    if (old >= 0) {
+        layer.slot_of[old] = -1;
+    }
+    for (int j = 0; j < 3; ++j) {
+        const ggml_tensor * src = layer.src[j];
+        if (src) {
+            ggml_backend_tensor_set(layer.dst[j], (const char *) src->data + expert * src->nb[2], slot * layer.dst[j]->nb[2], src->nb[2]);
+        }
+    }
+    layer.expert_in[slot]    = expert;
+    layer.slot_of[expert]    = slot;
+    layer.from_profile[slot] = 0;
+    return true;
+}
+
+void llama_moe_cache::prefill(const std::string & path, uint32_t n_layer) {
+    llama_moe_profile profile;
+    std::string err;
+    const uint32_t n_expert = (uint32_t) layers[0].n_expert;
+    if (!llama_moe_profile_load(path, n_layer, n_expert, profile, err)) {
+        LLAMA_LOG_WARN("%s: MoE cache profile %s refused: %s; the cache starts empty\n", __func__, path.c_str(), err.c_str());
+        return;
+    }
+    std::vector<int> index_of(n_layer, -1);
+    for (size_t i = 0; i < layers.size(); ++i) {
+        index_of[layers[i].il] = (int) i;
+    }
+    std::vector<int> next_free(layers.size(), 0);
+    size_t bytes = 0;
+    // each layer takes its own hottest pairs until its slots are full; a full layer skips only its own pairs
+    for (const auto & [il, ie] : profile.ranked) {
+        const int li = index_of[il];
+        if (li < 0) {
+            continue;
+        }
+        auto & l = layers[li];
+        if (l.whole || next_free[li] >= l.n_slots || ie >= l.n_expert || l.slot_of[ie] >= 0) {
+            continue;
+        }
+        const int slot = next_free[li]++;
+        upload(l, ie, slot);
+        l.from_profile[slot] = 1;
+        n_prefilled++;
+        bytes += l.expert_bytes;
+    }
+    for (auto & l : layers) {
+        push_slot_map(l);
+    }
+    LLAMA_LOG_INFO("%s: MoE cache filled with %" PRIu64 " experts (%.2f MiB) from %s\n", __func__, n_prefilled, bytes / MiB, path.c_str());
+}
+
+ggml_tensor * llama_moe_cache::build(ggml_context * ctx0, int64_t n_tokens, int64_t n_expert_used, bool warmup,
+                                     ggml_tensor * selected, ggml_tensor ** gate, ggml_tensor ** up, ggml_tensor ** down) const {
+    // the warmup selects every expert, and prompts keep llama.cpp's path
+    if (warmup || n_tokens > LLAMA_MOE_CACHE_MAX_UBATCH || *down == nullptr) {
+        return selected;
+    }
+    const auto it = layer_of_weight.find(*down);
+    if (it == layer_of_weight.end()) {
+        return selected;
+    }
+    const auto & l = layers[it->second];
+    // every expert of the ubatch needs a slot at once
+    if (!l.whole && n_tokens * n_expert_used > l.n_slots) {
+        return selected;
+    }
+    ggml_tensor ** w[3] = { gate, up, down };
+    for (int j = 0; j < 3; ++j) {
+        if (l.src[j]) {
+            GGML_ASSERT(*w[j] == l.src[j]);
+            *w[j] = l.dst[j];
+        }
+    }
+    if (l.whole) {
+        return selected;
+    }
+    ggml_tensor * slots = ggml_get_rows(ctx0, l.slot_map, selected); // [1, n_expert_used, n_tokens]
+    ggml_format_name(slots, "ffn_moe_slots-%d", l.il);
+    return ggml_reshape_2d(ctx0, slots, n_expert_used, n_tokens);
+}
+
+void llama_moe_cache::lookup(llama_moe_cache_layer & l, ggml_tensor * remap) {
+    const ggml_tensor * ids = remap->src[1];
+    const int64_t n_used = ids->ne[0], n_tokens = ids->ne[1];
+    ids_host.resize(ggml_nbytes(ids) / sizeof(int32_t) + 1);
+    ggml_backend_tensor_get(ids, ids_host.data(), 0, ggml_nbytes(ids));
+    auto id_at = [&](int64_t i0, int64_t i1) {
+        return ids_host[(i1 * ids->nb[1] + i0 * ids->nb[0]) / sizeof(int32_t)];
+    };
+
+    std::lock_guard<std::mutex> lock(mutex);
+    const uint64_t now = ++stamp;
+    bool changed = false;
+    // hits first, so that no expert this ubatch uses is evicted for a miss of the same ubatch
+    for (int pass = 0; pass < 2; ++pass) {
+        for (int64_t t = 0; t < n_tokens; ++t) {
+            for (int64_t k = 0; k < n_used; ++k) {
+                const int32_t e = id_at(k, t);
+                GGML_ASSERT(e >= 0 && e < l.n_expert);
+                const int32_t s = l.slot_of[e];
+                if (pass == 0) {
+                    if (s >= 0 && l.last_use[s] != now) { // distinct per ubatch
+                        l.last_use[s] = now;
+                        l.n_hit++;
+                        l.n_hit_profile += l.from_profile[s];
+                    }
+                    continue;
+                }
+                if (s >= 0) {
+                    continue;
+                }
+                // a free slot, else the least recently used one this ubatch does not use
+                int32_t victim = -1;
+                for (int32_t c = 0; c < l.n_slots && (victim < 0 || l.expert_in[victim] >= 0); ++c) {
+                    if (l.expert_in[c] < 0) {
+                        victim = c;
+                    } else if (l.last_use[c] != now && (victim < 0 || l.last_use[c] < l.last_use[victim])) {
+                        victim = c;
+                    }
+                }
+                GGML_ASSERT(victim >= 0 && "more distinct experts in a ubatch than slots");
+                upload(l, e, victim);
+                l.last_use[victim] = now;
+                l.n_miss++;
+                n_bytes_upload += l.expert_bytes;
+                changed = true;
+            }
+        }
+    }
+    remap_host.resize(n_used * n_tokens);
+    for (int64_t t = 0; t < n_tokens; ++t) {
+        for (int64_t k = 0; k < n_used; ++k) {
+            remap_host[t * n_used + k] = l.slot_of[id_at(k, t)];
+        }
+    }
+    ggml_backend_tensor_set(remap, remap_host.data(), 0, remap_host.size() * sizeof(int32_t));
+    if (changed) {
+        push_slot_map(l);
+    }
+}
+
+bool llama_moe_cache::wants(const ggml_tensor * t) const {
+    return t->op == GGML_OP_GET_ROWS && layer_of_slot_map.count(t->src[0]) > 0;
+}
+
+void llama_moe_cache::on_computed(ggml_tensor * t) {
+    lookup(layers[layer_of_slot_map.at(t->src[0])], t);
+}
+
+void llama_moe_cache::get_stats(llama_moe_cache_stats * out) const {
+    std::lock_guard<std::mutex> lock(mutex);
+    *out = {};
+    for (const auto & l : layers) {
+        out->n_hit         += l.n_hit;
+        out->n_hit_profile += l.n_hit_profile;
+        out->n_miss        += l.n_miss;
+    }
+    out->n_bytes_upload = n_bytes_upload;
+    out->hybrid         = params.hybrid;
+    out->n_slots        = n_slots_total;
+    out->n_prefilled    = n_prefilled;
+    out->n_bytes_cache  = buffer_size();
+}
+
+int32_t llama_moe_cache::get_layer_stats(llama_moe_cache_layer_stats * out, int32_t n_max) const {
+    std::lock_guard<std::mutex> lock(mutex);
+    const int32_t n = (int32_t) layers.size();
+    for (int32_t i = 0; out != nullptr && i < std::min(n, n_max); ++i) {
+        const auto & l = layers[i];
+        out[i] = { l.il, l.n_slots, l.n_hit, l.n_hit_profile, l.n_miss };
+    }
+    return n;
+}
+
+int32_t llama_moe_cache::get_resident(int32_t il, int32_t * out, int32_t n_max) const {
+    std::lock_guard<std::mutex> lock(mutex);
+    for (const auto & l : layers) {
+        if (l.il != il) {
+            continue;
+        }
+        int32_t n = 0;
+        for (int32_t e = 0; e < l.n_expert; ++e) {
+            if (l.slot_of[e] >= 0) {
+                if (out != nullptr && n < n_max) {
+                    out[n] = e;
+                }
+                n++;
+            }
+        }
+        return n;
+    }
+    return 0;
+}

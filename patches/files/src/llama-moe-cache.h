@@ -1,0 +1,106 @@
+#pragma once
+
+// The MoE expert cache: device copies of experts that live in host RAM (--cpu-moe, --n-cpu-moe), so that
+// small ubatches (generation) read them from VRAM. Each cached layer has its own slots: filling one shared
+// pool in arrival order hands every slot to the first layers.
+
+#include "llama.h"
+#include "ggml-backend.h"
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+struct llama_model;
+struct ggml_context;
+struct ggml_tensor;
+
+// ubatches of up to this many tokens take the cache; larger ones (prompts) keep llama.cpp's path
+static constexpr int64_t LLAMA_MOE_CACHE_MAX_UBATCH = 32;
+
+struct llama_moe_cache_params {
+    size_t      size = 0;    // bytes
+    std::string profile;     // STRP file, empty = start empty
+    bool        hybrid   = false;
+    bool        adaptive = false;
+};
+
+struct llama_moe_cache_layer {
+    int il    = -1;
+    int group = -1;          // layers with the same expert tensor types and shapes share a group
+
+    // the model's expert tensors in host memory: gate, up, down (gate may be null; gate_up merged is in gate)
+    ggml_tensor * src[3] = {nullptr, nullptr, nullptr};
+    // the device copies, [.., .., n_slots]
+    ggml_tensor * dst[3] = {nullptr, nullptr, nullptr};
+    // expert -> slot on the device; the graph's remap node reads it, so it also marks the node
+    ggml_tensor * slot_map = nullptr;
+
+    int     n_expert = 0;
+    int     n_slots  = 0;
+    size_t  expert_bytes = 0; // one expert's gate + up + down
+    bool    whole = false;    // every expert has a slot: no lookups
+
+    std::vector<int32_t>  slot_of;      // expert -> slot, -1 when not cached
+    std::vector<int32_t>  expert_in;    // slot -> expert, -1 when free
+    std::vector<uint64_t> last_use;     // slot -> ubatch stamp, for LRU
+    std::vector<uint8_t>  from_profile; // slot -> filled by the profile and not evicted since
+
+    uint64_t n_hit = 0, n_hit_profile = 0, n_miss = 0;
+};
+
+struct llama_moe_cache {
+    // Returns nullptr, after saying why, when there is nothing to cache (no experts in RAM, no device).
+    static std::unique_ptr<llama_moe_cache> create(const llama_model & model, const llama_moe_cache_params & params);
+
+    ~llama_moe_cache();
+
+    // Graph building: when layer il takes the cache for this ubatch, swaps the expert tensors for the cached
+    // copies and returns the ids to index them with (slot ids); otherwise returns selected unchanged.
+    ggml_tensor * build(ggml_context * ctx, int64_t n_tokens, int64_t n_expert_used, bool warmup,
+                        ggml_tensor * selected, ggml_tensor ** gate, ggml_tensor ** up, ggml_tensor ** down) const;
+
+    // Between a layer's router and its expert matmuls (the scheduler's eval callback, llama-moe-eval.h):
+    // whether t is a remap node of ours, and, once it is computed, the lookups and uploads it needs.
+    bool wants(const ggml_tensor * t) const;
+    void on_computed(ggml_tensor * t);
+
+    void    get_stats(llama_moe_cache_stats * out) const;
+    int32_t get_layer_stats(llama_moe_cache_layer_stats * out, int32_t n_max) const;
+    int32_t get_resident(int32_t il, int32_t * out, int32_t n_max) const;
+
+    size_t buffer_size() const;
+    ggml_backend_buffer_type_t buffer_type() const;
+
+private:
+    llama_moe_cache() = default;
+
+    bool upload(llama_moe_cache_layer & layer, int32_t expert, int32_t slot);
+    void lookup(llama_moe_cache_layer & layer, ggml_tensor * remap);
+    void prefill(const std::string & path, uint32_t n_layer);
+    void push_slot_map(llama_moe_cache_layer & layer);
+
+    llama_moe_cache_params params;
+    std::string device_name;
+
+    ggml_context * ctx = nullptr;
+    ggml_backend_buffer_t buf = nullptr;
+
+    std::vector<llama_moe_cache_layer> layers;
+    std::unordered_map<const ggml_tensor *, int> layer_of_weight;   // a down_exps tensor -> index in layers
+    std::unordered_map<const ggml_tensor *, int> layer_of_slot_map; // a slot map tensor -> index in layers
+
+    std::vector<int32_t> ids_host;   // scratch: the selected experts of a ubatch
+    std::vector<int32_t> remap_host; // scratch: their slots
+    uint64_t stamp = 0;              // counts ubatch x layer lookups, for LRU
+
+    uint64_t n_bytes_upload = 0;
+    uint64_t n_prefilled = 0;
+    uint64_t n_slots_total = 0;
+
+    // statistics are read from other threads while a decode runs
+    mutable std::mutex mutex;
+};

@@ -1,0 +1,76 @@
+#include "llama-moe-profile.h"
+
+#include <cstdio>
+#include <cstring>
+#include <memory>
+
+static constexpr uint32_t LLAMA_MOE_PROFILE_VERSION = 1;
+static constexpr size_t   LLAMA_MOE_PROFILE_HEADER  = 24;
+
+static uint32_t read_u32(const uint8_t * p) {
+    return (uint32_t) p[0] | ((uint32_t) p[1] << 8) | ((uint32_t) p[2] << 16) | ((uint32_t) p[3] << 24);
+}
+
+static uint16_t read_u16(const uint8_t * p) {
+    return (uint16_t) (p[0] | (p[1] << 8));
+}
+
+bool llama_moe_profile_load(const std::string & path, uint32_t n_layers, uint32_t n_expert,
+                            llama_moe_profile & out, std::string & err) {
+    std::unique_ptr<FILE, int (*)(FILE *)> f(fopen(path.c_str(), "rb"), fclose);
+    if (!f) {
+        err = "cannot open it: " + std::string(strerror(errno));
+        return false;
+    }
+    uint8_t hdr[LLAMA_MOE_PROFILE_HEADER];
+    const size_t got = fread(hdr, 1, sizeof(hdr), f.get());
+    if (got < 4 || memcmp(hdr, "STRP", 4) != 0) {
+        err = "not a profile (the magic is not STRP)";
+        return false;
+    }
+    if (got < sizeof(hdr)) {
+        err = "truncated: " + std::to_string(got) + " bytes, shorter than the 24-byte header";
+        return false;
+    }
+    const uint32_t version  = read_u32(hdr + 4);
+    const uint32_t layers   = read_u32(hdr + 8);
+    const uint32_t experts  = read_u32(hdr + 12);
+    const uint32_t slots    = read_u32(hdr + 16);
+    const uint32_t n_ranked = read_u32(hdr + 20);
+    if (version != LLAMA_MOE_PROFILE_VERSION) {
+        err = "version " + std::to_string(version) + ", this build reads version " + std::to_string(LLAMA_MOE_PROFILE_VERSION);
+        return false;
+    }
+    if (layers != n_layers || experts != n_expert) {
+        err = "made for " + std::to_string(layers) + " layers x " + std::to_string(experts) + " experts, but the model has " +
+              std::to_string(n_layers) + " x " + std::to_string(n_expert);
+        return false;
+    }
+    if ((uint64_t) n_ranked > (uint64_t) layers * experts) {
+        err = "n_ranked is " + std::to_string(n_ranked) + ", more than n_layers x n_expert = " +
+              std::to_string((uint64_t) layers * experts);
+        return false;
+    }
+    std::vector<uint8_t> pairs((size_t) n_ranked * 4);
+    if (fread(pairs.data(), 1, pairs.size(), f.get()) != pairs.size()) {
+        err = "truncated: the header promises " + std::to_string(n_ranked) + " ranked pairs, the file holds fewer";
+        return false;
+    }
+    out.n_layers = layers;
+    out.n_expert = experts;
+    out.n_slots  = slots;
+    out.ranked.clear();
+    out.ranked.reserve(n_ranked);
+    for (uint32_t i = 0; i < n_ranked; ++i) {
+        const uint16_t il = read_u16(&pairs[4*i]);
+        const uint16_t ie = read_u16(&pairs[4*i + 2]);
+        if (il >= layers || ie >= experts) {
+            err = "pair " + std::to_string(i) + " is (layer " + std::to_string(il) + ", expert " + std::to_string(ie) +
+                  "), out of range for " + std::to_string(layers) + " x " + std::to_string(experts);
+            out.ranked.clear();
+            return false;
+        }
+        out.ranked.emplace_back(il, ie);
+    }
+    return true;
+}
