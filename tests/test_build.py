@@ -65,7 +65,7 @@ def test_the_series_applies_to_the_pinned_base(tmp_path) -> None:
     pristine = _pristine()
     tree = tmp_path / "llama.cpp"
     tree.mkdir()
-    for part in ("include", "src"):
+    for part in ("include", "src", "common"):
         subprocess.run(["cp", "-r", str(pristine / part), str(tree / part)], check=True)
     apply_series(PatchSeries(paths.patches_dir()), tree)
     assert "llama_moe_abi_version" in (tree / "include" / "llama.h").read_text()
@@ -78,7 +78,7 @@ def test_a_second_build_with_nothing_changed_is_a_no_op() -> None:
     assert "up to date" in proc.stdout
     install = Path(proc.stdout.split("up to date: ", 1)[1].split(" (", 1)[0])
     manifest = json.loads((install / "manifest.json").read_text())
-    assert manifest["variant"] == "cpu" and manifest["abi_version"] == 1
+    assert manifest["variant"] == "cpu" and manifest["abi_version"] == 2
     assert manifest["patch_hash"] == PatchSeries(paths.patches_dir()).digest()
     for tool in ("libllama.so", "llama-server", "llama-cli", "llama-bench", "test-backend-ops"):
         assert (install / tool).exists(), tool

@@ -14,6 +14,7 @@ from ..default_model import default_model_path, default_prompt
 from ..experts import ExpertLayout, expert_layout
 from ..model import Model
 from ..params import ContextParams, ModelParams
+from ..stats import LayerStats, MoeCacheStats
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,8 @@ class StatsReport:
     prompt_tps: float
     gen_tps: float
     text: str
+    cache: MoeCacheStats | None
+    cache_layers: tuple[LayerStats, ...]
 
 
 def run_stats(model_path: Path, model_params: ModelParams, ctx_params: ContextParams, prompt: str,
@@ -49,11 +52,12 @@ def run_stats(model_path: Path, model_params: ModelParams, ctx_params: ContextPa
         manifest = _loader.manifest()
         return StatsReport(str(model_path), model.description, str(_loader.library_path()),
                            manifest.get("variant", "?"), placement, layout, perf.n_prompt, perf.n_gen,
-                           perf.prompt_tps, perf.gen_tps, completion.text)
+                           perf.prompt_tps, perf.gen_tps, completion.text, ctx.moe_cache_stats(),
+                           tuple(ctx.layer_stats()))
 
 
 def format_report(r: StatsReport) -> str:
-    lay = r.layout
+    lay, c = r.layout, r.cache
     lines = [
         f"model        {r.model}",
         f"             {r.description}; {lay.n_moe_layers} MoE layers x {lay.n_expert} experts, {lay.n_expert_used} used per token",
@@ -61,11 +65,22 @@ def format_report(r: StatsReport) -> str:
         f"experts      in RAM: {r.experts_in_ram}",
         f"prompt       {r.n_prompt} tokens at {r.prompt_tps:.1f} tok/s",
         f"generation   {r.n_gen} tokens at {r.gen_tps:.1f} tok/s",
-        "",
-        "layer  experts  used/token  bytes/expert  expert type",
     ]
+    if c is not None:
+        lines += [f"MoE cache    {c.n_bytes_cache / 2**20:.2f} MiB, {c.n_slots} slots, {c.n_prefilled} prefilled by the profile",
+                  f"             hit rate {c.hit_rate:.3f} ({c.n_hit} hits, {c.n_hit_profile} from the profile, {c.n_miss} misses), "
+                  f"{c.n_bytes_upload / 2**20:.2f} MiB uploaded"]
+    else:
+        lines.append("MoE cache    none (--moe-cache-mib N turns it on)")
+    header = "layer  experts  used/token  bytes/expert  expert type"
+    lines += ["", header + ("  slots   hits  misses  hit rate" if c is not None else "")]
+    per_layer = {l.il: l for l in r.cache_layers}
     for layer in lay.layers:
-        lines.append(f"{layer.il:5d}  {layer.n_expert:7d}  {lay.n_expert_used:10d}  {layer.bytes_per_expert:12,d}  {layer.type_name}")
+        line = f"{layer.il:5d}  {layer.n_expert:7d}  {lay.n_expert_used:10d}  {layer.bytes_per_expert:12,d}  {layer.type_name:11s}"
+        cached = per_layer.get(layer.il)
+        if cached is not None:
+            line += f"  {cached.n_slots:5d}  {cached.n_hit:5d}  {cached.n_miss:6d}  {cached.hit_rate:8.3f}"
+        lines.append(line)
     lines += ["", f"text: {r.text!r}"]
     return "\n".join(lines)
 
@@ -81,6 +96,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     where = p.add_mutually_exclusive_group()
     where.add_argument("--n-cpu-moe", type=int, help="keep the experts of the first N layers in RAM")
     where.add_argument("--no-cpu-moe", action="store_true", help="do not keep experts in RAM")
+    p.add_argument("--moe-cache-mib", type=float, default=0, help="a MoE expert cache of this many MiB (default 0: none)")
+    p.add_argument("--moe-cache-profile", help="fill the cache from this STRP profile")
+    p.add_argument("--no-repack", action="store_true", help="keep CPU weights in their file layout (the cache needs it on a CPU-only build)")
     p.add_argument("--temp", type=float, default=0.0, help="sampling temperature (default 0: greedy)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
@@ -91,8 +109,9 @@ def run(args: argparse.Namespace) -> int:
     model_path = Path(args.model) if args.model else default_model_path()
     mp = ModelParams(n_gpu_layers=args.n_gpu_layers,
                      cpu_moe=not args.no_cpu_moe and args.n_cpu_moe is None,
-                     n_cpu_moe=args.n_cpu_moe or 0)
-    cp = ContextParams(n_ctx=args.ctx, n_threads=args.threads)
+                     n_cpu_moe=args.n_cpu_moe or 0, repack=not args.no_repack)
+    cp = ContextParams(n_ctx=args.ctx, n_threads=args.threads, moe_cache_mib=args.moe_cache_mib,
+                       moe_cache_profile=args.moe_cache_profile)
     report = run_stats(model_path, mp, cp, args.prompt or default_prompt(), args.n_gen,
                        Sampling(temperature=args.temp, seed=args.seed))
     if args.json:

@@ -1,0 +1,153 @@
+"""``python -m llama_moe bench MODEL``: decode and prompt throughput of each way to run a MoE model whose
+experts live in RAM, side by side in one invocation, on the same model and the same real text."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..context import Context, Sampling
+from ..devices import gpus
+from ..experts import expert_layout
+from ..model import Model
+from ..params import ContextParams, ModelParams
+
+
+@dataclass(frozen=True)
+class BenchRow:
+    mode: str
+    cache_mib: float
+    cache_pct: float
+    threads: int
+    decode_tps: float          # median over runs
+    decode_tps_spread: float   # max - min over runs
+    pp_tps: float
+    pp_tps_spread: float
+    hit_rate: float | None     # during decode
+    vram_mib: float | None     # device memory the model and context took
+    runs: int
+
+
+def _prompt_tokens(model: Model, n: int, offset_paragraphs: int) -> list[int]:
+    from ..synth.corpus import load_corpus
+
+    corpus = load_corpus()
+    text = "\n\n".join(corpus[k] for k in sorted(corpus))
+    paragraphs = text.split("\n\n")
+    chosen = "\n\n".join(paragraphs[offset_paragraphs:] + paragraphs[:offset_paragraphs])
+    tokens = model.tokenize(chosen)
+    while len(tokens) < n:
+        tokens += tokens
+    return tokens[:n]
+
+
+def _used_mib(before: float | None) -> float | None:
+    g = gpus()
+    if not g or before is None:
+        return None
+    return before - g[0].mib_free
+
+
+def _measure(model: Model, cp: ContextParams, n_gen: int, n_pp: int, runs: int, seed: int) -> tuple[list[float], list[float], float | None]:
+    decode, pp, hit = [], [], None
+    with Context(model, cp) as ctx:
+        pp_tokens = _prompt_tokens(model, n_pp, 0)
+        prompt = _prompt_tokens(model, 64, 7)
+        for run in range(runs + 1):  # the first run warms caches and allocators and is not counted
+            ctx.reset()
+            t0 = time.perf_counter()
+            ctx.decode(pp_tokens)
+            ctx.logits()
+            t_pp = time.perf_counter() - t0
+            ctx.reset()
+            ctx.decode(prompt[:-1])
+            before = ctx.moe_cache_stats()
+            t0 = time.perf_counter()
+            n = 0
+            for _ in ctx.generate(prompt[-1:], max_tokens=n_gen, sampling=Sampling(temperature=0.7, seed=seed + run),
+                                  stop_at_eog=False):
+                n += 1
+            t_gen = time.perf_counter() - t0
+            after = ctx.moe_cache_stats()
+            if run == 0:
+                continue
+            pp.append(n_pp / t_pp)
+            decode.append(n / t_gen)
+            if before is not None and after is not None:
+                lookups = (after.n_hit - before.n_hit) + (after.n_miss - before.n_miss)
+                hit = (after.n_hit - before.n_hit) / lookups if lookups else None
+    return decode, pp, hit
+
+
+def run_bench(model_path: Path, cache_pcts: list[float], threads: list[int], n_gen: int, n_pp: int, runs: int,
+              vram: bool, seed: int = 0, log=print) -> list[BenchRow]:
+    layout = expert_layout(model_path)
+    total_mib = layout.total_expert_bytes / 2**20
+    rows: list[BenchRow] = []
+    g = gpus()
+    base_free = g[0].mib_free if g else None
+
+    def row(mode: str, mib: float, t: int, d: list[float], p: list[float], hit: float | None, used: float | None) -> None:
+        r = BenchRow(mode, mib, 100 * mib / total_mib if total_mib else 0.0, t, statistics.median(d), max(d) - min(d),
+                     statistics.median(p), max(p) - min(p), hit, used, len(d))
+        rows.append(r)
+        log(f"{mode:>14} cache {mib:9.0f} MiB ({r.cache_pct:3.0f}%) t={t:2d}: decode {r.decode_tps:8.2f} tok/s, "
+            f"pp{n_pp} {r.pp_tps:9.1f} tok/s, hits {'-' if hit is None else f'{hit:.3f}'}, "
+            f"VRAM {'-' if used is None else f'{used:.0f} MiB'}")
+
+    # experts in pinned host memory (no mmap): uploads and llama.cpp's own prompt copies run at full PCIe speed
+    with Model(model_path, ModelParams(cpu_moe=True, use_mmap=False)) as model:
+        for t in threads:
+            for pct in [0.0] + list(cache_pcts):
+                mib = total_mib * pct / 100
+                cp = ContextParams(n_ctx=max(1024, n_pp + n_gen + 128), n_batch=n_pp, n_ubatch=n_pp, n_threads=t,
+                                   moe_cache_mib=mib)
+                d, p, hit = _measure(model, cp, n_gen, n_pp, runs, seed)
+                row("cpu-moe" if pct == 0 else "cache-upload", mib, t, d, p, hit, _used_mib(base_free))
+    if vram:
+        with Model(model_path, ModelParams()) as model:
+            cp = ContextParams(n_ctx=max(1024, n_pp + n_gen + 128), n_batch=n_pp, n_ubatch=n_pp, n_threads=threads[0])
+            d, p, _ = _measure(model, cp, n_gen, n_pp, runs, seed)
+            row("all-in-vram", total_mib, threads[0], d, p, None, _used_mib(base_free))
+    return rows
+
+
+def to_markdown(rows: list[BenchRow], n_pp: int) -> str:
+    out = ["| mode | cache MiB | % of experts | threads | decode tok/s (spread) | pp%d tok/s (spread) | hit rate | VRAM MiB |" % n_pp,
+           "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        out.append(f"| {r.mode} | {r.cache_mib:.0f} | {r.cache_pct:.0f} | {r.threads} | {r.decode_tps:.2f} ({r.decode_tps_spread:.2f}) | "
+                   f"{r.pp_tps:.1f} ({r.pp_tps_spread:.1f}) | {'-' if r.hit_rate is None else f'{r.hit_rate:.3f}'} | "
+                   f"{'-' if r.vram_mib is None else f'{r.vram_mib:.0f}'} |")
+    return "\n".join(out)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench", help="decode and prompt throughput: experts in RAM, cached, all in VRAM")
+    p.add_argument("model")
+    p.add_argument("--cache-pct", type=float, nargs="*", default=[25, 50, 75], help="cache sizes in %% of the experts")
+    p.add_argument("-t", "--threads", type=int, nargs="+", default=[8])
+    p.add_argument("-n", "--n-gen", type=int, default=128)
+    p.add_argument("--pp", type=int, default=512)
+    p.add_argument("--runs", type=int, default=2)
+    p.add_argument("--no-vram", action="store_true", help="skip the all-in-VRAM ceiling")
+    p.add_argument("--json", help="write the rows as JSON here")
+    p.add_argument("--md", help="write a Markdown table here")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    rows = run_bench(Path(args.model), args.cache_pct, args.threads, args.n_gen, args.pp, args.runs, not args.no_vram,
+                     log=lambda s: print(s, file=sys.stderr, flush=True))
+    table = to_markdown(rows, args.pp)
+    print(table)
+    if args.md:
+        Path(args.md).write_text(table + "\n")
+    if args.json:
+        Path(args.json).write_text(json.dumps([dataclasses.asdict(r) for r in rows], indent=2) + "\n")
+    return 0
