@@ -10,10 +10,10 @@ from .errors import LlamaMoeError
 
 
 def _commands() -> list[Callable[[argparse._SubParsersAction], None]]:
-    from .commands import build_cmd, info, stats
+    from .commands import bench, build_cmd, info, stats
     from .synth import cli as synth_cli
 
-    return [stats.register, build_cmd.register, synth_cli.register, info.register]
+    return [stats.register, build_cmd.register, synth_cli.register, bench.register, info.register]
 
 
 def make_parser() -> argparse.ArgumentParser:

@@ -16,7 +16,7 @@ def lib():
 
 @pytest.fixture(scope="session")
 def tiny_model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from llama_moe.synth.synthesize import synthesize
+    from llama_moe.synth import synthesize
 
     path = tmp_path_factory.mktemp("models") / "tiny-q8_0.gguf"
     synthesize(path, shape="tiny", expert_type="q8_0", seed=0)
@@ -25,7 +25,7 @@ def tiny_model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_q4_model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from llama_moe.synth.synthesize import synthesize
+    from llama_moe.synth import synthesize
 
     path = tmp_path_factory.mktemp("models") / "tiny-q4_0.gguf"
     synthesize(path, shape="tiny", expert_type="q4_0", seed=1)

@@ -24,7 +24,7 @@ BUNDLE_MARKER = "LLAMA_MOE_BUNDLE.json"
 # Parts of the tree a CPU or CUDA build of the library, the tools and test-backend-ops never reads.
 # Keeping them out is what brings a bundle under 16 MiB.
 _BUNDLE_EXCLUDE = (
-    "models", "docs", "media", "benches", "examples", "pocs", "app", "scripts", "conversion",
+    ".git", "models", "docs", "media", "benches", "examples", "pocs", "app", "scripts", "conversion",
     "gguf-py", "grammars", "requirements", "skills", "ci", ".github", ".devops",
     "tools/ui/src", "tools/ui/static", "tools/ui/tests", "tools/server/tests", "tools/server/public",
     "tools/server/public_legacy", "tools/server/webui", "vendor/miniaudio", "vendor/stb",

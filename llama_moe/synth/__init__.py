@@ -1,0 +1,40 @@
+"""Synthetic qwen3moe GGUF models: a real BPE tokenizer, a bigram language model of an embedded
+English corpus, and routers with calibrated skew and locality (see routing.py)."""
+from __future__ import annotations
+
+# Bumped when the same arguments would write different bytes: the cached default model is remade then.
+SYNTH_VERSION = 1
+
+from llama_moe.synth.config import SOURCE_SHAPE_ROUTING, RoutingConfig
+from llama_moe.synth.corpus import CorpusSplit, load_corpus, paragraphs, split_paragraphs
+from llama_moe.synth.design import Design, build_design
+from llama_moe.synth.hitrate import lru_hit_rate, static_hit_rate
+from llama_moe.synth.routing import next_token_logits, route, router_logits
+from llama_moe.synth.shapes import SHAPES, Shape, get_shape, parse_shape
+from llama_moe.synth.synthesize import SynthInfo, load_design, synthesize
+from llama_moe.synth.tokenizer import CHAT_TEMPLATE, BpeTokenizer
+
+__all__ = [
+    "CHAT_TEMPLATE",
+    "SHAPES",
+    "SOURCE_SHAPE_ROUTING",
+    "BpeTokenizer",
+    "CorpusSplit",
+    "Design",
+    "RoutingConfig",
+    "Shape",
+    "SynthInfo",
+    "build_design",
+    "get_shape",
+    "load_corpus",
+    "load_design",
+    "lru_hit_rate",
+    "next_token_logits",
+    "paragraphs",
+    "parse_shape",
+    "route",
+    "router_logits",
+    "split_paragraphs",
+    "static_hit_rate",
+    "synthesize",
+]

@@ -1,0 +1,95 @@
+"""Model shapes for synthetic qwen3moe models: presets and a ``k=v,...`` parser."""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+from llama_moe.errors import LlamaMoeError
+
+
+@dataclass(frozen=True)
+class Shape:
+    n_layer: int
+    n_embd: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    n_expert: int
+    n_expert_used: int
+    n_ff_exp: int
+    n_vocab: int  # padded vocabulary size; the learned tokens are a prefix of it
+    n_ctx_train: int
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            if getattr(self, f.name) <= 0:
+                raise LlamaMoeError(f"shape: {f.name} must be positive, got {getattr(self, f.name)}")
+        if self.n_head % self.n_head_kv:
+            raise LlamaMoeError(f"shape: n_head {self.n_head} is not a multiple of n_head_kv {self.n_head_kv}")
+        if self.n_expert_used > self.n_expert:
+            raise LlamaMoeError(f"shape: n_expert_used {self.n_expert_used} > n_expert {self.n_expert}")
+        # Q8_0/Q4_0 rows hold whole 32-element blocks; the model's matrices have rows of
+        # n_embd, n_ff_exp and n_head*head_dim elements
+        for name in ("n_embd", "n_ff_exp"):
+            if getattr(self, name) % 32:
+                raise LlamaMoeError(f"shape: {name} must be a multiple of 32, got {getattr(self, name)}")
+        if (self.n_head * self.head_dim) % 32:
+            raise LlamaMoeError("shape: n_head * head_dim must be a multiple of 32")
+        if self.head_dim % 2 or self.head_dim < 16:
+            # RoPE rotates pairs; one head carries the eight-topic context (design.py)
+            raise LlamaMoeError(f"shape: head_dim must be even and at least 16, got {self.head_dim}")
+        if self.n_embd < 64:
+            raise LlamaMoeError("shape: n_embd must be at least 64 (the synthetic LM needs the room)")
+        if self.n_vocab < 512:
+            raise LlamaMoeError("shape: n_vocab must be at least 512 (256 byte tokens plus merges)")
+
+    @property
+    def expert_params(self) -> int:
+        """Parameters of one expert (gate + up + down) in one layer."""
+        return 3 * self.n_embd * self.n_ff_exp
+
+    def describe(self) -> str:
+        return ",".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self))
+
+
+SHAPES: dict[str, Shape] = {
+    # a few MB; decodes fast on a 2-core CPU, for tests
+    "tiny": Shape(n_layer=6, n_embd=128, n_head=4, n_head_kv=2, head_dim=32, n_expert=32,
+                  n_expert_used=4, n_ff_exp=64, n_vocab=2048, n_ctx_train=4096),
+    "small": Shape(n_layer=12, n_embd=512, n_head=8, n_head_kv=4, head_dim=64, n_expert=64,
+                   n_expert_used=8, n_ff_exp=256, n_vocab=4096, n_ctx_train=8192),
+    # Qwen3-30B-A3B's sizes
+    "qwen3-30b-a3b": Shape(n_layer=48, n_embd=2048, n_head=32, n_head_kv=4, head_dim=128, n_expert=128,
+                           n_expert_used=8, n_ff_exp=768, n_vocab=151936, n_ctx_train=40960),
+    # gpt-oss-120b's sizes in the qwen3moe architecture
+    "gpt-oss-120b": Shape(n_layer=36, n_embd=2880, n_head=64, n_head_kv=8, head_dim=64, n_expert=128,
+                          n_expert_used=4, n_ff_exp=2880, n_vocab=201088, n_ctx_train=131072),
+}
+
+
+def parse_shape(spec: str, base: Shape | None = None) -> Shape:
+    """A preset name, or ``k=v`` pairs (``n_layer=4,n_expert=16``) overriding ``base``
+    (default: the ``tiny`` preset; a leading preset name may be given: ``small,n_layer=2``)."""
+    spec = spec.strip()
+    if spec in SHAPES:
+        return SHAPES[spec]
+    names = {f.name for f in fields(Shape)}
+    shape = base if base is not None else SHAPES["tiny"]
+    changes: dict[str, int] = {}
+    for i, part in enumerate(p.strip() for p in spec.split(",") if p.strip()):
+        if "=" not in part:
+            if i == 0 and part in SHAPES:
+                shape = SHAPES[part]
+                continue
+            raise LlamaMoeError(f"shape: {part!r} is neither a preset ({', '.join(SHAPES)}) nor key=value")
+        k, v = (s.strip() for s in part.split("=", 1))
+        if k not in names:
+            raise LlamaMoeError(f"shape: unknown field {k!r} (fields: {', '.join(sorted(names))})")
+        try:
+            changes[k] = int(v)
+        except ValueError:
+            raise LlamaMoeError(f"shape: {k} must be an integer, got {v!r}") from None
+    return replace(shape, **changes)
+
+
+def get_shape(shape: str | Shape) -> Shape:
+    return shape if isinstance(shape, Shape) else parse_shape(shape)

@@ -1,0 +1,282 @@
+"""Write a synthetic qwen3moe GGUF, tensor by tensor, from a Design (see design.py)."""
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from llama_moe.errors import LlamaMoeError
+from llama_moe.gguf.quants import GgmlType, ggml_type, quantize, random_quantized, tensor_nbytes
+from llama_moe.gguf.writer import GgufWriter
+from llama_moe.synth.config import RoutingConfig
+from llama_moe.synth.design import Design, build_design
+from llama_moe.synth.shapes import Shape, get_shape
+from llama_moe.synth.tokenizer import CHAT_TEMPLATE, ENDOFTEXT, IM_END
+
+ARCH = "qwen3moe"
+SYNTH_FORMAT = 1  # bump when the same seed would give different weights
+EXPERT_TYPES = {"q8_0": GgmlType.Q8_0, "q4_0": GgmlType.Q4_0, "f16": GgmlType.F16}
+_FILE_TYPE = {GgmlType.Q8_0: 7, GgmlType.Q4_0: 2, GgmlType.F16: 1}  # LLAMA_FTYPE_MOSTLY_*
+RMS_EPS = 1e-6
+ROPE_FREQ_BASE = 1_000_000.0
+Q_NORM = 2e-3  # tiny q_norm weights: all attention scores ~0, so attention is a uniform average
+NOISE = 0.02  # relative size of the attention weights that carry nothing
+DOWN_SCALE = 0.01  # experts' down projections: output RMS ~0.5% of the residual's per layer
+ROW_CHUNK = 8192  # vocabulary rows generated per chunk (bounds memory for 200k-token vocabs)
+
+Progress = Callable[[int, int], None]
+
+
+@dataclass(frozen=True)
+class SynthInfo:
+    path: Path
+    shape: Shape
+    expert_type: str
+    file_bytes: int
+    expert_bytes: int  # one expert of one layer: gate + up + down
+    n_vocab_used: int  # real tokens (bytes, merges, special); the rest is padding
+    seed: int
+    routing: RoutingConfig
+
+
+def _rng(seed: int, *tag: int) -> np.random.Generator:
+    return np.random.default_rng(np.random.SeedSequence([seed, *tag]))
+
+
+def _expert_type(expert_type: str | GgmlType) -> GgmlType:
+    t = ggml_type(expert_type)
+    if t not in EXPERT_TYPES.values():
+        raise LlamaMoeError(f"expert type must be one of {', '.join(EXPERT_TYPES)}, got {expert_type!r}")
+    return t
+
+
+def _ordered_parallel(jobs: list[Callable[[], np.ndarray]], workers: int) -> Iterator[np.ndarray]:
+    """Run ``jobs`` on a thread pool (numpy's generators and copies release the GIL) and yield
+    results in order, keeping only a few in flight so memory stays bounded."""
+    if workers <= 1 or len(jobs) <= 1:
+        for job in jobs:
+            yield job()
+        return
+    with ThreadPoolExecutor(workers) as pool:
+        ahead = 2 * workers
+        futures = [pool.submit(j) for j in jobs[:ahead]]
+        for i in range(len(jobs)):
+            yield futures[i].result()
+            futures[i] = None  # type: ignore[call-overload]
+            if i + ahead < len(jobs):
+                futures.append(pool.submit(jobs[i + ahead]))
+
+
+class _Plan:
+    """The tensors of the model with the code that produces each one's data."""
+
+    def __init__(self, design: Design, expert_type: GgmlType, workers: int) -> None:
+        self.d = design
+        self.et = expert_type
+        self.dense = GgmlType.F16 if expert_type == GgmlType.F16 else GgmlType.Q8_0
+        self.workers = workers
+        s = design.shape
+        # (name, ne, type, producer of chunks)
+        self.tensors: list[tuple[str, tuple[int, ...], GgmlType, Callable[[], Iterator[np.ndarray]]]] = []
+        self._add("token_embd.weight", (s.n_embd, s.n_vocab), self.dense, self._token_embd)
+        for layer in range(s.n_layer):
+            self._add_layer(layer)
+        self._add("output_norm.weight", (s.n_embd,), GgmlType.F32, self._ones(s.n_embd))
+        self._add("output.weight", (s.n_embd, s.n_vocab), self.dense, self._output)
+
+    def _add(self, name: str, ne: tuple[int, ...], t: GgmlType, fn: Callable[[], Iterator[np.ndarray]]) -> None:
+        self.tensors.append((name, ne, t, fn))
+
+    @staticmethod
+    def _ones(n: int, value: float = 1.0) -> Callable[[], Iterator[np.ndarray]]:
+        return lambda: iter([np.full(n, value, dtype=np.float32)])
+
+    def _add_layer(self, layer: int) -> None:
+        s, et = self.d.shape, self.et
+        n_q, n_kv = s.n_head * s.head_dim, s.n_head_kv * s.head_dim
+        p = f"blk.{layer}."
+        self._add(p + "attn_norm.weight", (s.n_embd,), GgmlType.F32, self._ones(s.n_embd))
+        self._add(p + "attn_q.weight", (s.n_embd, n_q), self.dense, lambda: self._random_dense(layer, 0, n_q))
+        self._add(p + "attn_k.weight", (s.n_embd, n_kv), self.dense, lambda: self._random_dense(layer, 1, n_kv))
+        self._add(p + "attn_v.weight", (s.n_embd, n_kv), self.dense, lambda: self._attn_v(layer))
+        self._add(p + "attn_output.weight", (n_q, s.n_embd), self.dense, lambda: self._attn_output(layer))
+        self._add(p + "attn_q_norm.weight", (s.head_dim,), GgmlType.F32, self._ones(s.head_dim, Q_NORM))
+        self._add(p + "attn_k_norm.weight", (s.head_dim,), GgmlType.F32, self._ones(s.head_dim))
+        self._add(p + "ffn_norm.weight", (s.n_embd,), GgmlType.F32, self._ones(s.n_embd))
+        self._add(p + "ffn_gate_inp.weight", (s.n_embd, s.n_expert), GgmlType.F32,
+                  lambda: iter([(self.d.router(layer) @ self.d.rot).astype(np.float32)]))
+        gate_up = 1.0 / np.sqrt(s.n_embd)
+        down = DOWN_SCALE / np.sqrt(s.n_ff_exp)
+        self._add(p + "ffn_gate_exps.weight", (s.n_embd, s.n_ff_exp, s.n_expert), et,
+                  lambda: self._experts(layer, 0, (s.n_ff_exp, s.n_embd), gate_up))
+        self._add(p + "ffn_up_exps.weight", (s.n_embd, s.n_ff_exp, s.n_expert), et,
+                  lambda: self._experts(layer, 1, (s.n_ff_exp, s.n_embd), gate_up))
+        self._add(p + "ffn_down_exps.weight", (s.n_ff_exp, s.n_embd, s.n_expert), et,
+                  lambda: self._experts(layer, 2, (s.n_embd, s.n_ff_exp), down))
+
+    # --- producers (each yields raw bytes as uint8 arrays, or float arrays to quantize) -----
+
+    def _rows(self, real: np.ndarray, pad: Callable[[int, int], np.ndarray]) -> Iterator[np.ndarray]:
+        """Vocabulary-sized matrix: real rows (rotated) first, then padding rows in chunks."""
+        n_vocab = self.d.shape.n_vocab
+        for start in range(0, real.shape[0], ROW_CHUNK):
+            yield quantize(real[start : start + ROW_CHUNK] @ self.d.rot, self.dense)
+        for start in range(real.shape[0], n_vocab, ROW_CHUNK):
+            yield pad(start, min(n_vocab, start + ROW_CHUNK))
+
+    def _token_embd(self) -> Iterator[np.ndarray]:
+        d = self.d
+
+        def pad(a: int, b: int) -> np.ndarray:
+            # unused tokens: random unit-RMS embeddings (they are never generated)
+            return random_quantized(self.dense, (b - a, d.shape.n_embd), _rng(d.seed, 10, a), 1.0)
+
+        return self._rows(d.emb, pad)
+
+    def _output(self) -> Iterator[np.ndarray]:
+        d = self.d
+        n = d.shape.n_embd
+        floor = (d.pad_logit / d.c0) * d.rot[0]  # the constant column carries the -big logit
+
+        def pad(a: int, b: int) -> np.ndarray:
+            noise = _rng(d.seed, 11, a).standard_normal((b - a, n), dtype=np.float32) * np.float32(0.01 / np.sqrt(n))
+            return quantize(noise + floor[None, :], self.dense)
+
+        return self._rows(d.out, pad)
+
+    def _random_dense(self, layer: int, kind: int, rows: int) -> Iterator[np.ndarray]:
+        n = self.d.shape.n_embd
+        yield random_quantized(self.dense, (rows, n), _rng(self.d.seed, 20, layer, kind), 1.0 / np.sqrt(n))
+
+    def _attn_v(self, layer: int) -> Iterator[np.ndarray]:
+        d = self.d
+        n = d.shape.n_embd
+        rows = d.shape.n_head_kv * d.shape.head_dim
+        w = _rng(d.seed, 21, layer).standard_normal((rows, n), dtype=np.float32) * np.float32(NOISE / np.sqrt(n))
+        # kv head 0, dims 0..r_t-1 read the topic columns: w @ x_rot = T(x)
+        w[: d.layout.r_t] = d.rot[d.layout.t]
+        yield quantize(w, self.dense)
+
+    def _attn_output(self, layer: int) -> Iterator[np.ndarray]:
+        d = self.d
+        n = d.shape.n_embd
+        cols = d.shape.n_head * d.shape.head_dim
+        w = _rng(d.seed, 22, layer).standard_normal((n, cols), dtype=np.float32) * np.float32(NOISE / np.sqrt(cols))
+        # head 0, dims 0..r_t-1 (the mean topic profile) go to the context columns, scaled by gamma
+        w[:, : d.layout.r_t] = float(d.gamma[layer]) * d.rot[d.layout.c].T
+        yield quantize(w, self.dense)
+
+    def _experts(self, layer: int, kind: int, rows_cols: tuple[int, int], scale: float) -> Iterator[np.ndarray]:
+        seed, et = self.d.seed, self.et
+        jobs = [
+            (lambda e=e: random_quantized(et, rows_cols, _rng(seed, 30, layer, kind, e), scale))
+            for e in range(self.d.shape.n_expert)
+        ]
+        return _ordered_parallel(jobs, self.workers)
+
+
+def _add_metadata(w: GgufWriter, design: Design, expert_type: GgmlType, shape_name: str) -> None:
+    s, tok, r = design.shape, design.tokenizer, design.routing
+    w.add_string("general.architecture", ARCH)
+    w.add_string("general.name", f"llama-moe synthetic {shape_name}")
+    w.add_uint32("general.file_type", _FILE_TYPE[expert_type])
+    w.add_uint32("general.quantization_version", 2)
+    w.add_uint32(f"{ARCH}.context_length", s.n_ctx_train)
+    w.add_uint32(f"{ARCH}.embedding_length", s.n_embd)
+    w.add_uint32(f"{ARCH}.block_count", s.n_layer)
+    w.add_uint32(f"{ARCH}.feed_forward_length", s.n_ff_exp * s.n_expert_used)
+    w.add_uint32(f"{ARCH}.expert_feed_forward_length", s.n_ff_exp)
+    w.add_uint32(f"{ARCH}.attention.head_count", s.n_head)
+    w.add_uint32(f"{ARCH}.attention.head_count_kv", s.n_head_kv)
+    w.add_uint32(f"{ARCH}.attention.key_length", s.head_dim)
+    w.add_uint32(f"{ARCH}.attention.value_length", s.head_dim)
+    w.add_float32(f"{ARCH}.attention.layer_norm_rms_epsilon", RMS_EPS)
+    w.add_float32(f"{ARCH}.rope.freq_base", ROPE_FREQ_BASE)
+    w.add_uint32(f"{ARCH}.expert_count", s.n_expert)
+    w.add_uint32(f"{ARCH}.expert_used_count", s.n_expert_used)
+    w.add_string("tokenizer.ggml.model", "gpt2")
+    w.add_string("tokenizer.ggml.pre", "qwen2")
+    w.add_array("tokenizer.ggml.tokens", list(tok.tokens))
+    w.add_array("tokenizer.ggml.token_type", list(tok.token_types))
+    w.add_array("tokenizer.ggml.merges", tok.merge_strings())
+    w.add_uint32("tokenizer.ggml.bos_token_id", tok.token_id(ENDOFTEXT))
+    w.add_uint32("tokenizer.ggml.eos_token_id", tok.token_id(IM_END))
+    w.add_uint32("tokenizer.ggml.padding_token_id", tok.token_id(ENDOFTEXT))
+    w.add_bool("tokenizer.ggml.add_bos_token", False)
+    w.add_string("tokenizer.chat_template", CHAT_TEMPLATE)
+    # enough to rebuild the design (and so route tokens in numpy) from the file alone
+    w.add_uint32("llama_moe.synth.format", SYNTH_FORMAT)
+    w.add_string("llama_moe.synth.shape", s.describe())
+    w.add_uint64("llama_moe.synth.seed", design.seed)
+    w.add_float32("llama_moe.synth.skew", r.skew)
+    w.add_float32("llama_moe.synth.locality", r.locality)
+    w.add_float32("llama_moe.synth.context", r.context)
+    w.add_float32("llama_moe.synth.layer_corr", r.layer_corr)
+    w.add_uint32("llama_moe.synth.n_vocab_used", tok.n_real)
+
+
+def synthesize(
+    path: str | os.PathLike[str],
+    shape: str | Shape = "tiny",
+    expert_type: str = "q8_0",
+    seed: int = 0,
+    routing: RoutingConfig | None = None,
+    progress: Progress | None = None,
+    workers: int | None = None,
+) -> SynthInfo:
+    """Write a synthetic qwen3moe model to ``path``; same arguments, same bytes."""
+    shp = get_shape(shape)
+    shape_name = shape if isinstance(shape, str) else "custom"
+    et = _expert_type(expert_type)
+    routing = routing or RoutingConfig()
+    if seed < 0:
+        raise LlamaMoeError(f"seed must be >= 0, got {seed}")
+    design = build_design(shp, seed, routing)
+    workers = workers if workers is not None else min(8, os.cpu_count() or 1)
+    plan = _Plan(design, et, workers)
+
+    with GgufWriter(path) as w:
+        _add_metadata(w, design, et, shape_name)
+        for name, ne, t, _ in plan.tensors:
+            w.add_tensor_info(name, ne, t)
+        total = w.total_bytes
+        w.write_header()
+        if progress:
+            progress(w.bytes_written, total)
+        for name, _, _, fn in plan.tensors:
+            w.write_tensor_data(name, fn())
+            if progress:
+                progress(w.bytes_written, total)
+
+    expert_bytes = 3 * tensor_nbytes(et, (shp.n_embd, shp.n_ff_exp))
+    return SynthInfo(
+        path=Path(path), shape=shp, expert_type=et.name.lower(), file_bytes=Path(path).stat().st_size,
+        expert_bytes=expert_bytes, n_vocab_used=design.tokenizer.n_real, seed=seed, routing=routing,
+    )
+
+
+def load_design(path: str | os.PathLike[str]) -> Design:
+    """Rebuild the Design of a file written by synthesize() from its metadata, e.g. to route
+    its prompts in numpy (routing.route) without reading any tensor data."""
+    from llama_moe.gguf.reader import read_gguf
+    from llama_moe.synth.shapes import parse_shape
+
+    g = read_gguf(path)
+    fmt = g.get("llama_moe.synth.format")
+    if fmt is None:
+        raise LlamaMoeError(f"{path}: not a llama_moe synthetic model (no llama_moe.synth.format key)")
+    if fmt != SYNTH_FORMAT:
+        raise LlamaMoeError(f"{path}: synthetic model format {fmt}, this llama_moe writes {SYNTH_FORMAT}")
+    # float32 keys: round so the config equals the one that was passed to synthesize()
+    routing = RoutingConfig(
+        skew=round(float(g.require("llama_moe.synth.skew")), 6),
+        locality=round(float(g.require("llama_moe.synth.locality")), 6),
+        context=round(float(g.require("llama_moe.synth.context")), 6),
+        layer_corr=round(float(g.require("llama_moe.synth.layer_corr")), 6),
+    )
+    shape = parse_shape(g.require("llama_moe.synth.shape"))
+    return build_design(shape, int(g.require("llama_moe.synth.seed")), routing)
