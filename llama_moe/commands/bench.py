@@ -101,7 +101,7 @@ def run_bench(model_path: Path, cache_pcts: list[float], threads: list[int], n_g
             f"VRAM {'-' if used is None else f'{used:.0f} MiB'}")
 
     # experts in pinned host memory (no mmap): uploads and llama.cpp's own prompt copies run at full PCIe speed
-    with Model(model_path, ModelParams(cpu_moe=True, use_mmap=False)) as model:
+    with Model(model_path, ModelParams(cpu_moe=True, use_mmap=False, repack=False)) as model:
         for t in threads:
             for pct in [0.0] + list(cache_pcts):
                 mib = total_mib * pct / 100
@@ -118,7 +118,7 @@ def run_bench(model_path: Path, cache_pcts: list[float], threads: list[int], n_g
 
 
 def to_markdown(rows: list[BenchRow], n_pp: int) -> str:
-    out = ["| mode | cache MiB | % of experts | threads | decode tok/s (spread) | pp%d tok/s (spread) | hit rate | VRAM MiB |" % n_pp,
+    out = [f"| mode | cache MiB | % of experts | threads | decode tok/s (spread) | pp{n_pp} tok/s (spread) | hit rate | VRAM MiB |",
            "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         out.append(f"| {r.mode} | {r.cache_mib:.0f} | {r.cache_pct:.0f} | {r.threads} | {r.decode_tps:.2f} ({r.decode_tps_spread:.2f}) | "
