@@ -77,6 +77,7 @@ def _looks_like_llama_cpp(tree: Path) -> bool:
 def _extract_member(archive: Path, member: str, dest: Path) -> None:
     """Extracts the files under ``member/`` of a tarball into ``dest`` (without the prefix)."""
     prefix = member.rstrip("/") + "/"
+    dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="extract-", dir=dest.parent))
     try:
         with tarfile.open(archive) as tar:
