@@ -24,10 +24,10 @@ BUNDLE_MARKER = "LLAMA_MOE_BUNDLE.json"
 # Parts of the tree a CPU or CUDA build of the library, the tools and test-backend-ops never reads.
 # Keeping them out is what brings a bundle under 16 MiB.
 _BUNDLE_EXCLUDE = (
-    ".git", "models", "docs", "media", "benches", "examples", "pocs", "app", "scripts", "conversion",
+    ".git", "models", "docs", "media", "benches", "examples", "pocs", "scripts", "conversion",
     "gguf-py", "grammars", "requirements", "skills", "ci", ".github", ".devops",
     "tools/ui/src", "tools/ui/static", "tools/ui/tests", "tools/server/tests", "tools/server/public",
-    "tools/server/public_legacy", "tools/server/webui", "vendor/miniaudio", "vendor/stb",
+    "tools/server/public_legacy", "tools/server/webui",
     "ggml/src/ggml-sycl", "ggml/src/ggml-vulkan", "ggml/src/ggml-opencl", "ggml/src/ggml-hexagon",
     "ggml/src/ggml-metal", "ggml/src/ggml-cann", "ggml/src/ggml-webgpu", "ggml/src/ggml-openvino",
     "ggml/src/ggml-et", "ggml/src/ggml-virtgpu", "ggml/src/ggml-zdnn", "ggml/src/ggml-zendnn",
