@@ -63,6 +63,8 @@ def test_a_patch_that_does_not_apply_names_itself_and_its_hunk(tmp_path) -> None
 
 def test_the_series_applies_to_the_pinned_base(tmp_path) -> None:
     pristine = _pristine()
+    # inside a git repository of its own (a cache folder in a checkout): git must not look above the tree
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
     tree = tmp_path / "llama.cpp"
     tree.mkdir()
     for part in ("include", "src", "common"):

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -50,7 +51,10 @@ class PatchSeries:
 def _git(args: list[str], cwd: Path, check: bool = True) -> subprocess.CompletedProcess[str]:
     if shutil.which("git") is None:
         raise BuildError("git is needed to apply the patches (git apply) and was not found on PATH")
-    proc = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True)
+    # Never let git find a repository above the tree: inside one (a cache folder in a checkout), git apply
+    # takes paths from that repository's root and silently skips every file of ours.
+    env = {**os.environ, "GIT_CEILING_DIRECTORIES": str(cwd.resolve().parent)}
+    proc = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, env=env)
     if check and proc.returncode != 0:
         raise BuildError(f"git {' '.join(args)} failed in {cwd}:\n{proc.stderr.strip()}")
     return proc
@@ -69,6 +73,9 @@ def apply_patch(series: PatchSeries, name: str, tree: Path) -> None:
     check = _git(["apply", "--check", "--whitespace=nowarn", str(patch)], tree, check=False)
     if check.returncode == 0:
         _git(["apply", "--whitespace=nowarn", str(patch)], tree)
+        # an apply that skipped files still exits 0: check that the patch now reverses cleanly
+        if _git(["apply", "--check", "--reverse", "--whitespace=nowarn", str(patch)], tree, check=False).returncode != 0:
+            raise BuildError(f"patch {name} reported success but is not in the tree at {tree}")
         return
     # Apply what does apply with --reject, to show exactly which hunks do not.
     rejected = _git(["apply", "--reject", "--whitespace=nowarn", str(patch)], tree, check=False)
