@@ -168,7 +168,9 @@ def build(source: str | None = None, variant_choice: str = "auto", cuda_archs: s
     work = cache / "work" / variant
     tree, build_dir = work / "llama.cpp", work / "build"
     work.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="stage-", dir=work) as stage_root:
+    # staged in the system's temp folder: a cache folder may sit inside a git checkout, where git apply
+    # would resolve the patches' paths from that checkout's root
+    with tempfile.TemporaryDirectory(prefix="llama_moe-stage-") as stage_root:
         stage = Path(stage_root) / "llama.cpp"
         shutil.copytree(pristine, stage, symlinks=True, ignore=_skip_top_level)
         apply_series(series, stage)
