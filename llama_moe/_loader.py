@@ -69,6 +69,13 @@ def load_library(path: Path) -> Any:
     """dlopens one library file and checks its ABI; used by get_lib and by tests."""
     if not path.is_file():
         raise NativeLibraryError(f"{path}: no such file")
+    from ._elf import links_libstdcxx_statically
+
+    if links_libstdcxx_statically(path):
+        raise NativeLibraryError(
+            f"{path} carries its own copy of libstdc++ (its compiler links it statically); in a Python process, "
+            f"which already uses the shared libstdc++ through numpy, the two copies mix and crash. Rebuild it with a "
+            f"compiler that links libstdc++ dynamically, e.g. CC=gcc CXX=g++ CUDAHOSTCXX=g++ python -m llama_moe build --force")
     try:
         lib = ffi.dlopen(str(path))
     except OSError as exc:

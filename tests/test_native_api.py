@@ -161,3 +161,14 @@ def test_a_library_that_is_not_ours_is_refused(tmp_path) -> None:
     proc = _run_python("import llama_moe; llama_moe.native_version()", LLAMA_MOE_LIB=str(other))
     assert proc.returncode != 0
     assert "not a llama_moe build" in proc.stderr
+
+
+def test_a_library_with_its_own_libstdcxx_is_refused_not_crashed_on(tmp_path) -> None:
+    src = tmp_path / "static.cpp"
+    src.write_text('#include <string>\n#include <cstdint>\n#include <cstddef>\n'
+                   'extern "C" int32_t llama_moe_abi_version(void) { return std::to_string(2).size() + 1; }\n')
+    lib = tmp_path / "libstatic.so"
+    subprocess.run(["g++", "-shared", "-fPIC", "-static-libstdc++", "-o", str(lib), str(src)], check=True)
+    proc = _run_python("import llama_moe; llama_moe.native_version()", LLAMA_MOE_LIB=str(lib))
+    assert proc.returncode != 0
+    assert "NativeLibraryError" in proc.stderr and "its own copy of libstdc++" in proc.stderr

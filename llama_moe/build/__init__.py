@@ -203,7 +203,16 @@ def build(source: str | None = None, variant_choice: str = "auto", cuda_archs: s
         "cuda_archs": cuda_archs if variant == "cuda" else None,
         "built": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    manifest.update(_read_abi(tmp_install))
+    from .._elf import links_libstdcxx_statically
+
+    static_cxx = links_libstdcxx_statically(tmp_install / "libllama.so")
+    if static_cxx:
+        log.warning("warning: %s links libstdc++ statically; llama_moe will refuse to load it into Python (it would "
+                    "crash next to numpy's libstdc++). Rebuild with CC=gcc CXX=g++ CUDAHOSTCXX=g++ and --force.",
+                    os.environ.get("CXX", "the C++ compiler"))
+    else:
+        manifest.update(_read_abi(tmp_install))
+    manifest["compiler"] = os.environ.get("CXX", "default")
     (tmp_install / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     if install.exists():
         shutil.rmtree(install)

@@ -53,9 +53,11 @@ def _used_mib(before: float | None) -> float | None:
     return before - g[0].mib_free
 
 
-def _measure(model: Model, cp: ContextParams, n_gen: int, n_pp: int, runs: int, seed: int) -> tuple[list[float], list[float], float | None]:
+def _measure(model: Model, cp: ContextParams, n_gen: int, n_pp: int, runs: int, seed: int,
+             base_free: float | None) -> tuple[list[float], list[float], float | None, float | None]:
     decode, pp, hit = [], [], None
     with Context(model, cp) as ctx:
+        used = _used_mib(base_free)  # with the context and its cache alive
         pp_tokens = _prompt_tokens(model, n_pp, 0)
         prompt = _prompt_tokens(model, 64, 7)
         for run in range(runs + 1):  # the first run warms caches and allocators and is not counted
@@ -81,7 +83,7 @@ def _measure(model: Model, cp: ContextParams, n_gen: int, n_pp: int, runs: int, 
             if before is not None and after is not None:
                 lookups = (after.n_hit - before.n_hit) + (after.n_miss - before.n_miss)
                 hit = (after.n_hit - before.n_hit) / lookups if lookups else None
-    return decode, pp, hit
+    return decode, pp, hit, used
 
 
 def run_bench(model_path: Path, cache_pcts: list[float], threads: list[int], n_gen: int, n_pp: int, runs: int,
@@ -107,13 +109,13 @@ def run_bench(model_path: Path, cache_pcts: list[float], threads: list[int], n_g
                 mib = total_mib * pct / 100
                 cp = ContextParams(n_ctx=max(1024, n_pp + n_gen + 128), n_batch=n_pp, n_ubatch=n_pp, n_threads=t,
                                    moe_cache_mib=mib)
-                d, p, hit = _measure(model, cp, n_gen, n_pp, runs, seed)
-                row("cpu-moe" if pct == 0 else "cache-upload", mib, t, d, p, hit, _used_mib(base_free))
+                d, p, hit, used = _measure(model, cp, n_gen, n_pp, runs, seed, base_free)
+                row("cpu-moe" if pct == 0 else "cache-upload", mib, t, d, p, hit, used)
     if vram:
         with Model(model_path, ModelParams()) as model:
             cp = ContextParams(n_ctx=max(1024, n_pp + n_gen + 128), n_batch=n_pp, n_ubatch=n_pp, n_threads=threads[0])
-            d, p, _ = _measure(model, cp, n_gen, n_pp, runs, seed)
-            row("all-in-vram", total_mib, threads[0], d, p, None, _used_mib(base_free))
+            d, p, _, used = _measure(model, cp, n_gen, n_pp, runs, seed, base_free)
+            row("all-in-vram", total_mib, threads[0], d, p, None, used)
     return rows
 
 
