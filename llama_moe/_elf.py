@@ -51,4 +51,7 @@ def links_libstdcxx_statically(path: Path) -> bool:
     """True when a C++ library carries its own libstdc++ instead of linking the shared one. Loaded into a
     process that already has the shared libstdc++ (numpy 2 brings it), the two mix and crash."""
     needed = needed_libraries(path)
-    return needed is not None and not any(n.startswith("libstdc++") or n.startswith("libc++") for n in needed)
+    if needed is None or any(n.startswith("libstdc++") or n.startswith("libc++") for n in needed):
+        return False
+    data = path.read_bytes()
+    return b"__gxx_personality_v0" in data or b"_ZNSt" in data  # C++ code, so the runtime is inside
