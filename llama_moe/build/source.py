@@ -116,8 +116,9 @@ def download_sdist(pin: BasePin, downloads: Path) -> Path:
     if not cached.is_file():
         log.info("fetching %s with pip (once; it is cached in %s)", pin.package, downloads)
         with tempfile.TemporaryDirectory(dir=downloads) as tmp:
-            cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-                   pin.package, "-d", tmp]
+            # only this package as source: with ":all:", pip would also build its build tools (cmake) from source
+            name = pin.package.split("==", 1)[0]
+            cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", name, pin.package, "-d", tmp]
             proc = subprocess.run(cmd, capture_output=True, text=True)
             got = Path(tmp) / pin.sdist_name
             if proc.returncode != 0 or not got.is_file():

@@ -67,9 +67,11 @@ def format_report(r: StatsReport) -> str:
         f"generation   {r.n_gen} tokens at {r.gen_tps:.1f} tok/s",
     ]
     if c is not None:
-        lines += [f"MoE cache    {c.n_bytes_cache / 2**20:.2f} MiB, {c.n_slots} slots, {c.n_prefilled} prefilled by the profile",
-                  f"             hit rate {c.hit_rate:.3f} ({c.n_hit} hits, {c.n_hit_profile} from the profile, {c.n_miss} misses), "
-                  f"{c.n_bytes_upload / 2**20:.2f} MiB uploaded"]
+        mode = "hybrid" if c.hybrid else "upload"
+        moved = (f"the CPU computed the misses, reading {c.n_bytes_cpu / 2**20:.2f} MiB" if c.hybrid else
+                 f"{c.n_bytes_upload / 2**20:.2f} MiB uploaded")
+        lines += [f"MoE cache    {mode} mode, {c.n_bytes_cache / 2**20:.2f} MiB, {c.n_slots} slots, {c.n_prefilled} prefilled by the profile",
+                  f"             hit rate {c.hit_rate:.3f} ({c.n_hit} hits, {c.n_hit_profile} from the profile, {c.n_miss} misses), {moved}"]
     else:
         lines.append("MoE cache    none (--moe-cache-mib N turns it on)")
     header = "layer  experts  used/token  bytes/expert  expert type"
@@ -98,6 +100,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     where.add_argument("--no-cpu-moe", action="store_true", help="do not keep experts in RAM")
     p.add_argument("--moe-cache-mib", type=float, default=0, help="a MoE expert cache of this many MiB (default 0: none)")
     p.add_argument("--moe-cache-profile", help="fill the cache from this STRP profile")
+    p.add_argument("--moe-cache-hybrid", action="store_true", help="the CPU computes the experts the cache lacks (no uploads)")
     p.add_argument("--no-repack", action="store_true", help="keep CPU weights in their file layout (the cache needs it on a CPU-only build)")
     p.add_argument("--temp", type=float, default=0.0, help="sampling temperature (default 0: greedy)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
@@ -111,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
                      cpu_moe=not args.no_cpu_moe and args.n_cpu_moe is None,
                      n_cpu_moe=args.n_cpu_moe or 0, repack=not args.no_repack)
     cp = ContextParams(n_ctx=args.ctx, n_threads=args.threads, moe_cache_mib=args.moe_cache_mib,
-                       moe_cache_profile=args.moe_cache_profile)
+                       moe_cache_profile=args.moe_cache_profile, moe_cache_hybrid=args.moe_cache_hybrid)
     report = run_stats(model_path, mp, cp, args.prompt or default_prompt(), args.n_gen,
                        Sampling(temperature=args.temp, seed=args.seed))
     if args.json:

@@ -75,7 +75,7 @@ std::unique_ptr<llama_moe_cache> llama_moe_cache::create(const llama_model & mod
     cache->device_name = dev_name;
 
     // the layers whose experts are all in host memory
-    int n_repacked = 0, n_scaled = 0;
+    int n_repacked = 0, n_scaled = 0, n_biased = 0;
     std::map<std::tuple<int, int64_t, int64_t, int, int64_t, int64_t, int, int64_t, int64_t>, int> groups;
     for (int il = 0; il < (int) model.layers.size(); ++il) {
         const auto & l = model.layers[il];
@@ -100,8 +100,14 @@ std::unique_ptr<llama_moe_cache> llama_moe_cache::create(const llama_model & mod
             }
             continue;
         }
+        const bool has_bias = l.ffn_gate_exps_b || l.ffn_up_exps_b || l.ffn_down_exps_b || l.ffn_gate_up_exps_b;
+        if (has_bias && params.hybrid) {
+            n_biased++; // both chains would add the biases: the sum would hold them twice
+            continue;
+        }
         llama_moe_cache_layer layer;
         layer.il       = il;
+        layer.has_bias = has_bias;
         layer.src[0]   = gate;
         layer.src[1]   = up;
         layer.src[2]   = down;
@@ -123,6 +129,9 @@ std::unique_ptr<llama_moe_cache> llama_moe_cache::create(const llama_model & mod
     if (n_scaled > 0) {
         LLAMA_LOG_WARN("llama_moe_cache: %d layers have per-expert scales, which the cache does not copy; they keep llama.cpp's path\n", n_scaled);
     }
+    if (n_biased > 0) {
+        LLAMA_LOG_WARN("llama_moe_cache: %d layers have expert biases, which the hybrid cannot split; they keep llama.cpp's path\n", n_biased);
+    }
     if (cache->layers.empty()) {
         LLAMA_LOG_WARN("llama_moe_cache: --moe-cache-mib is set, but no layer has its experts in RAM%s; the cache is off "
                        "(use --cpu-moe, --n-cpu-moe N or -ot patterns that keep ffn_*_exps on the CPU)\n",
@@ -137,7 +146,9 @@ std::unique_ptr<llama_moe_cache> llama_moe_cache::create(const llama_model & mod
         per_slot_row += l.expert_bytes;
         maps += GGML_PAD(l.n_expert * sizeof(int32_t), 256);
     }
-    const size_t budget = params.size > maps ? params.size - maps : 0;
+    // hybrid: a zero-filled null slot per layer, where the device part sends the experts the CPU computes
+    const size_t null_slots = params.hybrid ? per_slot_row : 0;
+    const size_t budget = params.size > maps + null_slots ? params.size - maps - null_slots : 0;
     const int64_t slots = (int64_t) (budget / per_slot_row);
     if (slots < 1) {
         LLAMA_LOG_WARN("llama_moe_cache: %.2f MiB cannot hold one expert per layer (%zu layers need %.2f MiB); the cache is off\n",
@@ -148,7 +159,9 @@ std::unique_ptr<llama_moe_cache> llama_moe_cache::create(const llama_model & mod
     const size_t n_tensors = cache->layers.size() * 4;
     ggml_init_params ip = { ggml_tensor_overhead() * n_tensors, nullptr, true };
     cache->ctx = ggml_init(ip);
-    if (!cache->ctx) {
+    ggml_init_params ip_host = { ggml_tensor_overhead() * cache->layers.size(), nullptr, true };
+    cache->ctx_host = params.hybrid ? ggml_init(ip_host) : nullptr;
+    if (!cache->ctx || (params.hybrid && !cache->ctx_host)) {
         throw std::runtime_error("llama_moe_cache: ggml_init failed");
     }
     int n_whole = 0;
@@ -156,14 +169,19 @@ std::unique_ptr<llama_moe_cache> llama_moe_cache::create(const llama_model & mod
         l.n_slots = (int) std::min<int64_t>(slots, l.n_expert);
         l.whole   = l.n_slots == l.n_expert;
         n_whole  += l.whole;
+        const int n_null = params.hybrid && !l.whole ? 1 : 0;
         for (int j = 0; j < 3; ++j) {
             if (l.src[j]) {
-                l.dst[j] = ggml_new_tensor_3d(cache->ctx, l.src[j]->type, l.src[j]->ne[0], l.src[j]->ne[1], l.n_slots);
+                l.dst[j] = ggml_new_tensor_3d(cache->ctx, l.src[j]->type, l.src[j]->ne[0], l.src[j]->ne[1], l.n_slots + n_null);
                 ggml_format_name(l.dst[j], "moe_cache.%d.%d", l.il, j);
             }
         }
         l.slot_map = ggml_new_tensor_2d(cache->ctx, GGML_TYPE_I32, 1, l.n_expert);
         ggml_format_name(l.slot_map, "moe_cache_slots.%d", l.il);
+        if (params.hybrid && !l.whole) {
+            l.cpu_map = ggml_new_tensor_2d(cache->ctx_host, GGML_TYPE_I32, 1, l.n_expert);
+            ggml_format_name(l.cpu_map, "moe_cache_cpu.%d", l.il);
+        }
         l.slot_of.assign(l.n_expert, -1);
         l.expert_in.assign(l.n_slots, -1);
         l.last_use.assign(l.n_slots, 0);
@@ -177,12 +195,22 @@ std::unique_ptr<llama_moe_cache> llama_moe_cache::create(const llama_model & mod
     }
     // weights usage makes the scheduler run the expert matmuls where the cache is
     ggml_backend_buffer_set_usage(cache->buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
-    ggml_backend_buffer_clear(cache->buf, 0);
+    ggml_backend_buffer_clear(cache->buf, 0); // the null slots stay zero for good
+    if (cache->ctx_host) {
+        cache->buf_host = ggml_backend_alloc_ctx_tensors_from_buft(cache->ctx_host, ggml_backend_cpu_buffer_type());
+        if (!cache->buf_host) {
+            throw std::runtime_error("llama_moe_cache: cannot allocate the hybrid's CPU maps");
+        }
+        ggml_backend_buffer_set_usage(cache->buf_host, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+    }
 
     for (size_t i = 0; i < cache->layers.size(); ++i) {
         auto & l = cache->layers[i];
         cache->layer_of_weight[l.src[2]]     = (int) i;
         cache->layer_of_slot_map[l.slot_map] = (int) i;
+        if (l.cpu_map) {
+            cache->layer_of_cpu_map[l.cpu_map] = (int) i;
+        }
         if (l.whole) {
             for (int j = 0; j < 3; ++j) {
                 if (l.src[j]) {
@@ -206,15 +234,56 @@ std::unique_ptr<llama_moe_cache> llama_moe_cache::create(const llama_model & mod
     if (!params.profile.empty()) {
         cache->prefill(params.profile, (uint32_t) model.hparams.n_layer());
     }
+    if (params.hybrid) {
+        // the reference's wording: these lines are what users grep for
+        LLAMA_LOG_INFO("impl: hybrid MoE cache: %d layers held whole (GPU only), the others split between GPU and CPU\n", n_whole);
+        if (params.profile.empty() && !params.adaptive && n_whole < (int) cache->layers.size()) {
+            LLAMA_LOG_WARN("impl: hybrid MoE cache without a profile starts empty and stays empty: the CPU computes "
+                           "every expert of the layers not held whole (give --moe-cache-profile, or --moe-cache-adaptive)\n");
+        }
+    }
+    if (params.adaptive && !params.hybrid) {
+        LLAMA_LOG_WARN("llama_moe_cache: --moe-cache-adaptive without --moe-cache-hybrid is ignored: the upload cache is an LRU, "
+                       "which already follows the text\n");
+    }
     return cache;
 }
 
-llama_moe_cache::~llama_moe_cache() {
-    if (buf) {
-        ggml_backend_buffer_free(buf);
+void llama_moe_cache_pin_mul_mat_id(ggml_backend_sched_t sched, ggml_backend_t backend_cpu, ggml_tensor * out, const ggml_tensor * in) {
+    GGML_ASSERT(backend_cpu != nullptr && "the hybrid MoE cache needs the CPU backend");
+    std::vector<ggml_tensor *> stack = { out };
+    std::vector<const ggml_tensor *> seen;
+    while (!stack.empty()) {
+        ggml_tensor * t = stack.back();
+        stack.pop_back();
+        if (t == nullptr || t == in || t->op == GGML_OP_NONE || std::find(seen.begin(), seen.end(), t) != seen.end()) {
+            continue;
+        }
+        seen.push_back(t);
+        if (t->op == GGML_OP_MUL_MAT_ID) {
+            ggml_backend_sched_set_tensor_backend(sched, t, backend_cpu);
+            stack.push_back(t->src[1]); // not the weights, not the ids (they lead back to the router)
+            continue;
+        }
+        if (t->op == GGML_OP_GET_ROWS) {
+            continue;
+        }
+        for (ggml_tensor * src : t->src) {
+            stack.push_back(src);
+        }
     }
-    if (ctx) {
-        ggml_free(ctx);
+}
+
+llama_moe_cache::~llama_moe_cache() {
+    for (ggml_backend_buffer_t b : {buf, buf_host}) {
+        if (b) {
+            ggml_backend_buffer_free(b);
+        }
+    }
+    for (ggml_context * c : {ctx, ctx_host}) {
+        if (c) {
+            ggml_free(c);
+        }
     }
 }
 
@@ -227,12 +296,20 @@ ggml_backend_buffer_type_t llama_moe_cache::buffer_type() const {
 }
 
 void llama_moe_cache::push_slot_map(llama_moe_cache_layer & layer) {
-    // a miss maps to slot 0 rather than -1, so that a device read of the map can never index outside the slots
+    // a miss maps to a real slot, never -1, so that a device read of the map cannot index outside the slots:
+    // the null slot in hybrid mode, slot 0 in upload mode (where the lookup rewrites the ids anyway)
+    const int32_t miss = layer.cpu_map ? layer.n_slots : 0;
     remap_host.resize(layer.n_expert);
     for (int e = 0; e < layer.n_expert; ++e) {
-        remap_host[e] = std::max(layer.slot_of[e], 0);
+        remap_host[e] = layer.slot_of[e] >= 0 ? layer.slot_of[e] : miss;
     }
     ggml_backend_tensor_set(layer.slot_map, remap_host.data(), 0, layer.n_expert * sizeof(int32_t));
+    if (layer.cpu_map) {
+        for (int e = 0; e < layer.n_expert; ++e) {
+            remap_host[e] = layer.slot_of[e] >= 0 ? -1 : e;
+        }
+        ggml_backend_tensor_set(layer.cpu_map, remap_host.data(), 0, layer.n_expert * sizeof(int32_t));
+    }
 }
 
 bool llama_moe_cache::upload(llama_moe_cache_layer & layer, int32_t expert, int32_t slot) {
@@ -289,34 +366,49 @@ void llama_moe_cache::prefill(const std::string & path, uint32_t n_layer) {
     LLAMA_LOG_INFO("%s: MoE cache filled with %" PRIu64 " experts (%.2f MiB) from %s\n", __func__, n_prefilled, bytes / MiB, path.c_str());
 }
 
-ggml_tensor * llama_moe_cache::build(ggml_context * ctx0, int64_t n_tokens, int64_t n_expert_used, bool warmup,
-                                     ggml_tensor * selected, ggml_tensor ** gate, ggml_tensor ** up, ggml_tensor ** down) const {
+llama_moe_cache_route llama_moe_cache::build(ggml_context * ctx0, int64_t n_tokens, int64_t n_expert_used, bool warmup,
+                                             ggml_tensor * selected, ggml_tensor * gate, ggml_tensor * up, ggml_tensor * down) const {
+    llama_moe_cache_route r;
+    r.gate[0] = gate;
+    r.up  [0] = up;
+    r.down[0] = down;
+    r.ids [0] = selected;
     // the warmup selects every expert, and prompts keep llama.cpp's path
-    if (warmup || n_tokens > LLAMA_MOE_CACHE_MAX_UBATCH || *down == nullptr) {
-        return selected;
+    if (warmup || n_tokens > LLAMA_MOE_CACHE_MAX_UBATCH || down == nullptr) {
+        return r;
     }
-    const auto it = layer_of_weight.find(*down);
+    const auto it = layer_of_weight.find(down);
     if (it == layer_of_weight.end()) {
-        return selected;
+        return r;
     }
     const auto & l = layers[it->second];
-    // every expert of the ubatch needs a slot at once
-    if (!l.whole && n_tokens * n_expert_used > l.n_slots) {
-        return selected;
+    // upload mode: every expert of the ubatch needs a slot at once
+    if (!l.whole && !l.cpu_map && n_tokens * n_expert_used > l.n_slots) {
+        return r;
     }
-    ggml_tensor ** w[3] = { gate, up, down };
-    for (int j = 0; j < 3; ++j) {
-        if (l.src[j]) {
-            GGML_ASSERT(*w[j] == l.src[j]);
-            *w[j] = l.dst[j];
-        }
-    }
+    GGML_ASSERT(gate == l.src[0] && up == l.src[1]);
+    r.gate[0] = l.dst[0];
+    r.up  [0] = l.dst[1];
+    r.down[0] = l.dst[2];
     if (l.whole) {
-        return selected;
+        return r;
     }
-    ggml_tensor * slots = ggml_get_rows(ctx0, l.slot_map, selected); // [1, n_expert_used, n_tokens]
+    // get_rows broadcasts over nothing: the ids go flat, [n_expert_used * n_tokens], through a map of [1, n_expert]
+    ggml_tensor * flat  = ggml_reshape_1d(ctx0, ggml_cont(ctx0, selected), n_expert_used * n_tokens);
+    ggml_tensor * slots = ggml_get_rows(ctx0, l.slot_map, flat); // [1, n_expert_used * n_tokens]
     ggml_format_name(slots, "ffn_moe_slots-%d", l.il);
-    return ggml_reshape_2d(ctx0, slots, n_expert_used, n_tokens);
+    r.ids[0] = ggml_reshape_2d(ctx0, slots, n_expert_used, n_tokens);
+    if (l.cpu_map) {
+        ggml_tensor * cpu = ggml_get_rows(ctx0, l.cpu_map, flat);
+        ggml_format_name(cpu, "ffn_moe_cpu_ids-%d", l.il);
+        r.n = 2;
+        r.gate[1] = l.src[0];
+        r.up  [1] = l.src[1];
+        r.down[1] = l.src[2];
+        r.ids [1] = ggml_reshape_2d(ctx0, cpu, n_expert_used, n_tokens);
+        r.cpu_only[1] = true;
+    }
+    return r;
 }
 
 void llama_moe_cache::lookup(llama_moe_cache_layer & l, ggml_tensor * remap) {
@@ -380,11 +472,46 @@ void llama_moe_cache::lookup(llama_moe_cache_layer & l, ggml_tensor * remap) {
 }
 
 bool llama_moe_cache::wants(const ggml_tensor * t) const {
-    return t->op == GGML_OP_GET_ROWS && layer_of_slot_map.count(t->src[0]) > 0;
+    if (t->op != GGML_OP_GET_ROWS) {
+        return false;
+    }
+    // upload mode looks up at the slot map; the hybrid only counts, at the CPU map, where the ids are in RAM
+    return params.hybrid ? layer_of_cpu_map.count(t->src[0]) > 0 : layer_of_slot_map.count(t->src[0]) > 0;
 }
 
 void llama_moe_cache::on_computed(ggml_tensor * t) {
-    lookup(layers[layer_of_slot_map.at(t->src[0])], t);
+    if (params.hybrid) {
+        count_hybrid(layers[layer_of_cpu_map.at(t->src[0])], t->src[1]);
+    } else {
+        lookup(layers[layer_of_slot_map.at(t->src[0])], t);
+    }
+}
+
+void llama_moe_cache::count_hybrid(llama_moe_cache_layer & l, const ggml_tensor * ids) {
+    ids_host.resize(ggml_nbytes(ids) / sizeof(int32_t) + 1);
+    ggml_backend_tensor_get(ids, ids_host.data(), 0, ggml_nbytes(ids));
+    std::lock_guard<std::mutex> lock(mutex);
+    const uint64_t now = ++stamp;
+    // distinct experts per ubatch: a hit marks its slot, a miss its expert in a scratch map
+    remap_host.assign(l.n_expert, 0);
+    for (int64_t t = 0; t < ids->ne[1]; ++t) {
+        for (int64_t k = 0; k < ids->ne[0]; ++k) {
+            const int32_t e = ids_host[(t * ids->nb[1] + k * ids->nb[0]) / sizeof(int32_t)];
+            GGML_ASSERT(e >= 0 && e < l.n_expert);
+            const int32_t s = l.slot_of[e];
+            if (s >= 0) {
+                if (l.last_use[s] != now) {
+                    l.last_use[s] = now;
+                    l.n_hit++;
+                    l.n_hit_profile += l.from_profile[s];
+                }
+            } else if (!remap_host[e]) {
+                remap_host[e] = 1;
+                l.n_miss++;
+                n_bytes_cpu += l.expert_bytes;
+            }
+        }
+    }
 }
 
 void llama_moe_cache::get_stats(llama_moe_cache_stats * out) const {
@@ -396,6 +523,7 @@ void llama_moe_cache::get_stats(llama_moe_cache_stats * out) const {
         out->n_miss        += l.n_miss;
     }
     out->n_bytes_upload = n_bytes_upload;
+    out->n_bytes_cpu    = n_bytes_cpu;
     out->hybrid         = params.hybrid;
     out->n_slots        = n_slots_total;
     out->n_prefilled    = n_prefilled;

@@ -28,6 +28,21 @@ struct llama_moe_cache_params {
     bool        adaptive = false;
 };
 
+// The expert chains a layer's MoE FFN runs for one ubatch: one (the model's experts, or the cache's copies
+// indexed by slot), or two in hybrid mode (the cached experts on the device, the others on the CPU; their
+// outputs are summed before the router weights are applied, once).
+struct llama_moe_cache_route {
+    int n = 1;
+    ggml_tensor * gate[2] = {nullptr, nullptr}; // gate, or merged gate_up
+    ggml_tensor * up  [2] = {nullptr, nullptr};
+    ggml_tensor * down[2] = {nullptr, nullptr};
+    ggml_tensor * ids [2] = {nullptr, nullptr};
+    bool cpu_only[2] = {false, false};            // the chain must run on the CPU (its ids may be -1)
+};
+
+// Assigns every MUL_MAT_ID between out and in (exclusive) to the CPU backend.
+void llama_moe_cache_pin_mul_mat_id(ggml_backend_sched_t sched, ggml_backend_t backend_cpu, ggml_tensor * out, const ggml_tensor * in);
+
 struct llama_moe_cache_layer {
     int il    = -1;
     int group = -1;          // layers with the same expert tensor types and shapes share a group
@@ -36,8 +51,12 @@ struct llama_moe_cache_layer {
     ggml_tensor * src[3] = {nullptr, nullptr, nullptr};
     // the device copies, [.., .., n_slots]
     ggml_tensor * dst[3] = {nullptr, nullptr, nullptr};
-    // expert -> slot on the device; the graph's remap node reads it, so it also marks the node
+    // expert -> slot on the device; the graph's remap node reads it, so it also marks the node. In hybrid
+    // mode an expert the cache lacks maps to the null slot (the last, all zeros)
     ggml_tensor * slot_map = nullptr;
+    // hybrid: expert -> itself when the CPU computes it, -1 when the cache holds it (in host memory)
+    ggml_tensor * cpu_map = nullptr;
+    bool has_bias = false;
 
     int     n_expert = 0;
     int     n_slots  = 0;
@@ -58,10 +77,10 @@ struct llama_moe_cache {
 
     ~llama_moe_cache();
 
-    // Graph building: when layer il takes the cache for this ubatch, swaps the expert tensors for the cached
-    // copies and returns the ids to index them with (slot ids); otherwise returns selected unchanged.
-    ggml_tensor * build(ggml_context * ctx, int64_t n_tokens, int64_t n_expert_used, bool warmup,
-                        ggml_tensor * selected, ggml_tensor ** gate, ggml_tensor ** up, ggml_tensor ** down) const;
+    // Graph building: the chains a layer runs for this ubatch (see llama_moe_cache_route); a layer the cache
+    // does not serve, a prompt or the warmup get the model's own tensors and ids.
+    llama_moe_cache_route build(ggml_context * ctx, int64_t n_tokens, int64_t n_expert_used, bool warmup,
+                                ggml_tensor * selected, ggml_tensor * gate, ggml_tensor * up, ggml_tensor * down) const;
 
     // Between a layer's router and its expert matmuls (the scheduler's eval callback, llama-moe-eval.h):
     // whether t is a remap node of ours, and, once it is computed, the lookups and uploads it needs.
@@ -80,6 +99,7 @@ private:
 
     bool upload(llama_moe_cache_layer & layer, int32_t expert, int32_t slot);
     void lookup(llama_moe_cache_layer & layer, ggml_tensor * remap);
+    void count_hybrid(llama_moe_cache_layer & layer, const ggml_tensor * ids);
     void prefill(const std::string & path, uint32_t n_layer);
     void push_slot_map(llama_moe_cache_layer & layer);
 
@@ -88,16 +108,20 @@ private:
 
     ggml_context * ctx = nullptr;
     ggml_backend_buffer_t buf = nullptr;
+    ggml_context * ctx_host = nullptr;      // hybrid: the CPU maps
+    ggml_backend_buffer_t buf_host = nullptr;
 
     std::vector<llama_moe_cache_layer> layers;
     std::unordered_map<const ggml_tensor *, int> layer_of_weight;   // a down_exps tensor -> index in layers
     std::unordered_map<const ggml_tensor *, int> layer_of_slot_map; // a slot map tensor -> index in layers
+    std::unordered_map<const ggml_tensor *, int> layer_of_cpu_map;  // a CPU map tensor -> index in layers
 
     std::vector<int32_t> ids_host;   // scratch: the selected experts of a ubatch
     std::vector<int32_t> remap_host; // scratch: their slots
     uint64_t stamp = 0;              // counts ubatch x layer lookups, for LRU
 
     uint64_t n_bytes_upload = 0;
+    uint64_t n_bytes_cpu = 0;
     uint64_t n_prefilled = 0;
     uint64_t n_slots_total = 0;
 

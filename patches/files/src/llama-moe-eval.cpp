@@ -15,7 +15,11 @@ static int llama_moe_topk_layer(const ggml_tensor * t) {
     if (strncmp(t->name, LLAMA_MOE_TOPK_NAME, sizeof(LLAMA_MOE_TOPK_NAME) - 1) != 0) {
         return -1;
     }
-    return atoi(t->name + sizeof(LLAMA_MOE_TOPK_NAME) - 1);
+    // only the node itself: views and copies of it are named "ffn_moe_topk-<il> (cont)" and so on
+    const char * digits = t->name + sizeof(LLAMA_MOE_TOPK_NAME) - 1;
+    char * end = nullptr;
+    const long il = strtol(digits, &end, 10);
+    return end != digits && *end == '\0' ? (int) il : -1;
 }
 
 void llama_moe_trace::start() {
