@@ -157,3 +157,19 @@ def test_options_that_cannot_apply_warn(lib, tiny_model_path, caplog) -> None:
         with Context(model, _params(0.01)) as ctx:
             assert ctx.moe_cache_stats() is None
         assert "cannot hold one expert per layer" in caplog.text
+
+
+def test_multi_token_ubatches_take_the_cache_too(lib, tiny_model_path) -> None:
+    """Ubatches of several tokens whose experts all fit the slots (a prompt fed in small pieces, parallel
+    sequences) are looked up and computed from the cache like single tokens."""
+    layout = expert_layout(tiny_model_path)
+    slots = 3 * layout.n_expert_used  # a 3-token ubatch always fits
+    small_batches = dict(n_batch=3, n_ubatch=3)
+    plain_tokens, plain_logits, *_ = _run(tiny_model_path, RAM, _params(**small_batches))
+    tokens, logits, stats, _, records, _ = _run(
+        tiny_model_path, RAM, _params(_slots_mib(tiny_model_path, slots), **small_batches), trace=True)
+    assert tokens == plain_tokens
+    np.testing.assert_array_equal(logits, plain_logits)
+    assert any(r.n_tokens == 3 for r in records)
+    sim = simulate_lru(records, {l.il: slots for l in layout.layers}, layout.n_expert)
+    assert (stats.n_hit, stats.n_miss) == (sim.n_hit, sim.n_miss)

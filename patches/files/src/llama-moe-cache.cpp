@@ -196,7 +196,7 @@ std::unique_ptr<llama_moe_cache> llama_moe_cache::create(const llama_model & mod
     // weights usage makes the scheduler run the expert matmuls where the cache is
     ggml_backend_buffer_set_usage(cache->buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
     ggml_backend_buffer_clear(cache->buf, 0); // the null slots stay zero for good
-    if (cache->ctx_host) {
+    if (cache->ctx_host && ggml_get_first_tensor(cache->ctx_host) != nullptr) { // none when every layer is whole
         cache->buf_host = ggml_backend_alloc_ctx_tensors_from_buft(cache->ctx_host, ggml_backend_cpu_buffer_type());
         if (!cache->buf_host) {
             throw std::runtime_error("llama_moe_cache: cannot allocate the hybrid's CPU maps");
@@ -237,10 +237,14 @@ std::unique_ptr<llama_moe_cache> llama_moe_cache::create(const llama_model & mod
     if (params.hybrid) {
         // the reference's wording: these lines are what users grep for
         LLAMA_LOG_INFO("impl: hybrid MoE cache: %d layers held whole (GPU only), the others split between GPU and CPU\n", n_whole);
-        if (params.profile.empty() && !params.adaptive && n_whole < (int) cache->layers.size()) {
+        if (params.profile.empty() && n_whole < (int) cache->layers.size()) {
             LLAMA_LOG_WARN("impl: hybrid MoE cache without a profile starts empty and stays empty: the CPU computes "
                            "every expert of the layers not held whole (give --moe-cache-profile, or --moe-cache-adaptive)\n");
         }
+    }
+    if (params.adaptive && params.hybrid) {
+        LLAMA_LOG_WARN("llama_moe_cache: --moe-cache-adaptive is not implemented in this build; the cache keeps what the "
+                       "profile put there\n");
     }
     if (params.adaptive && !params.hybrid) {
         LLAMA_LOG_WARN("llama_moe_cache: --moe-cache-adaptive without --moe-cache-hybrid is ignored: the upload cache is an LRU, "
