@@ -171,13 +171,17 @@ class Context(NativeHandle):
 
     def generate(self, prompt: str | Sequence[int], max_tokens: int = 128, sampling: Sampling = GREEDY,
                  stop_at_eog: bool = True) -> Iterator[int]:
-        """Evaluates the prompt, then yields up to ``max_tokens`` new tokens one by one as they are made."""
+        """Evaluates the prompt, then yields up to ``max_tokens`` new tokens one by one as they are made.
+        An empty prompt continues from where the last decode or generation stopped (decoding in chunks)."""
         if max_tokens < 0:
             raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
         tokens = self.model.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+        if not tokens and self.n_past == 0:
+            raise ValueError("an empty prompt continues a sequence, but nothing has been decoded yet")
         sampler = _Sampler(self._lib, sampling)
         try:
-            self.decode(tokens)
+            if tokens:
+                self.decode(tokens)
             for _ in range(max_tokens):
                 with self._lock:
                     tok = int(self._lib.llama_sampler_sample(sampler.chain, self._live(), -1))
@@ -231,6 +235,15 @@ class Context(NativeHandle):
             arr = ffi.new("int32_t[]", max(n, 1))
             n = min(n, self._lib.llama_moe_cache_get_resident(ptr, il, arr, n))
             return np.frombuffer(ffi.buffer(arr, 4 * n), dtype=np.int32).copy()
+
+    def rebalance(self, max_swaps: int = 64) -> int:
+        """Adaptive cache: swaps up to ``max_swaps`` of the hottest experts the cache lacks for the coldest it
+        holds (free slots first), now, between two decodes. Returns the number swapped in, or -1 when this
+        context has no adaptive cache (``moe_cache_hybrid`` and ``moe_cache_adaptive``)."""
+        if max_swaps < 0:
+            raise ValueError(f"max_swaps must be >= 0, got {max_swaps}")
+        with self._lock:
+            return int(self._lib.llama_moe_cache_rebalance(self._live(), max_swaps))
 
     # -- routing traces --------------------------------------------------------------------------------
     def start_trace(self) -> None:

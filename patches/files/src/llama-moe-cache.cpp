@@ -9,7 +9,9 @@
 #include "ggml-cpu.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cinttypes>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -71,8 +73,9 @@ std::unique_ptr<llama_moe_cache> llama_moe_cache::create(const llama_model & mod
     }
 
     std::unique_ptr<llama_moe_cache> cache(new llama_moe_cache());
-    cache->params      = params;
-    cache->device_name = dev_name;
+    cache->params        = params;
+    cache->device_name   = dev_name;
+    cache->n_expert_used = model.hparams.n_expert_used();
 
     // the layers whose experts are all in host memory
     int n_repacked = 0, n_scaled = 0, n_biased = 0;
@@ -186,6 +189,7 @@ std::unique_ptr<llama_moe_cache> llama_moe_cache::create(const llama_model & mod
         l.expert_in.assign(l.n_slots, -1);
         l.last_use.assign(l.n_slots, 0);
         l.from_profile.assign(l.n_slots, 0);
+        l.heat.assign(params.adaptive && params.hybrid && !l.whole ? l.n_expert : 0, 0.0);
         cache->n_slots_total += l.n_slots;
     }
     cache->buf = ggml_backend_alloc_ctx_tensors_from_buft(cache->ctx, buft);
@@ -206,6 +210,9 @@ std::unique_ptr<llama_moe_cache> llama_moe_cache::create(const llama_model & mod
 
     for (size_t i = 0; i < cache->layers.size(); ++i) {
         auto & l = cache->layers[i];
+        if (cache->clock_layer < 0 && !l.whole) {
+            cache->clock_layer = (int) i;
+        }
         cache->layer_of_weight[l.src[2]]     = (int) i;
         cache->layer_of_slot_map[l.slot_map] = (int) i;
         if (l.cpu_map) {
@@ -237,14 +244,13 @@ std::unique_ptr<llama_moe_cache> llama_moe_cache::create(const llama_model & mod
     if (params.hybrid) {
         // the reference's wording: these lines are what users grep for
         LLAMA_LOG_INFO("impl: hybrid MoE cache: %d layers held whole (GPU only), the others split between GPU and CPU\n", n_whole);
-        if (params.profile.empty() && n_whole < (int) cache->layers.size()) {
+        if (params.profile.empty() && !params.adaptive && n_whole < (int) cache->layers.size()) {
             LLAMA_LOG_WARN("impl: hybrid MoE cache without a profile starts empty and stays empty: the CPU computes "
                            "every expert of the layers not held whole (give --moe-cache-profile, or --moe-cache-adaptive)\n");
         }
     }
-    if (params.adaptive && params.hybrid) {
-        LLAMA_LOG_WARN("llama_moe_cache: --moe-cache-adaptive is not implemented in this build; the cache keeps what the "
-                       "profile put there\n");
+    if (params.adaptive && params.hybrid && params.profile.empty()) {
+        LLAMA_LOG_INFO("impl: adaptive hybrid MoE cache without a profile starts empty and fills itself while generating\n");
     }
     if (params.adaptive && !params.hybrid) {
         LLAMA_LOG_WARN("llama_moe_cache: --moe-cache-adaptive without --moe-cache-hybrid is ignored: the upload cache is an LRU, "
@@ -279,6 +285,9 @@ void llama_moe_cache_pin_mul_mat_id(ggml_backend_sched_t sched, ggml_backend_t b
 }
 
 llama_moe_cache::~llama_moe_cache() {
+    if (adaptive()) {
+        LLAMA_LOG_INFO("llama_moe_cache: adaptive: %" PRIu64 " experts swapped in\n", n_swap);
+    }
     for (ggml_backend_buffer_t b : {buf, buf_host}) {
         if (b) {
             ggml_backend_buffer_free(b);
@@ -496,6 +505,16 @@ void llama_moe_cache::count_hybrid(llama_moe_cache_layer & l, const ggml_tensor 
     ggml_backend_tensor_get(ids, ids_host.data(), 0, ggml_nbytes(ids));
     std::lock_guard<std::mutex> lock(mutex);
     const uint64_t now = ++stamp;
+    const int64_t n_tokens = ggml_nelements(ids) / std::max<int64_t>(n_expert_used, 1); // the ids are flat
+    if (&l == &layers[clock_layer]) {
+        n_tokens_small += n_tokens;
+    }
+    if (!l.heat.empty()) {
+        const double fade = std::pow(0.5, (double) n_tokens / LLAMA_MOE_ADAPT_HALF_LIFE);
+        for (double & h : l.heat) {
+            h *= fade;
+        }
+    }
     // distinct experts per ubatch: a hit marks its slot, a miss its expert in a scratch map
     remap_host.assign(l.n_expert, 0);
     for (int64_t t = 0; t < ids->ne[1]; ++t) {
@@ -508,11 +527,17 @@ void llama_moe_cache::count_hybrid(llama_moe_cache_layer & l, const ggml_tensor 
                     l.last_use[s] = now;
                     l.n_hit++;
                     l.n_hit_profile += l.from_profile[s];
+                    if (!l.heat.empty()) {
+                        l.heat[e] += 1.0;
+                    }
                 }
             } else if (!remap_host[e]) {
                 remap_host[e] = 1;
                 l.n_miss++;
                 n_bytes_cpu += l.expert_bytes;
+                if (!l.heat.empty()) {
+                    l.heat[e] += 1.0;
+                }
             }
         }
     }
@@ -528,6 +553,7 @@ void llama_moe_cache::get_stats(llama_moe_cache_stats * out) const {
     }
     out->n_bytes_upload = n_bytes_upload;
     out->n_bytes_cpu    = n_bytes_cpu;
+    out->n_swap         = n_swap;
     out->hybrid         = params.hybrid;
     out->n_slots        = n_slots_total;
     out->n_prefilled    = n_prefilled;
@@ -562,4 +588,92 @@ int32_t llama_moe_cache::get_resident(int32_t il, int32_t * out, int32_t n_max) 
         return n;
     }
     return 0;
+}
+
+bool llama_moe_cache::rebalance_due() const {
+    return adaptive() && (n_tokens_small >= next_fill || n_tokens_small >= next_swap);
+}
+
+int32_t llama_moe_cache::rebalance(int32_t max_swaps) {
+    if (!adaptive()) {
+        return -1;
+    }
+    std::lock_guard<std::mutex> lock(mutex);
+    int32_t fills = 0;
+    if (max_swaps < 0) { // the automatic rounds
+        fills = n_tokens_small >= next_fill ? LLAMA_MOE_ADAPT_MAX_FILLS : 0;
+        const int32_t swaps = n_tokens_small >= next_swap ? LLAMA_MOE_ADAPT_MAX_SWAPS : 0;
+        next_fill = n_tokens_small + LLAMA_MOE_ADAPT_FILL_EVERY;
+        if (swaps > 0) {
+            next_swap = n_tokens_small + LLAMA_MOE_ADAPT_PERIOD;
+        }
+        return do_rebalance(swaps, fills);
+    }
+    return do_rebalance(max_swaps, max_swaps);
+}
+
+// Fills free slots with the hottest experts the cache lacks (up to max_fills), then swaps the hottest missing
+// experts for the coldest resident ones of the same layer (up to max_swaps, best gains first).
+int32_t llama_moe_cache::do_rebalance(int32_t max_swaps, int32_t max_fills) {
+    const auto t0 = std::chrono::steady_clock::now();
+    struct move { double gain; int li; int32_t expert; int32_t slot; };
+    std::vector<move> fills, swaps;
+    std::vector<int32_t> missing, resident;
+    for (int li = 0; li < (int) layers.size(); ++li) {
+        auto & l = layers[li];
+        if (l.whole || l.heat.empty()) {
+            continue; // a layer held whole has nothing to gain
+        }
+        missing.clear();
+        resident.clear();
+        for (int32_t e = 0; e < l.n_expert; ++e) {
+            if (l.slot_of[e] < 0) {
+                if (l.heat[e] > 0.0) {
+                    missing.push_back(e);
+                }
+            } else {
+                resident.push_back(e);
+            }
+        }
+        std::sort(missing.begin(), missing.end(), [&](int32_t a, int32_t b) { return l.heat[a] > l.heat[b]; });
+        std::sort(resident.begin(), resident.end(), [&](int32_t a, int32_t b) { return l.heat[a] < l.heat[b]; });
+        size_t im = 0;
+        for (int32_t s = 0; s < l.n_slots && im < missing.size(); ++s) {
+            if (l.expert_in[s] < 0) {
+                fills.push_back({ l.heat[missing[im]], li, missing[im], s });
+                im++;
+            }
+        }
+        for (size_t ir = 0; im < missing.size() && ir < resident.size(); ++im, ++ir) {
+            const double in = l.heat[missing[im]], out = l.heat[resident[ir]];
+            if (in <= LLAMA_MOE_ADAPT_RATIO * out + LLAMA_MOE_ADAPT_MARGIN) {
+                break;
+            }
+            swaps.push_back({ in - out, li, missing[im], l.slot_of[resident[ir]] });
+        }
+    }
+    auto by_gain = [](const move & a, const move & b) { return a.gain > b.gain; };
+    std::sort(fills.begin(), fills.end(), by_gain);
+    std::sort(swaps.begin(), swaps.end(), by_gain);
+    fills.resize(std::min<size_t>(fills.size(), std::max(max_fills, 0)));
+    swaps.resize(std::min<size_t>(swaps.size(), std::max(max_swaps, 0)));
+    std::vector<uint8_t> changed(layers.size(), 0);
+    for (const auto * list : { &fills, &swaps }) {
+        for (const auto & m : *list) {
+            upload(layers[m.li], m.expert, m.slot);
+            changed[m.li] = 1;
+        }
+    }
+    for (size_t li = 0; li < layers.size(); ++li) {
+        if (changed[li]) {
+            push_slot_map(layers[li]);
+        }
+    }
+    const int32_t n = (int32_t) (fills.size() + swaps.size());
+    n_swap += n;
+    if (n > 0) {
+        const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+        LLAMA_LOG_DEBUG("%s: %d experts swapped in %.1f ms\n", __func__, n, ms);
+    }
+    return n;
 }

@@ -21,6 +21,16 @@ struct ggml_tensor;
 // ubatches of up to this many tokens take the cache; larger ones (prompts) keep llama.cpp's path
 static constexpr int64_t LLAMA_MOE_CACHE_MAX_UBATCH = 32;
 
+// The adaptive cache (hybrid + --moe-cache-adaptive). Heat is counted per (layer, expert), once per expert
+// and ubatch, and fades so that the set follows the conversation rather than its start.
+static constexpr double  LLAMA_MOE_ADAPT_HALF_LIFE  = 350.0; // generated tokens: a topic's experts outlive a paragraph, not the chat
+static constexpr int64_t LLAMA_MOE_ADAPT_PERIOD     = 32;    // tokens between swap rounds: a round costs a device sync
+static constexpr int32_t LLAMA_MOE_ADAPT_MAX_SWAPS  = 64;    // experts per round: bounds the pause between two tokens
+static constexpr double  LLAMA_MOE_ADAPT_RATIO      = 1.5;   // an expert comes in only when hotter than 1.5x the one it evicts
+static constexpr double  LLAMA_MOE_ADAPT_MARGIN     = 2.0;   //   plus two picks: no flapping between equals
+static constexpr int64_t LLAMA_MOE_ADAPT_FILL_EVERY = 8;     // free slots fill faster: a start without a profile warms in ~100 tokens
+static constexpr int32_t LLAMA_MOE_ADAPT_MAX_FILLS  = 128;
+
 struct llama_moe_cache_params {
     size_t      size = 0;    // bytes
     std::string profile;     // STRP file, empty = start empty
@@ -69,6 +79,8 @@ struct llama_moe_cache_layer {
     std::vector<uint8_t>  from_profile; // slot -> filled by the profile and not evicted since
 
     uint64_t n_hit = 0, n_hit_profile = 0, n_miss = 0;
+
+    std::vector<double> heat; // adaptive: expert -> faded count of ubatches that selected it
 };
 
 struct llama_moe_cache {
@@ -91,6 +103,12 @@ struct llama_moe_cache {
     int32_t get_layer_stats(llama_moe_cache_layer_stats * out, int32_t n_max) const;
     int32_t get_resident(int32_t il, int32_t * out, int32_t n_max) const;
 
+    // Adaptive: whether a round is due before the next ubatch, and the round itself (returns the experts
+    // swapped in, -1 without an adaptive cache). The caller makes sure the device is idle.
+    bool    rebalance_due() const;
+    int32_t rebalance(int32_t max_swaps);
+    bool    adaptive() const { return params.adaptive && params.hybrid; }
+
     size_t buffer_size() const;
     ggml_backend_buffer_type_t buffer_type() const;
 
@@ -102,6 +120,7 @@ private:
     void count_hybrid(llama_moe_cache_layer & layer, const ggml_tensor * ids);
     void prefill(const std::string & path, uint32_t n_layer);
     void push_slot_map(llama_moe_cache_layer & layer);
+    int32_t do_rebalance(int32_t max_swaps, int32_t max_fills);
 
     llama_moe_cache_params params;
     std::string device_name;
@@ -122,6 +141,11 @@ private:
 
     uint64_t n_bytes_upload = 0;
     uint64_t n_bytes_cpu = 0;
+    uint64_t n_swap = 0;
+    int64_t  n_tokens_small = 0;    // tokens of ubatches that took the cache, the adaptive clock
+    int64_t  n_expert_used  = 0;
+    int      clock_layer    = -1;   // the layer whose lookups advance the clock (once per ubatch)
+    int64_t  next_fill = LLAMA_MOE_ADAPT_FILL_EVERY, next_swap = LLAMA_MOE_ADAPT_PERIOD;
     uint64_t n_prefilled = 0;
     uint64_t n_slots_total = 0;
 

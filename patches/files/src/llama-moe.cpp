@@ -4,6 +4,8 @@
 #include "llama-context.h"
 #include "llama-moe-cache.h"
 
+#include <algorithm>
+
 int32_t llama_moe_abi_version(void) {
     return LLAMA_MOE_ABI_VERSION;
 }
@@ -36,10 +38,12 @@ int32_t llama_moe_cache_get_resident(const struct llama_context * ctx, int32_t i
 }
 
 int32_t llama_moe_cache_rebalance(struct llama_context * ctx, int32_t max_swaps) {
-    GGML_UNUSED(max_swaps);
-    const llama_moe_cache * cache = ctx ? ctx->get_moe_cache() : nullptr;
-    GGML_UNUSED(cache);
-    return -1; // only an adaptive cache swaps
+    llama_moe_cache * cache = ctx ? ctx->get_moe_cache() : nullptr;
+    if (cache == nullptr || !cache->adaptive()) {
+        return -1; // only an adaptive cache swaps
+    }
+    ctx->synchronize(); // the swaps overwrite slots a computation in flight may read
+    return cache->rebalance(std::max(max_swaps, 0));
 }
 
 void llama_moe_trace_start(struct llama_context * ctx) {

@@ -1,0 +1,92 @@
+"""The adaptive cache on the real patched libllama (CPU as the cache device): swaps follow the text and
+never change what a token computes."""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from llama_moe import Context, ContextParams, Model, ModelParams, Sampling
+from llama_moe.experts import expert_layout
+from llama_moe.profile import Profile, write_profile
+
+PROMPT = "The ship left the harbour at dawn, and the crew"
+SAMPLING = Sampling(temperature=0.8, seed=3)  # sampled text: greedy decoding of a bigram model loops
+N_GEN = 400
+SLOTS = 8
+RAM = ModelParams(cpu_moe=True, repack=False)
+
+
+@pytest.fixture(autouse=True)
+def cache_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LLAMA_MOE_CACHE_DEVICE", "CPU")
+
+
+def _mib(path: Path, slots: int) -> float:
+    layout = expert_layout(path)
+    row = sum(l.bytes_per_expert for l in layout.layers)
+    maps = sum(-(-l.n_expert * 4 // 256) * 256 for l in layout.layers)
+    return ((slots + 1) * row + maps + row // 2) / 2**20  # + the hybrid's null slot
+
+
+def _hybrid(path: Path, **kw) -> ContextParams:
+    return ContextParams(n_ctx=1024, moe_cache_mib=_mib(path, SLOTS), moe_cache_hybrid=True, **kw)
+
+
+def _hit_rate_after(ctx: Context, warmup: int) -> tuple[list[int], float]:
+    """Generates, and returns the tokens and the hit rate of the tokens after the first ``warmup``."""
+    tokens, start = [], None
+    for i, tok in enumerate(ctx.generate(PROMPT, N_GEN, SAMPLING, stop_at_eog=False)):
+        tokens.append(tok)
+        if i + 1 == warmup:
+            start = ctx.moe_cache_stats()
+    end = ctx.moe_cache_stats()
+    hits, misses = end.n_hit - start.n_hit, end.n_miss - start.n_miss
+    return tokens, hits / (hits + misses)
+
+
+def test_adaptive_reaches_a_same_text_profile_and_changes_no_token(lib, tiny_model_path, tmp_path, caplog) -> None:
+    layout = expert_layout(tiny_model_path)
+    caplog.set_level(logging.INFO, logger="llama_moe.native")
+    with Model(tiny_model_path, RAM) as model:
+        with Context(model, ContextParams(n_ctx=1024)) as ctx:
+            ctx.start_trace()
+            plain = list(ctx.generate(PROMPT, N_GEN, SAMPLING, stop_at_eog=False))
+            records = ctx.stop_trace()
+        with Context(model, _hybrid(tiny_model_path, moe_cache_adaptive=True)) as ctx:
+            adaptive, adaptive_rate = _hit_rate_after(ctx, 100)
+            stats = ctx.moe_cache_stats()
+        # a profile made from the same text: each layer's most selected experts
+        counts = np.zeros((layout.n_layer, layout.n_expert))
+        for r in records:
+            if r.n_tokens <= 32:
+                counts[r.il, np.unique(r.experts)] += 1
+        ranked = tuple((l.il, int(e)) for l in layout.layers for e in np.argsort(-counts[l.il], kind="stable")[:SLOTS])
+        path = tmp_path / "same-text.strp"
+        write_profile(path, Profile(layout.n_layer, layout.n_expert, SLOTS, ranked))
+        with Context(model, _hybrid(tiny_model_path, moe_cache_profile=path)) as ctx:
+            static, static_rate = _hit_rate_after(ctx, 100)
+    assert adaptive == plain == static
+    assert stats.n_swap > 0 and stats.n_prefilled == 0
+    assert adaptive_rate >= 0.9 * static_rate, (adaptive_rate, static_rate)
+    assert "adaptive hybrid MoE cache without a profile starts empty and fills itself" in caplog.text
+    assert f"llama_moe_cache: adaptive: {stats.n_swap} experts swapped in" in caplog.text
+
+
+def test_rebalance_on_request(lib, tiny_model_path) -> None:
+    with Model(tiny_model_path, RAM) as model:
+        with Context(model, _hybrid(tiny_model_path, moe_cache_adaptive=True)) as ctx:
+            assert ctx.rebalance(64) == 0  # nothing is hot yet
+            ctx.decode(model.tokenize(PROMPT))
+            ctx.decode(model.tokenize(" and then the wind rose over the water"))
+            swapped = ctx.rebalance(3)
+            assert 0 < swapped <= 3
+            assert ctx.moe_cache_stats().n_swap >= swapped
+            with pytest.raises(ValueError):
+                ctx.rebalance(-1)
+        with Context(model, _hybrid(tiny_model_path)) as ctx:
+            assert ctx.rebalance(8) == -1  # hybrid without adaptive
+        with Context(model, ContextParams(n_ctx=256)) as ctx:
+            assert ctx.rebalance(8) == -1  # no cache at all
