@@ -1,0 +1,356 @@
+#include "moe-cache.h"
+
+#include "build-info.h"
+#include "common.h"
+#include "log.h"
+
+#include "hash/hash.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <sstream>
+#include <vector>
+
+#ifdef _WIN32
+#include <process.h>
+#define llama_moe_getpid _getpid
+#else
+#include <unistd.h>
+#define llama_moe_getpid getpid
+#endif
+
+using json = nlohmann::ordered_json;
+
+static constexpr double MiB = 1024.0*1024.0;
+
+//
+// metrics
+//
+
+std::string common_moe_cache_metrics(const llama_context * ctx) {
+    llama_moe_cache_stats s;
+    if (ctx == nullptr || !llama_moe_cache_get_stats(ctx, &s)) {
+        return "";
+    }
+    struct item { const char * name; const char * help; double value; };
+    const item counters[] = {
+        { "moe_cache_hits_total",         "MoE cache: selected experts the cache held (ubatches of up to 32 tokens)", (double) s.n_hit },
+        { "moe_cache_hits_profile_total", "MoE cache: hits on experts the profile placed and that were never evicted", (double) s.n_hit_profile },
+        { "moe_cache_misses_total",       "MoE cache: selected experts the cache did not hold", (double) s.n_miss },
+        { "moe_cache_upload_bytes_total", "MoE cache: bytes uploaded for misses", (double) s.n_bytes_upload },
+        { "moe_cache_cpu_bytes_total",    "MoE cache: bytes of the experts the CPU computed (hybrid)", (double) s.n_bytes_cpu },
+        { "moe_cache_copies_total",       "MoE cache: experts large batches copied from the cache instead of from RAM", (double) s.n_copy },
+        { "moe_cache_swaps_total",        "MoE cache: experts the adaptive cache swapped in", (double) s.n_swap },
+    };
+    const uint64_t n_lookup = s.n_hit + s.n_miss;
+    const item gauges[] = {
+        { "moe_cache_hit_ratio", "MoE cache: hits / (hits + misses) since the start", n_lookup ? (double) s.n_hit / n_lookup : 0.0 },
+        { "moe_cache_slots",     "MoE cache: expert slots", (double) s.n_slots },
+        { "moe_cache_prefilled", "MoE cache: slots the profile filled at load", (double) s.n_prefilled },
+        { "moe_cache_bytes",     "MoE cache: device memory of the cache", (double) s.n_bytes_cache },
+        { "moe_cache_hybrid",    "MoE cache: 1 with --moe-cache-hybrid", s.hybrid ? 1.0 : 0.0 },
+    };
+    std::ostringstream out;
+    out.precision(17);
+    auto add = [&](const char * type, const item & it) {
+        out << "# HELP llamacpp:" << it.name << " " << it.help << "\n"
+            << "# TYPE llamacpp:" << it.name << " " << type << "\n"
+            << "llamacpp:" << it.name << " " << it.value << "\n";
+    };
+    for (const auto & it : counters) {
+        add("counter", it);
+    }
+    for (const auto & it : gauges) {
+        add("gauge", it);
+    }
+    const int32_t n = llama_moe_cache_get_layer_stats(ctx, nullptr, 0);
+    std::vector<llama_moe_cache_layer_stats> layers(std::max(n, 1));
+    llama_moe_cache_get_layer_stats(ctx, layers.data(), n);
+    const struct { const char * name; const char * help; uint64_t llama_moe_cache_layer_stats::* field; } per_layer[] = {
+        { "moe_cache_layer_hits_total",         "MoE cache: hits per layer",                   &llama_moe_cache_layer_stats::n_hit },
+        { "moe_cache_layer_hits_profile_total", "MoE cache: hits on profile experts per layer", &llama_moe_cache_layer_stats::n_hit_profile },
+        { "moe_cache_layer_misses_total",       "MoE cache: misses per layer",                 &llama_moe_cache_layer_stats::n_miss },
+    };
+    for (const auto & series : per_layer) {
+        out << "# HELP llamacpp:" << series.name << " " << series.help << "\n"
+            << "# TYPE llamacpp:" << series.name << " counter\n";
+        for (int32_t i = 0; i < n; ++i) {
+            out << "llamacpp:" << series.name << "{layer=\"" << layers[i].il << "\"} " << layers[i].*series.field << "\n";
+        }
+    }
+    return out.str();
+}
+
+//
+// the audit log
+//
+
+namespace {
+
+struct audit_target {
+    std::string path;
+    bool failed = false; // warn once, not on every record
+};
+
+std::mutex                                        g_audit_mutex;
+std::map<const llama_context *, audit_target>     g_audit;
+
+std::string utc_now_iso() {
+    const auto now = std::chrono::system_clock::now();
+    const std::time_t t = std::chrono::system_clock::to_time_t(now);
+    const int ms = (int) (std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000);
+    std::tm tm{};
+#ifdef _WIN32
+    gmtime_s(&tm, &t);
+#else
+    gmtime_r(&t, &tm);
+#endif
+    char buf[40];
+    std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%S", &tm);
+    char out[48];
+    snprintf(out, sizeof(out), "%s.%03dZ", buf, ms);
+    return out;
+}
+
+json record(const char * event, const llama_context * ctx) {
+    llama_moe_cache_stats s = {};
+    llama_moe_cache_get_stats(ctx, &s);
+    return json {
+        { "event",        event },
+        { "time",         utc_now_iso() },
+        { "pid",          (int64_t) llama_moe_getpid() },
+        { "hybrid",       s.hybrid },
+        { "hits",         s.n_hit },
+        { "hits_profile", s.n_hit_profile },
+        { "misses",       s.n_miss },
+        { "bytes_upload", s.n_bytes_upload },
+        { "bytes_cpu",    s.n_bytes_cpu },
+        { "copies",       s.n_copy },
+        { "bytes_copy",   s.n_bytes_copy },
+        { "swaps",        s.n_swap },
+    };
+}
+
+json layers_json(const llama_context * ctx) {
+    json out = json::array();
+    const int32_t n = llama_moe_cache_get_layer_stats(ctx, nullptr, 0);
+    std::vector<llama_moe_cache_layer_stats> layers(std::max(n, 1));
+    llama_moe_cache_get_layer_stats(ctx, layers.data(), n);
+    for (int32_t i = 0; i < n; ++i) {
+        const int32_t n_res = llama_moe_cache_get_resident(ctx, layers[i].il, nullptr, 0);
+        std::vector<int32_t> resident(std::max(n_res, 1));
+        llama_moe_cache_get_resident(ctx, layers[i].il, resident.data(), n_res);
+        resident.resize(n_res);
+        out.push_back({
+            { "il",           layers[i].il },
+            { "slots",        layers[i].n_slots },
+            { "hits",         layers[i].n_hit },
+            { "hits_profile", layers[i].n_hit_profile },
+            { "misses",       layers[i].n_miss },
+            { "resident",     resident },
+        });
+    }
+    return out;
+}
+
+// one record, one open-append-close: a crash loses at most the record being written
+void append(const llama_context * ctx, const json & rec) {
+    std::lock_guard<std::mutex> lock(g_audit_mutex);
+    auto it = g_audit.find(ctx);
+    if (it == g_audit.end()) {
+        return;
+    }
+    const std::string line = rec.dump() + "\n";
+    FILE * f = fopen(it->second.path.c_str(), "a");
+    bool ok = f != nullptr;
+    if (f) {
+        ok = fwrite(line.data(), 1, line.size(), f) == line.size();
+        ok = fclose(f) == 0 && ok;
+    }
+    if (!ok && !it->second.failed) {
+        LOG_WRN("llama_moe: cannot append to the audit log %s: %s; later records are lost until it is writable\n",
+                it->second.path.c_str(), strerror(errno));
+    }
+    it->second.failed = !ok;
+}
+
+} // namespace
+
+void common_moe_audit_load(const llama_context * ctx, const common_params & params, double load_ms) {
+    if (params.moe_cache_audit.empty() || ctx == nullptr) {
+        return;
+    }
+    {
+        std::lock_guard<std::mutex> lock(g_audit_mutex);
+        g_audit[ctx] = { params.moe_cache_audit, false };
+    }
+    const llama_model * model = llama_get_model(ctx);
+    char name[256] = "";
+    llama_model_meta_val_str(model, "general.name", name, sizeof(name));
+    std::error_code ec;
+    const auto model_bytes = std::filesystem::file_size(params.model.path, ec);
+
+    json overrides = json::array();
+    for (const auto & o : params.tensor_buft_overrides) {
+        if (o.pattern != nullptr) {
+            overrides.push_back(o.pattern);
+        }
+    }
+    json devices = json::array();
+    for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
+        ggml_backend_dev_t dev = ggml_backend_dev_get(i);
+        const auto type = ggml_backend_dev_type(dev);
+        if (type != GGML_BACKEND_DEVICE_TYPE_GPU && type != GGML_BACKEND_DEVICE_TYPE_IGPU) {
+            continue;
+        }
+        size_t free = 0, total = 0;
+        ggml_backend_dev_memory(dev, &free, &total);
+        devices.push_back({
+            { "name",        ggml_backend_dev_name(dev) },
+            { "description", ggml_backend_dev_description(dev) },
+            { "mib_free",    (int64_t) (free / MiB) },
+            { "mib_total",   (int64_t) (total / MiB) },
+        });
+    }
+    json profile = nullptr;
+    if (!params.moe_cache_profile.empty()) {
+        std::ifstream in(params.moe_cache_profile, std::ios::binary);
+        if (!in) {
+            profile = { { "path", params.moe_cache_profile }, { "error", std::string("cannot open: ") + strerror(errno) } };
+        } else {
+            const std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+            profile = { { "path", params.moe_cache_profile }, { "bytes", (int64_t) data.size() },
+                        { "sha256", hash_sha256_hex(data.data(), data.size()) } };
+        }
+    }
+    llama_moe_cache_stats s = {};
+    llama_moe_cache_get_stats(ctx, &s);
+
+    json rec = record("load", ctx);
+    rec["model"]  = { { "path", params.model.path }, { "bytes", (int64_t) (ec ? 0 : model_bytes) }, { "name", name },
+                      { "n_layer", llama_model_n_layer(model) } };
+    rec["params"] = {
+        { "build",              llama_build_info() },
+        { "moe_cache_mib",      params.moe_cache_mib },
+        { "moe_cache_hybrid",   params.moe_cache_hybrid },
+        { "moe_cache_adaptive", params.moe_cache_adaptive },
+        { "n_gpu_layers",       params.n_gpu_layers },
+        { "n_threads",          params.cpuparams.n_threads },
+        { "n_threads_batch",    params.cpuparams_batch.n_threads },
+        { "n_ctx",              llama_n_ctx(ctx) },
+        { "n_batch",            llama_n_batch(ctx) },
+        { "n_ubatch",           llama_n_ubatch(ctx) },
+        { "tensor_overrides",   overrides },
+    };
+    rec["cache"]   = { { "slots", s.n_slots }, { "prefilled", s.n_prefilled }, { "bytes", s.n_bytes_cache } };
+    rec["load_ms"] = load_ms;
+    rec["devices"] = devices;
+    rec["profile"] = profile;
+    rec["layers"]  = layers_json(ctx);
+    append(ctx, rec);
+}
+
+void common_moe_audit_ready(const llama_context * ctx) {
+    append(ctx, record("ready", ctx));
+}
+
+void common_moe_audit_exit(const llama_context * ctx) {
+    llama_moe_cache_stats s;
+    if (ctx != nullptr && llama_moe_cache_get_stats(ctx, &s)) {
+        // the exit summary: overall, and how unevenly the layers hit
+        const int32_t n = llama_moe_cache_get_layer_stats(ctx, nullptr, 0);
+        std::vector<llama_moe_cache_layer_stats> layers(std::max(n, 1));
+        llama_moe_cache_get_layer_stats(ctx, layers.data(), n);
+        std::vector<double> rates;
+        for (int32_t i = 0; i < n; ++i) {
+            const uint64_t l = layers[i].n_hit + layers[i].n_miss;
+            if (l > 0) {
+                rates.push_back((double) layers[i].n_hit / l);
+            }
+        }
+        std::sort(rates.begin(), rates.end());
+        const uint64_t lookups = s.n_hit + s.n_miss;
+        if (!rates.empty()) {
+            LOG_INF("llama_moe_cache: %" PRIu64 " hits, %" PRIu64 " misses (%.1f %%); per-layer hit rate min %.1f %%, median %.1f %%, max %.1f %%\n",
+                    s.n_hit, s.n_miss, lookups ? 100.0 * s.n_hit / lookups : 0.0,
+                    100.0 * rates.front(), 100.0 * rates[rates.size() / 2], 100.0 * rates.back());
+        }
+    }
+    {
+        std::lock_guard<std::mutex> lock(g_audit_mutex);
+        if (g_audit.find(ctx) == g_audit.end()) {
+            return;
+        }
+    }
+    const llama_perf_context_data perf = llama_perf_context(ctx);
+    json rec = record("exit", ctx);
+    rec["layers"] = layers_json(ctx);
+    rec["perf"] = {
+        { "n_prompt",    perf.n_p_eval },
+        { "n_gen",       perf.n_eval },
+        { "t_prompt_ms", perf.t_p_eval_ms },
+        { "t_gen_ms",    perf.t_eval_ms },
+        { "prompt_tps",  perf.t_p_eval_ms > 0 ? 1e3 * perf.n_p_eval / perf.t_p_eval_ms : 0.0 },
+        { "gen_tps",     perf.t_eval_ms > 0 ? 1e3 * perf.n_eval / perf.t_eval_ms : 0.0 },
+    };
+    append(ctx, rec);
+    std::lock_guard<std::mutex> lock(g_audit_mutex);
+    g_audit.erase(ctx);
+}
+
+//
+// requests
+//
+
+common_moe_cache_request common_moe_cache_request_begin(const llama_context * ctx) {
+    common_moe_cache_request req;
+    req.valid = ctx != nullptr && llama_moe_cache_get_stats(ctx, &req.start);
+    return req;
+}
+
+void common_moe_cache_request_end(const llama_context * ctx, const common_moe_cache_request & req, int slot, int task,
+                                  int n_prompt, int n_gen, double t_prompt_ms, double t_gen_ms) {
+    llama_moe_cache_stats now;
+    if (!req.valid || !llama_moe_cache_get_stats(ctx, &now)) {
+        return;
+    }
+    const uint64_t hits   = now.n_hit          - req.start.n_hit;
+    const uint64_t prof   = now.n_hit_profile  - req.start.n_hit_profile;
+    const uint64_t misses = now.n_miss         - req.start.n_miss;
+    const uint64_t up     = now.n_bytes_upload - req.start.n_bytes_upload;
+    const uint64_t cpu    = now.n_bytes_cpu    - req.start.n_bytes_cpu;
+    const double   rate   = hits + misses ? 100.0 * hits / (hits + misses) : 0.0;
+    if (now.hybrid) {
+        LOG_INF("MoE cache hits = %.1f %% (hybrid: %" PRIu64 " on the GPU, %" PRIu64 " on the CPU, which read %.1f MiB)\n",
+                rate, hits, misses, cpu / MiB);
+    } else {
+        // the uploads' share of the request's time is not measured: the rate is bytes over the request's time
+        const double seconds = (t_prompt_ms + t_gen_ms) / 1e3;
+        LOG_INF("MoE cache hits = %.1f %% (%" PRIu64 " hit, %" PRIu64 " from the profile, %" PRIu64 " uploaded: %.1f MiB, %.2f GiB/s)\n",
+                rate, hits, prof, misses, up / MiB, seconds > 0 ? up / (1024.0 * MiB) / seconds : 0.0);
+    }
+    json rec = record("request", ctx);
+    rec["slot"]             = slot;
+    rec["task"]             = task;
+    rec["n_prompt"]         = n_prompt;
+    rec["n_gen"]            = n_gen;
+    rec["t_prompt_ms"]      = t_prompt_ms;
+    rec["t_gen_ms"]         = t_gen_ms;
+    rec["req_hits"]         = hits;
+    rec["req_hits_profile"] = prof;
+    rec["req_misses"]       = misses;
+    rec["req_bytes_upload"] = up;
+    rec["req_bytes_cpu"]    = cpu;
+    append(ctx, rec);
+}

@@ -1,0 +1,33 @@
+#pragma once
+
+// llama_moe: what the MoE expert cache reports to operators, for every tool built on common: the Prometheus
+// series of llama-server's /metrics, the per-request log line, and the JSONL audit log (--moe-cache-audit).
+
+#include "llama.h"
+
+#include <cstdint>
+#include <string>
+
+struct common_params;
+
+// the llamacpp:moe_cache_* series, or "" when ctx has no MoE cache
+std::string common_moe_cache_metrics(const llama_context * ctx);
+
+// a request's counters are the context's counters at its end minus at its start
+struct common_moe_cache_request {
+    bool                  valid = false;
+    llama_moe_cache_stats start = {};
+};
+
+common_moe_cache_request common_moe_cache_request_begin(const llama_context * ctx);
+
+// logs "MoE cache hits = R % (...)" and appends the request record to the audit log, if there is one
+void common_moe_cache_request_end(const llama_context * ctx, const common_moe_cache_request & req, int slot, int task,
+                                  int n_prompt, int n_gen, double t_prompt_ms, double t_gen_ms);
+
+// The audit log: one JSON object per line, each written with one open-append-close, so that it survives a
+// crash up to the last record and several processes can share a file. "load" right after the context is
+// created (before any warmup), "ready" once a server has loaded, "exit" when the context is freed.
+void common_moe_audit_load (const llama_context * ctx, const common_params & params, double load_ms);
+void common_moe_audit_ready(const llama_context * ctx);
+void common_moe_audit_exit (const llama_context * ctx);
