@@ -67,7 +67,7 @@ def test_the_series_applies_to_the_pinned_base(tmp_path) -> None:
     subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
     tree = tmp_path / "llama.cpp"
     tree.mkdir()
-    for part in ("include", "src", "common", "ggml"):
+    for part in ("include", "src", "common", "ggml", "tools"):
         subprocess.run(["cp", "-r", str(pristine / part), str(tree / part)], check=True)
     apply_series(PatchSeries(paths.patches_dir()), tree)
     assert "llama_moe_abi_version" in (tree / "include" / "llama.h").read_text()
