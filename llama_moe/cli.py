@@ -10,10 +10,12 @@ from .errors import LlamaMoeError
 
 
 def _commands() -> list[Callable[[argparse._SubParsersAction], None]]:
-    from .commands import bench, build_cmd, info, stats
+    from .commands import audit, bench, build_cmd, check_api, info, monitor, plan, predict, profile, serve, simulate, stats, trace
     from .synth import cli as synth_cli
 
-    return [stats.register, build_cmd.register, synth_cli.register, bench.register, info.register]
+    return [stats.register, build_cmd.register, synth_cli.register, bench.register, serve.register, check_api.register,
+            info.register, audit.register, monitor.register, trace.register, profile.register, plan.register,
+            simulate.register, predict.register]
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -27,12 +29,20 @@ def make_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = make_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # everything after "--" is passed on as it is (serve hands it to llama-server)
+    passthrough: list[str] = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, passthrough = argv[:cut], argv[cut + 1:]
     args = parser.parse_args(argv)
+    args.passthrough = passthrough
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
     level = logging.WARNING - 10 * min(args.verbose, 2) if args.verbose else logging.INFO
     logging.basicConfig(level=level, format="%(message)s", stream=sys.stderr)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # the API clients log every request at INFO
     # llama.cpp's own log is loud at INFO; show its warnings unless asked for more.
     logging.getLogger("llama_moe.native").setLevel(logging.DEBUG if args.verbose >= 2 else
                                                    logging.INFO if args.verbose else logging.WARNING)
