@@ -51,6 +51,16 @@ bool llama_moe_profile_load(const std::string & path, uint32_t n_layers, uint32_
               std::to_string((uint64_t) layers * experts);
         return false;
     }
+    // check the size before allocating: a damaged count must not become a huge allocation
+    if (fseek(f.get(), 0, SEEK_END) != 0) {
+        err = "cannot seek in it";
+        return false;
+    }
+    const long size = ftell(f.get());
+    if (size < 0 || (uint64_t) size < LLAMA_MOE_PROFILE_HEADER + (uint64_t) n_ranked * 4 || fseek(f.get(), LLAMA_MOE_PROFILE_HEADER, SEEK_SET) != 0) {
+        err = "truncated: the header promises " + std::to_string(n_ranked) + " ranked pairs, the file holds fewer";
+        return false;
+    }
     std::vector<uint8_t> pairs((size_t) n_ranked * 4);
     if (fread(pairs.data(), 1, pairs.size(), f.get()) != pairs.size()) {
         err = "truncated: the header promises " + std::to_string(n_ranked) + " ranked pairs, the file holds fewer";
