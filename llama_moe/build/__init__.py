@@ -82,8 +82,10 @@ def _skip_top_level(directory: str, names: list[str]) -> set[str]:
     return set()
 
 
-def _cmake_args(variant: str, cuda_archs: str | None, extra: list[str]) -> list[str]:
+def _cmake_args(variant: str, cuda_archs: str | None, extra: list[str], build_id: str) -> list[str]:
     args = [
+        # llama.cpp's build info (llama-server --version, the audit log's params.build) names our patches
+        f"-DLLAMA_BUILD_COMMIT={build_id}", "-DLLAMA_BUILD_NUMBER=0",
         "-G", "Ninja", f"-DCMAKE_MAKE_PROGRAM={_tool('ninja', 'ninja')}", "-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=ON", "-DGGML_BACKEND_DL=OFF",
         # Everything lands in build/bin; $ORIGIN lets the copied libraries and tools find each other.
         "-DCMAKE_BUILD_RPATH_USE_ORIGIN=ON", "-DCMAKE_BUILD_RPATH=$ORIGIN",
@@ -155,7 +157,7 @@ def build(source: str | None = None, variant_choice: str = "auto", cuda_archs: s
 
     targets = list(LIB_TARGETS) + (list(TOOL_TARGETS) if tools else []) + (list(TEST_TARGETS) if tests else [])
     install = install_dir_for(pin, patch_hash, variant)
-    cmake_args = _cmake_args(variant, cuda_archs, cmake_extra or [])
+    cmake_args = _cmake_args(variant, cuda_archs, cmake_extra or [], f"{pin.commit}+llama_moe.{patch_hash}")
     manifest_path = install / MANIFEST
     if manifest_path.is_file() and not force:
         old = json.loads(manifest_path.read_text())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +15,7 @@ from ..default_model import default_model_path, default_prompt
 from ..experts import ExpertLayout, expert_layout
 from ..model import Model
 from ..params import ContextParams, ModelParams
+from ..server_metrics import MoeCacheMetrics, ServerError, ServerMetrics, fetch_server_metrics
 from ..stats import LayerStats, MoeCacheStats
 
 
@@ -56,6 +58,17 @@ def run_stats(model_path: Path, model_params: ModelParams, ctx_params: ContextPa
                            tuple(ctx.layer_stats()))
 
 
+def _cache_lines(c: MoeCacheStats | MoeCacheMetrics | None) -> list[str]:
+    """The MoE cache's summary lines, the same for a local run and a server's /metrics."""
+    if c is None:
+        return ["MoE cache    none (--moe-cache-mib N turns it on)"]
+    mode = "hybrid" if c.hybrid else "upload"
+    moved = (f"the CPU computed the misses, reading {c.n_bytes_cpu / 2**20:.2f} MiB" if c.hybrid else
+             f"{c.n_bytes_upload / 2**20:.2f} MiB uploaded")
+    return [f"MoE cache    {mode} mode, {c.n_bytes_cache / 2**20:.2f} MiB, {c.n_slots} slots, {c.n_prefilled} prefilled by the profile",
+            f"             hit rate {c.hit_rate:.3f} ({c.n_hit} hits, {c.n_hit_profile} from the profile, {c.n_miss} misses), {moved}"]
+
+
 def format_report(r: StatsReport) -> str:
     lay, c = r.layout, r.cache
     lines = [
@@ -66,14 +79,7 @@ def format_report(r: StatsReport) -> str:
         f"prompt       {r.n_prompt} tokens at {r.prompt_tps:.1f} tok/s",
         f"generation   {r.n_gen} tokens at {r.gen_tps:.1f} tok/s",
     ]
-    if c is not None:
-        mode = "hybrid" if c.hybrid else "upload"
-        moved = (f"the CPU computed the misses, reading {c.n_bytes_cpu / 2**20:.2f} MiB" if c.hybrid else
-                 f"{c.n_bytes_upload / 2**20:.2f} MiB uploaded")
-        lines += [f"MoE cache    {mode} mode, {c.n_bytes_cache / 2**20:.2f} MiB, {c.n_slots} slots, {c.n_prefilled} prefilled by the profile",
-                  f"             hit rate {c.hit_rate:.3f} ({c.n_hit} hits, {c.n_hit_profile} from the profile, {c.n_miss} misses), {moved}"]
-    else:
-        lines.append("MoE cache    none (--moe-cache-mib N turns it on)")
+    lines += _cache_lines(c)
     header = "layer  experts  used/token  bytes/expert  expert type"
     lines += ["", header + ("  slots   hits  misses  hit rate" if c is not None else "")]
     per_layer = {l.il: l for l in r.cache_layers}
@@ -85,6 +91,32 @@ def format_report(r: StatsReport) -> str:
         lines.append(line)
     lines += ["", f"text: {r.text!r}"]
     return "\n".join(lines)
+
+
+def format_server_report(server: str, m: ServerMetrics) -> str:
+    """The local report's lines that a running llama-server's /metrics can fill."""
+    c = m.moe_cache
+    lines = [f"server       {server} ({m.requests_processing} requests processing)",
+             f"prompt       {m.prompt_tokens} tokens at {m.prompt_tps:.1f} tok/s",
+             f"generation   {m.tokens_predicted} tokens at {m.gen_tps:.1f} tok/s"]
+    lines += _cache_lines(c)
+    if c is not None:
+        lines.append(f"             {c.n_copy} experts copied from the cache by large batches, {c.n_swap} swapped in")
+        lines += ["", "layer   hits  from profile  misses  hit rate"]
+        for il, (hits, prof, miss) in c.layers.items():
+            rate = hits / (hits + miss) if hits + miss else 0.0
+            lines.append(f"{il:5d}  {hits:5d}  {prof:12d}  {miss:6d}  {rate:8.3f}")
+    return "\n".join(lines)
+
+
+def run_server(args: argparse.Namespace) -> int:
+    metrics = fetch_server_metrics(args.server, api_key=args.api_key or os.environ.get("LLAMA_API_KEY"))
+    if args.json:
+        json.dump({"server": args.server, **dataclasses.asdict(metrics)}, sys.stdout, indent=2)
+        print()
+    else:
+        print(format_server_report(args.server, metrics))
+    return 0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -105,10 +137,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--temp", type=float, default=0.0, help="sampling temperature (default 0: greedy)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    p.add_argument("--server", metavar="URL", help="report a running llama-server's cache from its /metrics "
+                                                   "(started with --metrics) instead of running the model here")
+    p.add_argument("--api-key", help="with --server: the server's --api-key (default: $LLAMA_API_KEY)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.server:
+        if args.model:
+            raise ServerError("stats takes a MODEL or --server URL, not both")
+        return run_server(args)
     model_path = Path(args.model) if args.model else default_model_path()
     mp = ModelParams(n_gpu_layers=args.n_gpu_layers,
                      cpu_moe=not args.no_cpu_moe and args.n_cpu_moe is None,

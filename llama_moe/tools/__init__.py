@@ -1,0 +1,24 @@
+"""The routing tools: trace the engine's routing, plan a cache and its profile, simulate cache policies on
+held-out routing, and measure how predictable a layer's experts are. Each module has one job; the
+``python -m llama_moe trace|profile|plan|simulate|predict`` commands (llama_moe/commands/) print what they
+return. Importing this package never loads the native library (tracing does, when it runs)."""
+from __future__ import annotations
+
+from .budget import cache_bytes_for_slots, engine_slots
+from .errors import CacheBudgetError, ToolInputError
+from .heldout import Estimate, KFoldResult, kfold, kfold_splits, t_interval
+from .planning import Plan, plan_cache
+from .policies import POLICIES, PolicyResult, adaptive, belady, lru, run_policy, static
+from .prediction import PredictReport, predict_routes
+from .ranking import make_profile, prefill_resident, rank_pairs
+from .routes import Routes, load_traces, read_routes, routes_from_records
+from .simulation import SimulateReport, simulate_sizes
+from .tracing import iter_trace, trace_text
+
+__all__ = [
+    "POLICIES", "CacheBudgetError", "Estimate", "KFoldResult", "Plan", "PolicyResult", "PredictReport", "Routes",
+    "SimulateReport", "ToolInputError", "adaptive", "belady", "cache_bytes_for_slots", "engine_slots", "iter_trace", "kfold",
+    "kfold_splits", "load_traces", "lru", "make_profile", "plan_cache", "predict_routes", "prefill_resident",
+    "rank_pairs", "read_routes", "routes_from_records", "run_policy", "simulate_sizes", "static", "t_interval",
+    "trace_text",
+]

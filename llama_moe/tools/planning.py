@@ -1,0 +1,161 @@
+"""Planning a cache: the slots the engine will give each layer for a budget, the profile to fill them
+from, and what to expect, held out. The mode's own policy scores the plan: static (the hybrid's
+counters) with --hybrid, lru (the upload mode) without."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from ..experts import ExpertLayout
+from ..profile import Profile
+from .budget import MiB, _fixed_bytes, engine_buffer_bytes, engine_slots, mib_to_bytes
+from .errors import ToolInputError
+from .heldout import Estimate, KFoldResult, kfold, kfold_splits, ranked_replay, t_interval
+from .policies import run_policy
+from .ranking import make_profile, prefill_resident
+from .routes import Routes
+
+
+@dataclass(frozen=True)
+class LayerPlan:
+    il: int
+    slots: int
+    whole: bool
+    hit_rate: float | None          # held out, the folds pooled; None without routing
+    misses_per_token: float | None  # held out: what the layer leaves to the CPU or to uploads
+
+
+@dataclass(frozen=True)
+class WholeLayer:
+    il: int
+    misses_per_token: float  # held out under the plan: holding the layer whole removes them
+    extra_mib: float         # VRAM to hold it whole beyond its slots
+
+
+@dataclass(frozen=True)
+class WholeLayersReport:
+    """Which layers gain most from being held whole, and what holding them whole in the same budget would
+    do: the other layers' slots shrink. A report: the engine gives every cached layer the same slots."""
+
+    layers: tuple[WholeLayer, ...]
+    other_slots: int | None         # slots per other layer with these whole, same budget; None: no fit, or no other layer
+    resident_share: Estimate | None  # held out: selected experts resident, the whole layers' included
+    uniform_share: Estimate          # the same for the plan's uniform slots
+    note: str = ("report only: the engine gives every cached layer the same number of slots and does not "
+                 "take a per-layer split")
+
+
+@dataclass(frozen=True)
+class Plan:
+    model: str
+    hybrid: bool
+    budget: str                  # where the cache size came from
+    cache_mib: float
+    slots: int                   # per cached layer
+    n_layers: int
+    n_whole: int
+    n_expert: int
+    n_expert_used: int
+    slot_row_bytes: int          # one slot in every layer
+    buffer_bytes: int            # the device memory the engine allocates: slots, null slots, maps
+    policy: str                  # the policy that scores the plan: static (hybrid) or lru (upload)
+    trace_tokens: int
+    folds: int
+    profile_pairs: int | None    # ranked pairs in the profile
+    n_prefilled: int | None      # slots the engine fills from it at load
+    hit_rate: Estimate | None    # held out (k-fold)
+    h_layer: Estimate | None
+    in_sample_hit_rate: float | None  # the profile on its own routing: optimistic, for contrast only
+    layers: tuple[LayerPlan, ...]
+    whole_layers: WholeLayersReport | None
+
+
+def plan_cache(model: str, layout: ExpertLayout, cache_mib: float, hybrid: bool, routes: Routes | None = None,
+               folds: int = 10, whole_layers: int = 0, budget: str = "",
+               progress: Callable[[int, int], None] | None = None) -> tuple[Plan, Profile | None]:
+    """The plan for a cache of ``cache_mib`` and, with routing, its profile (every selected pair, hottest
+    first) scored by k-fold. ``whole_layers``: report the N layers that gain most from being held whole."""
+    slots = engine_slots(layout, mib_to_bytes(cache_mib), hybrid)
+    per_layer = next(iter(slots.values()))
+    n_expert = layout.n_expert
+    policy = "static" if hybrid else "lru"
+    whole = {il for il, n in slots.items() if n >= n_expert}
+    head = (model, hybrid, budget, cache_mib, per_layer, len(slots), len(whole), n_expert, layout.n_expert_used,
+            _fixed_bytes(layout, hybrid)[0], engine_buffer_bytes(layout, slots, hybrid), policy)
+    if routes is None:
+        if whole_layers:
+            raise ToolInputError("--whole-layers needs routing (--trace T.bin) to know which layers miss most")
+        layers = tuple(LayerPlan(il, n, il in whole, None, None) for il, n in slots.items())
+        return Plan(*head, 0, 0, None, None, None, None, None, layers, None), None
+
+    profile = make_profile(routes, layout, per_layer)
+    prefilled = sum(len(v) for v in prefill_resident(profile.ranked, slots, n_expert).values())
+    splits = kfold_splits(routes, folds)
+    total, done = len(splits) * (2 if whole_layers else 1), 0
+
+    def tick() -> None:
+        nonlocal done
+        done += 1
+        if progress:
+            progress(done, total)
+
+    def replay(slot_map: dict[int, int]) -> KFoldResult:
+        return kfold(splits, ranked_replay(policy, slot_map, n_expert), tick)
+
+    scored = replay(slots)
+    in_sample = run_policy(policy, routes, slots, n_expert, profile.ranked)
+    test_tokens = sum(te.n_tokens for _, te in splits)
+    layers = tuple(LayerPlan(il, n, il in whole, 1.0 if il in whole else scored.pooled.layer_hit_rate(il),
+                             scored.pooled.per_layer.get(il, (0, 0))[1] / test_tokens)
+                   for il, n in slots.items())
+    report = _whole_layers(layout, splits, slots, hybrid, cache_mib, scored, whole_layers, replay) if whole_layers else None
+    if progress:
+        progress(total, total)  # the alternative may not have been replayed: it did not fit
+    plan = Plan(*head, routes.n_tokens, folds, len(profile.ranked), prefilled, scored.hit_rate, scored.h_layer,
+                in_sample.hit_rate, layers, report)
+    return plan, profile
+
+
+def _lookups(routes: Routes, j: int) -> int:
+    """Distinct experts the cache would look up in layer index j (what a whole layer serves without lookups)."""
+    d = routes.distinct[:, j]
+    return int(((d >= 0) & routes.counted[:, j][:, None]).sum())
+
+
+def _share(splits: list[tuple[Routes, Routes]], result: KFoldResult, slot_map: dict[int, int], n_expert: int) -> Estimate:
+    """Per fold, the share of selected experts that were resident, the whole layers' counted as resident
+    (the policies do not count layers held whole: they need no lookups)."""
+    whole_js = [j for j, il in enumerate(splits[0][1].layers) if slot_map.get(il, 0) >= n_expert]
+    shares = []
+    for (_, test), r in zip(splits, result.folds):
+        served = sum(_lookups(test, j) for j in whole_js)
+        total = r.n_lookup + served
+        shares.append((r.n_hit + served) / total if total else 1.0)
+    return t_interval(shares)
+
+
+def _whole_layers(layout: ExpertLayout, splits: list[tuple[Routes, Routes]], slots: dict[int, int], hybrid: bool,
+                  cache_mib: float, scored: KFoldResult, n: int,
+                  replay: Callable[[dict[int, int]], KFoldResult]) -> WholeLayersReport:
+    test_tokens = sum(te.n_tokens for _, te in splits)
+    uniform = _share(splits, scored, slots, layout.n_expert)
+    options = []
+    for l in layout.layers:
+        if slots[l.il] < l.n_expert:
+            extra = (l.n_expert - slots[l.il]) * l.bytes_per_expert / MiB
+            options.append(WholeLayer(l.il, scored.pooled.per_layer.get(l.il, (0, 0))[1] / test_tokens, extra))
+    options.sort(key=lambda w: (-w.misses_per_token / w.extra_mib, w.il))  # most misses removed per MiB
+    chosen = tuple(options[:n])
+    whole = {w.il for w in chosen}
+    others = [l for l in layout.layers if l.il not in whole]
+    if not chosen:
+        return WholeLayersReport((), None, None, uniform)
+    # the engine's arithmetic with a per-layer split: the whole layers first, the rest shared evenly
+    row_others = sum(l.bytes_per_expert for l in others)
+    left = (mib_to_bytes(cache_mib) - sum(l.n_expert * l.bytes_per_expert for l in layout.layers if l.il in whole)
+            - _fixed_bytes(layout, False)[1] - (row_others if hybrid else 0))
+    other_slots = min(max(left, 0) // row_others, layout.n_expert) if others else None
+    if left < 0 or (other_slots is not None and other_slots < 1):  # they do not fit with a slot for each other layer
+        return WholeLayersReport(chosen, None, None, uniform)
+    alt = {l.il: l.n_expert if l.il in whole else int(other_slots or 0) for l in layout.layers}
+    return WholeLayersReport(chosen, other_slots, _share(splits, replay(alt), alt, layout.n_expert), uniform)

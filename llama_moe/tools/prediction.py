@@ -1,0 +1,92 @@
+"""How well a layer's experts can be guessed before its router runs, from the previous layer's routing of
+the same token: a co-occurrence predictor ranked on the first half of a trace and scored on the second,
+against the layer's most frequent experts (what a static profile knows)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import ToolInputError
+from .routes import Routes
+
+_CHUNK = 8192  # tokens scored at a time: [chunk, n_expert] scores stay small
+
+
+@dataclass(frozen=True)
+class LayerPrediction:
+    il: int
+    prev_il: int | None      # the layer whose routing predicts; None for the first MoE layer
+    predictor: float | None  # share of the layer's selected experts among the top guesses from prev_il's
+    baseline: float          # share among the layer's most frequent experts (train half)
+    n_test: int              # tokens scored
+
+    @property
+    def lift(self) -> float | None:
+        return None if self.predictor is None else self.predictor - self.baseline
+
+
+@dataclass(frozen=True)
+class PredictReport:
+    model: str
+    n_tokens: int
+    n_train: int
+    n_test: int
+    k: int
+    top: int                 # guesses per token and layer
+    layers: tuple[LayerPrediction, ...]
+
+    @property
+    def mean_predictor(self) -> float | None:
+        vals = [l.predictor for l in self.layers if l.predictor is not None]
+        return float(np.mean(vals)) if vals else None
+
+    @property
+    def mean_baseline(self) -> float:
+        return float(np.mean([l.baseline for l in self.layers]))
+
+
+def _found(guess: np.ndarray, actual: np.ndarray) -> int:
+    """How many of each row's actual experts are among its guesses, summed."""
+    return int((guess[:, :, None] == actual[:, None, :]).any(axis=1).sum())
+
+
+def predict_routes(model: str, routes: Routes, n_expert: int, top: int | None = None) -> PredictReport:
+    """Per MoE layer: train on the first half of the tokens, score on the second. The predictor guesses the
+    ``top`` experts (default k) with the highest sum, over the previous layer's selected experts p, of
+    P(expert | p) counted on the train half; ties go to the more frequent expert. The baseline guesses the
+    layer's ``top`` most frequent experts."""
+    k = routes.k
+    top = k if top is None else top
+    if not 1 <= top <= n_expert:
+        raise ToolInputError(f"--top must be from 1 to {n_expert}, got {top}")
+    half = routes.n_tokens // 2
+    if half < 2:
+        raise ToolInputError(f"{routes.n_tokens} tokens: too few to train on one half and score the other")
+    train, test = routes.experts[:half], routes.experts[half:]
+    ok_train, ok_test = routes.computed[:half], routes.computed[half:]
+    layers = []
+    for j, il in enumerate(routes.layers):
+        cur_train = train[ok_train[:, j], j]
+        cur_test = test[ok_test[:, j], j]
+        freq = np.bincount(cur_train.ravel(), minlength=n_expert)[:n_expert].astype(np.float64)
+        popular = np.argsort(-freq, kind="stable")[:top]
+        baseline = _found(np.broadcast_to(popular, (len(cur_test), top)), cur_test) / max(cur_test.size, 1)
+        predictor = None
+        if j > 0:
+            both_train = ok_train[:, j] & ok_train[:, j - 1]
+            both_test = ok_test[:, j] & ok_test[:, j - 1]
+            prev, cur = train[both_train, j - 1], train[both_train, j]
+            co = np.zeros((n_expert, n_expert))
+            np.add.at(co, (np.repeat(prev, k, axis=1), np.tile(cur, (1, k))), 1.0)
+            cond = co / np.maximum(co.sum(axis=1, keepdims=True), 1.0)  # P(expert | previous expert)
+            tie = freq / (freq.max() + 1.0) * 1e-6  # below any real difference: only breaks ties
+            prev_t, cur_t = test[both_test, j - 1], test[both_test, j]
+            found = 0
+            for a in range(0, len(prev_t), _CHUNK):
+                scores = cond[prev_t[a:a + _CHUNK]].sum(axis=1) + tie
+                guess = np.argsort(-scores, axis=1, kind="stable")[:, :top]
+                found += _found(guess, cur_t[a:a + _CHUNK])
+            predictor = found / max(cur_t.size, 1)
+        layers.append(LayerPrediction(il, routes.layers[j - 1] if j > 0 else None, predictor, baseline, len(cur_test)))
+    return PredictReport(model, routes.n_tokens, half, routes.n_tokens - half, k, top, tuple(layers))

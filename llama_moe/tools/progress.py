@@ -1,0 +1,31 @@
+"""A one-line progress bar on stderr for the long tools (the build's ProgressLine, throttled)."""
+from __future__ import annotations
+
+import sys
+import time
+from typing import TextIO
+
+from ..build.ninja import ProgressLine
+
+
+class Progress:
+    """``progress(done, total)`` redraws at most every 0.2 s (a terminal) or at each tenth (a log);
+    ``close()`` ends the line. ``enabled=False`` draws nothing."""
+
+    def __init__(self, what: str, enabled: bool = True, stream: TextIO = sys.stderr) -> None:
+        self.what = what
+        self.line = ProgressLine(stream) if enabled else None
+        self._last = 0.0
+
+    def __call__(self, done: int, total: int) -> None:
+        if self.line is None:
+            return
+        now = time.monotonic()
+        if done < total and now - self._last < 0.2:
+            return
+        self._last = now
+        self.line.update(done, total, self.what)
+
+    def close(self) -> None:
+        if self.line is not None:
+            self.line.finish()

@@ -1,0 +1,48 @@
+"""Ranking (layer, expert) pairs from routing into an STRP profile, and the engine's fill of a cache from
+a profile (llama_moe_cache::prefill), so that simulations start where the engine starts."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from ..experts import ExpertLayout
+from ..profile import Profile
+from .routes import Routes
+
+
+def pair_counts(routes: Routes, n_expert: int) -> np.ndarray:
+    """[n_layers, n_expert]: in how many ubatches each expert was selected (distinct per ubatch, the unit
+    the cache counts; a trace file's ubatches are single tokens)."""
+    d = routes.distinct
+    counts = np.zeros((len(routes.layers), n_expert + 1), dtype=np.int64)  # the last column takes the -1 padding
+    for j in range(len(routes.layers)):
+        counts[j] = np.bincount(d[:, j].ravel() % (n_expert + 1), minlength=n_expert + 1)
+    return counts[:, :n_expert]
+
+
+def rank_pairs(routes: Routes, n_expert: int) -> tuple[tuple[int, int], ...]:
+    """Every (layer, expert) pair the routing selected, hottest first over all layers; ties go to the lower
+    layer, then the lower expert, so a profile is reproducible."""
+    counts = pair_counts(routes, n_expert)
+    j, e = np.nonzero(counts)
+    order = np.lexsort((e, j, -counts[j, e]))
+    return tuple((routes.layers[int(j[i])], int(e[i])) for i in order)
+
+
+def make_profile(routes: Routes, layout: ExpertLayout, slots: int = 0) -> Profile:
+    """A profile of every selected pair, hottest first: the engine fills each layer with its own first pairs,
+    as many as it has slots, so one profile serves any cache size. ``slots`` is informational."""
+    return Profile(layout.n_layer, layout.n_expert, slots, rank_pairs(routes, layout.n_expert))
+
+
+def prefill_resident(pairs: Sequence[tuple[int, int]], slots: dict[int, int], n_expert: int) -> dict[int, list[int]]:
+    """What the engine's fill leaves in each layer's slots, in slot order: the layer's own pairs in rank
+    order, until its slots are full (a full layer skips only its own pairs); layers held whole are not
+    filled from the profile (they hold everything already) and are left out."""
+    resident: dict[int, list[int]] = {il: [] for il, n in slots.items() if n < n_expert}
+    for il, e in pairs:
+        held = resident.get(il)
+        if held is not None and len(held) < slots[il] and 0 <= e < n_expert and e not in held:
+            held.append(e)
+    return resident

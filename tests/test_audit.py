@@ -1,0 +1,301 @@
+"""The audit log reader and checker (llama_moe.audit, ``python -m llama_moe audit``) on hand-made logs that
+follow the reference's field list, then break it one way at a time. The real server's log is checked in
+test_server.py."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from llama_moe.audit import (AuditError, ExitRecord, LoadRecord, RequestRecord, check_audit, parse_record,
+                             read_audit, summarize)
+
+EXPERT = 26112   # bytes of one tiny-model expert
+
+
+class Run:
+    """Writes one server run's records the way llama-server does: counters that only grow, requests whose
+    own counters are what the context's moved during them."""
+
+    def __init__(self, pid: int = 4242, hybrid: bool = False, layers: int = 2, slots: int = 8) -> None:
+        self.pid, self.hybrid, self.n_layers, self.slots = pid, hybrid, layers, slots
+        self.c = dict(hits=0, hits_profile=0, misses=0, bytes_upload=0, bytes_cpu=0, copies=0, bytes_copy=0, swaps=0)
+        self.per_layer = [dict(hits=0, hits_profile=0, misses=0) for _ in range(layers)]
+        self.ms = 0
+        self.task = 0
+
+    def _base(self, event: str) -> dict:
+        self.ms += 137
+        time = f"2026-11-29T19:{self.ms // 60000 % 60:02d}:{self.ms // 1000 % 60:02d}.{self.ms % 1000:03d}Z"
+        return dict(event=event, time=time, pid=self.pid, hybrid=self.hybrid, **self.c)
+
+    def _layers(self) -> list[dict]:
+        return [dict(il=il, slots=self.slots, resident=list(range(min(self.slots, 3))), **l)
+                for il, l in enumerate(self.per_layer)]
+
+    def _decode(self, hits: int, misses: int, profile: int = 0) -> dict:
+        """Adds lookups spread over the layers; returns what moved."""
+        for i in range(hits):
+            self.per_layer[i % self.n_layers]["hits"] += 1
+        for i in range(profile):
+            self.per_layer[i % self.n_layers]["hits_profile"] += 1
+        for i in range(misses):
+            self.per_layer[i % self.n_layers]["misses"] += 1
+        moved = dict(hits=hits, hits_profile=profile, misses=misses,
+                     bytes_upload=0 if self.hybrid else misses * EXPERT, bytes_cpu=misses * EXPERT if self.hybrid else 0)
+        for k, v in moved.items():
+            self.c[k] += v
+        return moved
+
+    def load(self) -> dict:
+        return {**self._base("load"),
+                "model": {"path": "/models/tiny-q8_0.gguf", "bytes": 6047968, "name": "tiny", "n_layer": 6},
+                "params": {"build": "b1-0c1e57098", "moe_cache_mib": 2, "moe_cache_hybrid": self.hybrid,
+                           "moe_cache_adaptive": False, "n_gpu_layers": -1, "n_threads": 2, "n_threads_batch": 2,
+                           "n_ctx": 512, "n_batch": 2048, "n_ubatch": 512, "tensor_overrides": ["\\.ffn_(up|down|gate)_exps"]},
+                "cache": {"slots": self.slots * self.n_layers, "prefilled": 0, "bytes": 2 << 20},
+                "load_ms": 71.5, "devices": [], "profile": None, "layers": self._layers()}
+
+    def ready(self) -> dict:
+        self._decode(3, 9)   # the warmup and the context probe fall between load and ready
+        return self._base("ready")
+
+    def request(self, hits: int, misses: int, profile: int = 0, slot: int = 0) -> dict:
+        moved = self._decode(hits, misses, profile)
+        self.task += 1
+        return {**self._base("request"), "slot": slot, "task": self.task, "n_prompt": 8, "n_gen": 16,
+                "t_prompt_ms": 5.9, "t_gen_ms": 7.1, **{"req_" + k: v for k, v in moved.items()}}
+
+    def exit(self) -> dict:
+        return {**self._base("exit"), "layers": self._layers(),
+                "perf": {"n_prompt": 24, "n_gen": 48, "t_prompt_ms": 17.7, "t_gen_ms": 21.3,
+                         "prompt_tps": 1356.0, "gen_tps": 2253.5}}
+
+    def all(self) -> list[dict]:
+        return [self.load(), self.ready(), self.request(40, 24, 5), self.request(52, 12), self.request(61, 3, 2),
+                self.exit()]
+
+
+def write(path: Path, records: list[dict], tail: str = "") -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records) + tail)
+    return path
+
+
+def errors(path: Path) -> list[str]:
+    return [str(i) for i in check_audit(path).errors]
+
+
+def test_a_server_run_reads_checks_and_summarizes(tmp_path: Path) -> None:
+    f = write(tmp_path / "a.jsonl", Run().all())
+    audit = read_audit(f)
+    assert [r.event for r in audit.records] == ["load", "ready", "request", "request", "request", "exit"]
+    assert [r.line for r in audit.records] == [1, 2, 3, 4, 5, 6]
+    load, req, end = audit.records[0], audit.records[2], audit.records[5]
+    assert isinstance(load, LoadRecord) and load.model.n_layer == 6 and load.params.n_ctx == 512
+    assert load.profile is None and load.devices == () and load.layers[0].resident == (0, 1, 2)
+    assert isinstance(req, RequestRecord) and (req.req.hits, req.req.misses, req.req.bytes_upload) == (40, 24, 24 * EXPERT)
+    assert isinstance(end, ExitRecord) and end.perf.gen_tps == 2253.5
+    result = check_audit(f)
+    assert result.ok and result.issues == () and len(result.runs) == 1
+    (s,) = summarize(f)
+    assert (s.pid, s.requests, s.n_prompt, s.n_gen, s.exited) == (4242, 3, 24, 48, True)
+    assert (s.hits, s.misses) == (3 + 40 + 52 + 61, 9 + 24 + 12 + 3)
+    assert s.hit_rate == pytest.approx(156 / 204)
+    assert s.request_hit_rate == pytest.approx(153 / 192)
+    assert s.bytes_upload == 48 * EXPERT and s.bytes_cpu == 0
+
+
+def test_hybrid_runs_and_runs_without_ready(tmp_path: Path) -> None:
+    run = Run(hybrid=True)
+    completion = Run(pid=7)   # llama-completion: load and exit only
+    recs = run.all() + [completion.load(), completion.exit()]
+    assert check_audit(write(tmp_path / "a.jsonl", recs)).ok
+    hybrid, plain = summarize(tmp_path / "a.jsonl")
+    assert hybrid.hybrid and hybrid.bytes_cpu == 48 * EXPERT and hybrid.bytes_upload == 0
+    assert plain.requests == 0 and plain.exited
+
+
+def test_a_truncated_last_line_is_reported_not_fatal(tmp_path: Path) -> None:
+    recs = Run().all()
+    cut = json.dumps(recs[-1])[:57]   # killed while writing the exit record
+    f = write(tmp_path / "a.jsonl", recs[:-1], tail=cut)
+    audit = read_audit(f)   # strict, and still no exception
+    assert len(audit.records) == 5
+    (issue,) = audit.issues
+    assert issue.line == 6 and issue.severity == "warning" and "truncated" in issue.message
+    result = check_audit(f)
+    assert result.ok
+    assert any("no exit record" in i.message for i in result.issues)
+    (s,) = summarize(f)
+    assert not s.exited and s.requests == 3
+
+
+def test_a_broken_line_in_the_middle_is_an_error(tmp_path: Path) -> None:
+    recs = Run().all()
+    f = tmp_path / "a.jsonl"
+    f.write_text(json.dumps(recs[0]) + "\n" + json.dumps(recs[1])[:30] + "\n" +
+                 "".join(json.dumps(r) + "\n" for r in recs[2:]))
+    with pytest.raises(AuditError, match=r"line 2: not a JSON object") as exc:
+        read_audit(f)
+    assert exc.value.line == 2
+    assert any(e.startswith("error: line 2: not a JSON object") for e in errors(f))
+
+
+@pytest.mark.parametrize("mutate, line, field, message", [
+    (lambda r: r[2].pop("req_misses"), 3, "req_misses", "missing"),
+    (lambda r: r[1].update(hits="12"), 2, "hits", 'expected an integer, got string "12"'),
+    (lambda r: r[1].update(pid=True), 2, "pid", "expected an integer, got boolean true"),
+    (lambda r: r[3].update(misses=-1), 4, "misses", "expected an integer >= 0"),
+    (lambda r: r[3].update(hybrid=0), 4, "hybrid", "expected true or false"),
+    (lambda r: r[0]["model"].pop("n_layer"), 1, "model.n_layer", "missing"),
+    (lambda r: r[0]["params"].update(n_ubatch=512.0), 1, "params.n_ubatch", "expected an integer, got number 512.0"),
+    (lambda r: r[0]["layers"][1].update(resident=[1, "x"]), 1, "layers[1].resident", "expert ids"),
+    (lambda r: r[5]["perf"].pop("gen_tps"), 6, "perf.gen_tps", "missing"),
+    (lambda r: r[0].update(profile=[]), 1, "profile", "expected an object or null"),
+    (lambda r: r[2].update(time="2026-11-29 19:00:00"), 3, "time", "ISO 8601"),
+    (lambda r: r[2].update(event="finish"), 3, "event", "unknown event 'finish'"),
+])
+def test_every_field_is_validated_and_named(tmp_path: Path, mutate, line: int, field: str, message: str) -> None:
+    recs = Run().all()
+    mutate(recs)
+    f = write(tmp_path / "a.jsonl", recs)
+    with pytest.raises(AuditError) as exc:
+        read_audit(f)
+    assert exc.value.line == line and exc.value.field == field
+    assert f"line {line}: field '{field}'" in str(exc.value) and message in str(exc.value)
+    assert any(f"line {line}: field '{field}'" in e for e in errors(f))
+
+
+def test_parse_record_lists_every_problem_of_a_record() -> None:
+    rec = Run().request(1, 1)
+    del rec["slot"], rec["n_gen"]
+    with pytest.raises(AuditError) as exc:
+        parse_record(rec, 9)
+    assert [f for f, _ in exc.value.problems] == ["slot", "n_gen"]
+    assert str(exc.value) == "line 9: field 'slot': missing; field 'n_gen': missing"
+
+
+def test_unknown_fields_are_warnings(tmp_path: Path) -> None:
+    recs = Run().all()
+    recs[2]["queue_ms"] = 3
+    result = check_audit(write(tmp_path / "a.jsonl", recs))
+    assert result.ok
+    assert [str(i) for i in result.issues] == ["warning: line 3: fields the reference does not list: queue_ms"]
+
+
+def test_counters_never_go_down(tmp_path: Path) -> None:
+    recs = Run().all()
+    recs[3]["misses"] = recs[2]["misses"] - 1
+    assert "error: line 4: field 'misses' went down from 33 (line 3) to 32 within pid 4242" in errors(
+        write(tmp_path / "a.jsonl", recs))
+
+
+def test_one_slot_requests_add_up_to_exit_minus_ready(tmp_path: Path) -> None:
+    recs = Run().all()
+    recs[3]["req_hits"] += 1   # a request that counts one hit it did not make
+    errs = errors(write(tmp_path / "a.jsonl", recs))
+    assert "error: line 4: field 'req_hits': 53, but the context's hits moved by 52 since line 3 (one slot: they must be equal)" in errs
+    assert ("error: line 6: field 'req_hits': the 3 requests of pid 4242 add up to 154, but hits moved by 153 "
+            "from ready (line 2) to exit") in errs
+
+
+def test_decodes_outside_requests_break_the_sums(tmp_path: Path) -> None:
+    run = Run()
+    recs = [run.load(), run.ready(), run.request(10, 5)]
+    run._decode(4, 4)   # lookups no request record accounts for
+    recs += [run.request(10, 5), run.exit()]
+    errs = errors(write(tmp_path / "a.jsonl", recs))
+    assert any("line 4: field 'req_misses': 5, but the context's misses moved by 9" in e for e in errs)
+    assert any("line 5: field 'req_misses': the 2 requests of pid 4242 add up to 10, but misses moved by 14" in e
+               for e in errs)
+
+
+def test_overlapping_slots_check_only_the_lower_bound(tmp_path: Path) -> None:
+    run = Run()
+    recs = [run.load(), run.ready()]
+    a, b = run.request(10, 4, slot=0), run.request(12, 6, slot=1)
+    b.update(req_hits=22, req_misses=10)   # b overlapped a, so it counts a's lookups too
+    recs += [a, b, run.exit()]
+    result = check_audit(write(tmp_path / "a.jsonl", recs))
+    assert result.ok
+    assert any("slots [0, 1]" in i.message and i.severity == "warning" for i in result.issues)
+    b.update(req_hits=1)   # less than the context moved: impossible even with overlaps
+    assert any("field 'req_hits': the requests of pid 4242 add up to 11, less than the 22" in e
+               for e in errors(write(tmp_path / "b.jsonl", recs)))
+
+
+@pytest.mark.parametrize("order, message", [
+    (["ready", "load"], "line 1: 'ready' record of pid 4242 before any 'load' record"),
+    (["load", "request"], "line 2: 'request' record of pid 4242 before its 'ready' record"),
+    (["load", "ready", "ready"], "line 3: a second 'ready' record for pid 4242"),
+    (["load", "ready", "exit", "request"], "line 4: 'request' record of pid 4242 after its 'exit' (line 3)"),
+])
+def test_load_ready_request_exit_order(tmp_path: Path, order: list[str], message: str) -> None:
+    run = Run()
+    recs = [getattr(run, e)() if e != "request" else run.request(1, 1) for e in order]
+    assert any(message in e for e in errors(write(tmp_path / "a.jsonl", recs)))
+
+
+def test_counters_at_load_are_zero_and_layers_add_up(tmp_path: Path) -> None:
+    recs = Run().all()
+    recs[0]["hits"] = 4
+    recs[5]["layers"][0]["misses"] += 2
+    errs = errors(write(tmp_path / "a.jsonl", recs))
+    assert "error: line 1: field 'hits': 4 at load, but load is written before any decode (expected 0)" in errs
+    assert "error: line 1: field 'layers': the layers' hits add up to 0, but field 'hits' is 4" in errs
+    assert "error: line 6: field 'layers': the layers' misses add up to 50, but field 'misses' is 48" in errs
+
+
+def test_interleaved_processes_and_a_reload_in_one_file(tmp_path: Path) -> None:
+    a, b = Run(pid=1), Run(pid=2)
+    ra, rb = a.all(), b.all()
+    interleaved = [x for pair in zip(ra, rb) for x in pair]
+    again = Run(pid=1)   # the same process loads a model again: its counters restart
+    f = write(tmp_path / "a.jsonl", interleaved + again.all())
+    result = check_audit(f)
+    assert result.ok, result.errors
+    assert [(r.pid, r.records[0].line) for r in result.runs] == [(1, 1), (2, 2), (1, 13)]
+    assert [s.requests for s in summarize(f)] == [3, 3, 3]
+
+
+def test_cli_check_and_summary(tmp_path: Path) -> None:
+    good = write(tmp_path / "good.jsonl", Run().all())
+    bad_recs = Run().all()
+    bad_recs[4]["req_hits_profile"] = 99
+    bad = write(tmp_path / "bad.jsonl", bad_recs)
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "llama_moe", "audit", *args], capture_output=True, text=True,
+                              timeout=60)
+
+    ok = cli("check", str(good))
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.strip() == f"{good}: 6 records, 1 run (pid 4242): OK"
+    failed = cli("check", str(bad))
+    assert failed.returncode == 1
+    assert f"{bad}: error: line 5: field 'req_hits_profile': 99 is more than req_hits (61)" in failed.stdout
+    assert failed.stdout.endswith(": 3 errors\n")
+    table = cli("summary", str(good))
+    assert table.returncode == 0
+    header, row = table.stdout.splitlines()
+    assert header.split()[:4] == ["pid", "start", "model", "mode"] and row.split()[:4] == ["4242", "2026-11-29T19:00:00.137Z", "tiny", "upload"]
+    js = json.loads(cli("summary", "--json", str(good)).stdout)
+    assert js[0]["requests"] == 3 and js[0]["hits"] == 156 and js[0]["exited"] is True
+    missing = cli("summary", str(tmp_path / "nope.jsonl"))
+    assert missing.returncode == 1 and "cannot read the audit log" in missing.stderr
+
+
+def test_a_cut_record_followed_by_the_next_process_on_the_same_line(tmp_path: Path) -> None:
+    killed, after = Run(pid=1), Run(pid=2)
+    first = [killed.load(), killed.ready(), killed.request(5, 5)]
+    cut = json.dumps(killed.request(5, 5))[:40]   # killed mid-write; the next process appends right after
+    rest = after.all()
+    f = tmp_path / "a.jsonl"
+    f.write_text("".join(json.dumps(r) + "\n" for r in first) + cut + "".join(json.dumps(r) + "\n" for r in rest))
+    result = check_audit(f)
+    assert result.ok, result.errors
+    assert any(i.line == 4 and "cut short" in i.message for i in result.issues)
+    assert [(r.pid, len(r.records)) for r in result.runs] == [(1, 3), (2, 6)]

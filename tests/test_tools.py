@@ -1,0 +1,295 @@
+"""The routing tools (trace, profile, plan, simulate, predict) on the real patched libllama and the tiny
+synthetic model, the CPU as the cache device: the planner's slots and profiles are what the engine does,
+the static policy counts exactly like the engine's hybrid, and bad input is refused clearly."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from llama_moe import Context, ContextParams, Model, ModelParams
+from llama_moe.cache_sim import simulate_lru
+from llama_moe.cli import main
+from llama_moe.experts import expert_layout
+from llama_moe.profile import read_profile
+from llama_moe.synth.corpus import split_paragraphs
+from llama_moe.tools import (CacheBudgetError, adaptive, belady, cache_bytes_for_slots, engine_slots, kfold,
+                             kfold_splits, lru, prefill_resident, rank_pairs, read_routes, routes_from_records,
+                             static, t_interval, trace_text)
+from llama_moe.tools.budget import MiB, engine_buffer_bytes, mib_to_bytes
+from llama_moe.tools import ToolInputError
+from llama_moe.tools.heldout import fold_bounds, t975
+from llama_moe.tools.routes import Routes
+from llama_moe.trace import RoutingRecord, TraceError, write_trace
+
+RAM = ModelParams(cpu_moe=True, repack=False)
+PROMPT = ("The ship left the harbour at dawn, and the crew of the old schooner hauled the lines while the captain "
+          "watched the tide turn")
+
+
+@pytest.fixture
+def cache_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LLAMA_MOE_CACHE_DEVICE", "CPU")
+
+
+@pytest.fixture(scope="module")
+def traces(lib, tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Train and test traces of held-apart corpus paragraphs, written by the trace command."""
+    split = split_paragraphs()
+    folder = tmp_path_factory.mktemp("traces")
+    out = {}
+    for name, paragraphs in (("train", split.train_paragraphs()[:10]), ("test", split.test_paragraphs()[:5])):
+        text = folder / f"{name}.txt"
+        text.write_text("\n\n".join(paragraphs), encoding="utf-8")
+        out[name] = folder / f"{name}.bin"
+        assert main(["trace", str(tiny_model_path), str(text), str(out[name]), "--ctx", "512", "-q"]) == 0
+    return out
+
+
+def _run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:
+    capsys.readouterr()
+    assert main([*argv, "--json", "-q"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def _fails(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    capsys.readouterr()
+    assert main([*argv, "-q"]) == 1
+    return capsys.readouterr().err
+
+
+# -- the planner against the engine ------------------------------------------------------------------------
+
+def test_engine_slots_are_the_engines(lib, tiny_model_path, cache_on_cpu) -> None:
+    layout = expert_layout(tiny_model_path)
+    with Model(tiny_model_path, RAM) as model:
+        for hybrid in (False, True):
+            for mib in (0.2, 0.5, 1.0, 1.37, 2.0, 4.7, 4.8, 6.0):
+                with Context(model, ContextParams(n_ctx=256, moe_cache_mib=mib, moe_cache_hybrid=hybrid)) as ctx:
+                    engine = {l.il: l.n_slots for l in ctx.layer_stats()}
+                    stats = ctx.moe_cache_stats()
+                if not engine:  # the engine turned the cache off: the planner refuses the same budget
+                    assert stats is None
+                    with pytest.raises(CacheBudgetError, match="cannot hold one expert per layer"):
+                        engine_slots(layout, mib_to_bytes(mib), hybrid)
+                    continue
+                assert engine_slots(layout, mib_to_bytes(mib), hybrid) == engine, (mib, hybrid)
+                assert engine_buffer_bytes(layout, engine, hybrid) == stats.n_bytes_cache, (mib, hybrid)
+            for slots in (1, 5, layout.n_expert):  # the size asked for a slot count gives exactly that count
+                mib = cache_bytes_for_slots(layout, slots, hybrid) / MiB
+                with Context(model, ContextParams(n_ctx=256, moe_cache_mib=mib, moe_cache_hybrid=hybrid)) as ctx:
+                    assert {l.n_slots for l in ctx.layer_stats()} == {slots}
+
+
+def test_a_planned_profile_fills_the_engine_as_planned(lib, tiny_model_path, traces, tmp_path, capsys,
+                                                       cache_on_cpu) -> None:
+    layout = expert_layout(tiny_model_path)
+    strp = tmp_path / "plan.strp"
+    plan = _run_json(capsys, "plan", str(tiny_model_path), "--cache-mib", "1.4", "--trace", str(traces["train"]),
+                     "--out", str(strp), "--kfold", "5")
+    profile = read_profile(strp, layout.n_layer, layout.n_expert)
+    assert plan["profile_pairs"] == len(profile.ranked) and plan["slots"] == 9
+    with Model(tiny_model_path, RAM) as model, \
+         Context(model, ContextParams(n_ctx=256, moe_cache_mib=1.4, moe_cache_profile=strp)) as ctx:
+        assert ctx.moe_cache_stats().n_prefilled == plan["n_prefilled"] == 9 * layout.n_moe_layers
+        filled = prefill_resident(profile.ranked, {l.il: 9 for l in layout.layers}, layout.n_expert)
+        for l in layout.layers:
+            assert sorted(filled[l.il]) == ctx.resident(l.il).tolist()
+    # held out, with an interval; in-sample only beside it
+    assert plan["hit_rate"]["low"] <= plan["hit_rate"]["mean"] <= plan["hit_rate"]["high"]
+    assert len(plan["hit_rate"]["folds"]) == 5 and plan["policy"] == "lru"
+    assert 0 < plan["h_layer"]["mean"] < plan["hit_rate"]["mean"] < 1
+
+
+@pytest.mark.parametrize("n_ubatch", [512, 16])  # the prompt in one ubatch (over 32 tokens), or in pieces of 16
+def test_the_static_policy_counts_like_the_engines_hybrid(lib, tiny_model_path, traces, cache_on_cpu,
+                                                          n_ubatch, tmp_path, capsys) -> None:
+    layout = expert_layout(tiny_model_path)
+    strp = tmp_path / "hybrid.strp"
+    plan = _run_json(capsys, "plan", str(tiny_model_path), "--cache-mib", "1.4", "--hybrid", "--trace",
+                     str(traces["train"]), "--out", str(strp), "--kfold", "3")
+    profile = read_profile(strp)
+    cp = ContextParams(n_ctx=512, n_ubatch=n_ubatch, moe_cache_mib=1.4, moe_cache_hybrid=True, moe_cache_profile=strp)
+    with Model(tiny_model_path, RAM) as model, Context(model, cp) as ctx:
+        ctx.start_trace()
+        list(ctx.generate(PROMPT, max_tokens=64, stop_at_eog=False))
+        records = ctx.stop_trace()
+        stats, layers = ctx.moe_cache_stats(), ctx.layer_stats()
+    slots = engine_slots(layout, mib_to_bytes(1.4), hybrid=True)
+    assert stats.n_prefilled == plan["n_prefilled"] and {l.n_slots for l in layers} == {plan["slots"]}
+    sim = static(routes_from_records(records), slots, layout.n_expert, profile.ranked)
+    assert (stats.n_hit, stats.n_hit_profile, stats.n_miss) == (sim.n_hit, sim.n_hit_profile, sim.n_miss)
+    assert {l.il: (l.n_hit, l.n_miss) for l in layers} == sim.per_layer
+    assert sim.n_hit > 0 and sim.n_miss > 0
+
+
+def test_the_lru_policy_counts_like_simulate_lru(lib, tiny_model_path, traces) -> None:
+    """lru adds h_layer to simulate_lru's replay (which CI checks against the engine): the same counts, on
+    ubatches of 32 tokens (some refused: more experts than slots) and on single tokens."""
+    layout = expert_layout(tiny_model_path)
+    text = "\n\n".join(split_paragraphs().test_paragraphs()[5:7])
+    records = trace_text(tiny_model_path, text, n_ctx=256)
+    routes = read_routes(traces["train"], layout)
+    profile = rank_pairs(routes, layout.n_expert)
+    per_token = [RoutingRecord(il, routes.experts[t:t + 1, j]) for t in range(routes.n_tokens)
+                 for j, il in enumerate(routes.layers)]
+    for slots_per_layer in (4, 9, 20):
+        slots = {l.il: slots_per_layer for l in layout.layers}
+        for recs, r in ((records, routes_from_records(records)), (per_token, routes)):
+            want = simulate_lru(recs, slots, layout.n_expert, prefill=profile)
+            got = lru(r, slots, layout.n_expert, profile)
+            assert (got.n_hit, got.n_hit_profile, got.n_miss) == (want.n_hit, want.n_hit_profile, want.n_miss)
+            assert got.per_layer == want.per_layer
+
+
+# -- the trace command ----------------------------------------------------------------------------------------
+
+def test_the_trace_command_writes_every_token_of_every_layer(lib, tiny_model_path, traces, capsys, tmp_path) -> None:
+    layout = expert_layout(tiny_model_path)
+    routes = read_routes(traces["test"], layout)
+    assert routes.layers == tuple(l.il for l in layout.layers) and routes.k == layout.n_expert_used
+    assert len(routes.starts) == routes.n_tokens + 1  # a trace file is read one token per ubatch
+    # the same text as records: the last layer has every token (the tracer asks for every token's logits)
+    text = (tmp_path / "t.txt")
+    text.write_text(PROMPT, encoding="utf-8")
+    report = _run_json(capsys, "trace", str(tiny_model_path), str(text), str(tmp_path / "t.bin"), "--ubatch", "5")
+    records = trace_text(tiny_model_path, PROMPT, ubatch=5)
+    assert all(r.n_tokens == records[0].n_tokens for r in records[:layout.n_moe_layers])
+    assert report["n_tokens"] == routes_from_records(records).n_tokens
+    assert report["n_records"] == report["n_tokens"] * layout.n_moe_layers
+    np.testing.assert_array_equal(read_routes(tmp_path / "t.bin", layout).experts, routes_from_records(records).experts)
+
+
+# -- simulate, k-fold, policies ----------------------------------------------------------------------------
+
+def test_simulate_reports_every_policy_held_out_and_by_kfold(lib, tiny_model_path, traces, capsys) -> None:
+    report = _run_json(capsys, "simulate", str(tiny_model_path), "--cache-mib", "0.8", "1.4", "5",
+                       "--train", str(traces["train"]), "--test", str(traces["test"]), "--kfold", "4")
+    assert [s["slots"] for s in report["sizes"]] == [5, 9, 32]
+    assert report["sizes"][2]["whole"]
+    for size in report["sizes"][:2]:
+        held = size["heldout"]
+        for name in ("lru", "static", "adaptive", "belady"):
+            assert 0 < held[name]["h_layer"] < held[name]["hit_rate"] < 1
+            est = size["kfold"][name]["hit_rate"]
+            assert est["low"] <= est["mean"] <= est["high"] and len(est["folds"]) == 4
+        assert held["belady"]["hit_rate"] >= max(held[p]["hit_rate"] for p in ("lru", "static"))
+        assert held["static"]["n_hit_profile"] == held["static"]["n_hit"]
+        assert size["in_sample"]["policy"] == "static"
+
+
+def test_kfold_interval_contains_its_mean(tiny_model_path, traces) -> None:
+    layout = expert_layout(tiny_model_path)
+    routes = read_routes(traces["train"], layout)
+    splits = kfold_splits(routes, 10)
+    assert sum(te.n_tokens for _, te in splits) == routes.n_tokens
+    for train, test in splits:  # contiguous blocks; the train side is everything else
+        assert train.n_tokens + test.n_tokens == routes.n_tokens
+    slots = {l.il: 6 for l in layout.layers}
+    result = kfold(splits, lambda tr, te: static(te, slots, layout.n_expert, rank_pairs(tr, layout.n_expert)))
+    est = result.hit_rate
+    assert est.low < est.mean < est.high and est.mean == pytest.approx(np.mean(est.folds))
+    assert result.pooled.n_lookup == sum(r.n_lookup for r in result.folds)
+    assert t975(9) == 2.262 and t975(30) == pytest.approx(t975(31), abs=0.01) and t975(1000) == pytest.approx(1.962, abs=1e-3)
+    e = t_interval([0.5, 0.6, 0.7])
+    assert (e.low, e.high) == pytest.approx((0.6 - 4.303 * 0.1 / 3**0.5, 0.6 + 4.303 * 0.1 / 3**0.5))
+    assert fold_bounds(10, 3) == [(0, 3), (3, 6), (6, 10)]
+    with pytest.raises(ToolInputError, match="too few"):
+        kfold_splits(routes.tokens(0, 15), 10)
+
+
+def _routes(tokens: list[list[int]]) -> Routes:
+    """One layer (0), one token per ubatch."""
+    ex = np.array(tokens, dtype=np.int32)[:, None, :]
+    return Routes((0,), ex, np.arange(len(tokens) + 1, dtype=np.int64))
+
+
+def test_adaptive_swaps_only_clearly_hotter_experts_in() -> None:
+    # the profile holds 4..7, the text selects 0..3: after 32 tokens their heats (~31) beat 1.5 * 0 + 2
+    r = _routes([[0, 1, 2, 3]] * 40)
+    res = adaptive(r, {0: 4}, 8, profile=[(0, 4), (0, 5), (0, 6), (0, 7)])
+    assert res.n_swap == 4 and res.n_fill == 0
+    assert res.n_hit == 4 * (40 - 32) and res.n_miss == 4 * 32 and res.n_hit_profile == 0
+    assert static(r, {0: 4}, 8, [(0, 4), (0, 5), (0, 6), (0, 7)]).n_hit == 0
+    # the text alternates between two sets: heat(in) never clears 1.5 heat(out) + 2, nothing flaps
+    r = _routes([[0, 1, 2, 3], [4, 5, 6, 7]] * 40)
+    assert adaptive(r, {0: 4}, 8, profile=[(0, 4), (0, 5), (0, 6), (0, 7)]).n_swap == 0
+    # without a profile the free slots fill every 8 tokens
+    r = _routes([[0, 1, 2, 3]] * 20)
+    res = adaptive(r, {0: 6}, 8)
+    assert res.n_fill == 4 and res.n_hit == 4 * (20 - 8) and res.n_resident == 4
+
+
+def test_belady_is_the_ceiling() -> None:
+    r = _routes([[0], [1], [2], [0], [1], [3], [0], [2]])
+    res = belady(r, {0: 2}, 8)
+    # starts with 0 and 1 (needed first): hits 0, 1, then 2 is bypassed or swapped as the future says
+    assert res.n_hit == 5 and res.n_miss == 3
+    for p in (lru(r, {0: 2}, 8), static(r, {0: 2}, 8, [(0, 0), (0, 1)]), adaptive(r, {0: 2}, 8, [(0, 0), (0, 1)])):
+        assert p.n_hit <= res.n_hit
+
+
+# -- profile and predict ----------------------------------------------------------------------------------
+
+def test_profile_traces_and_writes_a_profile(lib, tiny_model_path, tmp_path, capsys, cache_on_cpu) -> None:
+    layout = expert_layout(tiny_model_path)
+    text = tmp_path / "text.txt"
+    text.write_text("\n\n".join(split_paragraphs().train_paragraphs()[10:13]), encoding="utf-8")
+    out = tmp_path / "p.strp"
+    plan = _run_json(capsys, "profile", str(tiny_model_path), str(text), "-o", str(out), "--slots", "12",
+                     "--kfold", "4", "--trace-out", str(tmp_path / "p.bin"), "--whole-layers", "1")
+    profile = read_profile(out, layout.n_layer, layout.n_expert)
+    assert plan["slots"] == profile.n_slots == 12 and plan["n_prefilled"] == 12 * layout.n_moe_layers
+    assert plan["trace_tokens"] == read_routes(tmp_path / "p.bin", layout).n_tokens
+    whole = plan["whole_layers"]
+    assert len(whole["layers"]) == 1 and "report only" in whole["note"]
+    assert whole["other_slots"] == 8  # (12 slots x 6 layers - 32) / 5 layers
+
+
+def test_predict_beats_or_matches_the_frequency_baseline(lib, tiny_model_path, traces, capsys) -> None:
+    report = _run_json(capsys, "predict", str(tiny_model_path), str(traces["train"]), str(traces["test"]))
+    layers = report["layers"]
+    assert layers[0]["predictor"] is None and layers[0]["prev_il"] is None
+    for l in layers[1:]:
+        assert 0 < l["baseline"] <= 1 and 0 < l["predictor"] <= 1
+    assert report["mean_predictor"] > report["mean_baseline"]  # the synthetic routers chain layers
+    assert report["top"] == report["k"] == 4
+
+
+# -- bad input ---------------------------------------------------------------------------------------------
+
+def test_bad_input_is_refused_clearly(lib, tiny_model_path, traces, tmp_path, capsys) -> None:
+    model = str(tiny_model_path)
+    data = traces["test"].read_bytes()
+    # truncated inside a record, and at a record boundary inside a token
+    (tmp_path / "cut.bin").write_bytes(data[:-6])
+    assert "runs past the end" in _fails(capsys, "predict", model, str(tmp_path / "cut.bin"))
+    (tmp_path / "cut2.bin").write_bytes(data[:-3 * (8 + 8 * 4)])
+    assert "truncated" in _fails(capsys, "simulate", model, "--cache-mib", "1", "--train", str(tmp_path / "cut2.bin"),
+                                 "--kfold", "3")
+    # traces of other models: another k, other layers, experts out of range
+    for name, records, why in (
+        ("k8", [RoutingRecord(il, np.arange(8, dtype=np.int32)[None]) for il in range(6)], "8 experts per token"),
+        ("layers", [RoutingRecord(il, np.arange(4, dtype=np.int32)[None]) for il in range(8)], "MoE layers are 0..5"),
+        ("range", [RoutingRecord(il, np.array([[1, 2, 3, 40]], dtype=np.int32)) for il in range(6)], "expert 40"),
+    ):
+        write_trace(tmp_path / f"{name}.bin", records * 4)
+        assert why in _fails(capsys, "plan", model, "--cache-mib", "1", "--trace", str(tmp_path / f"{name}.bin"),
+                             "--kfold", "2"), name
+    # a budget too small for one slot per layer
+    assert "cannot hold one expert per layer" in _fails(capsys, "plan", model, "--cache-mib", "0.1")
+    assert "cannot hold one expert per layer" in _fails(capsys, "simulate", model, "--cache-mib", "0.1", "--train",
+                                                        str(traces["train"]), "--kfold", "3")
+    # held-out only, files that are not there, a profile without routing, an empty text
+    assert "must be held out" in _fails(capsys, "simulate", model, "--cache-mib", "1", "--train", str(traces["train"]))
+    assert "no such trace file" in _fails(capsys, "predict", model, str(tmp_path / "absent.bin"))
+    assert "no such model file" in _fails(capsys, "plan", str(tmp_path / "absent.gguf"), "--cache-mib", "1")
+    assert "give --trace" in _fails(capsys, "plan", model, "--cache-mib", "1", "--out", str(tmp_path / "x.strp"))
+    (tmp_path / "empty.txt").write_text("  \n", encoding="utf-8")
+    assert "empty" in _fails(capsys, "trace", model, str(tmp_path / "empty.txt"), str(tmp_path / "e.bin"))
+    assert not (tmp_path / "e.bin").exists() and not (tmp_path / "e.bin.part").exists()
+    with pytest.raises(TraceError, match="empty"):
+        (tmp_path / "zero.bin").write_bytes(b"")
+        read_routes(tmp_path / "zero.bin")
