@@ -5,19 +5,17 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import re
-import signal
-import socket
 import subprocess
 import sys
 import threading
-import time
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+
+from llama_server import find_server_binary, free_port, start_server, stop_server
 import requests
 
 from llama_moe.audit import ExitRecord, LoadRecord, ReadyRecord, RequestRecord, check_audit, read_audit
@@ -173,7 +171,7 @@ def test_stats_server_on_fixed_metrics(fixed_server: ThreadingHTTPServer) -> Non
     out = _stats(url)
     assert out.returncode == 1 and "start llama-server with --metrics" in out.stderr
     with pytest.raises(ServerError, match="cannot reach"):
-        fetch_server_metrics(f"http://127.0.0.1:{_free_port()}", timeout=2)
+        fetch_server_metrics(f"http://127.0.0.1:{free_port()}", timeout=2)
 
 
 # ----------------------------------------------------------------------------------------------- a real server
@@ -183,24 +181,9 @@ PROMPTS = ("The ship left the harbour at dawn, and the crew", "To grow tomatoes 
            "The orchestra tuned while the conductor")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server_binary(lib) -> Path:
-    """llama-server next to the loaded libllama, if it is built with patch 0005 (--moe-cache-audit)."""
-    import llama_moe
-
-    binary = Path(llama_moe.native_version()["path"]).parent / "llama-server"
-    if not binary.is_file():
-        pytest.skip(f"no llama-server next to the loaded libllama ({binary})")
-    helptext = subprocess.run([str(binary), "--help"], capture_output=True, text=True, timeout=60)
-    if "--moe-cache-audit" not in helptext.stdout + helptext.stderr:
-        pytest.skip("llama-server has no --moe-cache-audit: patch 0005-moe-cache-server.patch is not built yet")
-    return binary
+    return find_server_binary()
 
 
 @dataclass
@@ -217,44 +200,10 @@ class Served:
     stats_json: subprocess.CompletedProcess
 
 
-def _start(binary: Path, args: list[str], log: Path) -> tuple[subprocess.Popen, str]:
-    port = _free_port()
-    env = {**os.environ, "LLAMA_MOE_CACHE_DEVICE": "CPU"}
-    # files, not pipes: a chatty server never blocks on a full pipe. llama.cpp logs to stderr.
-    with open(log.with_suffix(".out"), "wb") as out, open(log, "wb") as err:
-        proc = subprocess.Popen([str(binary), *args, "--host", "127.0.0.1", "--port", str(port)], env=env,
-                                stdout=out, stderr=err)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"llama-server exited with {proc.returncode}:\n{log.read_text(errors='replace')[-3000:]}")
-        try:
-            if requests.get(url + "/health", timeout=2).status_code == 200:
-                return proc, url
-        except requests.RequestException:
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    proc.wait(timeout=30)
-    raise AssertionError(f"llama-server not healthy after 90 s:\n{log.read_text(errors='replace')[-3000:]}")
-
-
-def _stop(proc: subprocess.Popen) -> int:
-    """One SIGTERM (a second makes llama-server exit at once, without its exit record), then a kill if needed."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            return proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-    return proc.wait(timeout=30)
-
-
 def _serve(binary: Path, model: Path, d: Path, *extra: str) -> Served:
     """One server's life: load, 3 requests, /metrics and stats --server, SIGTERM; everything it showed."""
     audit, log = d / "audit.jsonl", d / "server.log"
-    proc, url = _start(binary, ["-m", str(model), "--cpu-moe", "--no-repack", "--moe-cache-mib", "2", *extra,
+    proc, url = start_server(binary, ["-m", str(model), "--cpu-moe", "--no-repack", "--moe-cache-mib", "2", *extra,
                                 "--metrics", "--moe-cache-audit", str(audit), "-c", "512", "-np", "1"], log)
     try:
         idle = requests.get(url + "/metrics", timeout=30).text
@@ -267,7 +216,7 @@ def _serve(binary: Path, model: Path, d: Path, *extra: str) -> Served:
         metrics = requests.get(url + "/metrics", timeout=30).text
         stats_text, stats_json = _stats(url), _stats(url, "--json")
     finally:
-        rc = _stop(proc)
+        rc = stop_server(proc)
     return Served(url, model, audit, log.read_text(errors="replace"), rc, idle, metrics, completions, stats_text, stats_json)
 
 
@@ -324,7 +273,7 @@ def test_metrics_agree_with_the_audit_log(served: Served) -> None:
 @pytest.mark.slow
 def test_metrics_of_a_server_without_the_cache(server_binary: Path, tiny_model_path: Path,
                                                tmp_path: Path) -> None:
-    proc, url = _start(server_binary, ["-m", str(tiny_model_path), "--cpu-moe", "--no-repack", "--metrics",
+    proc, url = start_server(server_binary, ["-m", str(tiny_model_path), "--cpu-moe", "--no-repack", "--metrics",
                                        "-c", "512", "-np", "1"], tmp_path / "server.log")
     try:
         r = requests.post(url + "/completion", json={"prompt": PROMPTS[0], "n_predict": 4}, timeout=120)
@@ -332,7 +281,7 @@ def test_metrics_of_a_server_without_the_cache(server_binary: Path, tiny_model_p
         text = requests.get(url + "/metrics", timeout=30).text
         out = _stats(url)
     finally:
-        _stop(proc)
+        stop_server(proc)
     assert "llamacpp:prompt_tokens_total" in text
     assert PREFIX not in text and parse_moe_cache(text) is None
     assert out.returncode == 0 and "MoE cache    none (--moe-cache-mib N turns it on)" in out.stdout

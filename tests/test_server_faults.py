@@ -1,0 +1,134 @@
+"""llama-server with the MoE cache under the official clients, parsers, load and faults (CPU as cache device)."""
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import requests
+
+from llama_server import find_server_binary, start_server, stop_server
+
+REFERENCE_SERIES = [
+    "llamacpp:moe_cache_hits", "llamacpp:moe_cache_hits_profile", "llamacpp:moe_cache_misses",
+    "llamacpp:moe_cache_upload_bytes", "llamacpp:moe_cache_cpu_bytes", "llamacpp:moe_cache_copies",
+    "llamacpp:moe_cache_swaps", "llamacpp:moe_cache_hit_ratio", "llamacpp:moe_cache_slots", "llamacpp:moe_cache_prefilled",
+    "llamacpp:moe_cache_bytes", "llamacpp:moe_cache_hybrid", "llamacpp:moe_cache_layer_hits",
+    "llamacpp:moe_cache_layer_hits_profile", "llamacpp:moe_cache_layer_misses",
+]
+
+
+@pytest.fixture(scope="module")
+def server_binary(lib) -> Path:
+    return find_server_binary()
+
+
+def _args(model: Path, audit: Path, *extra: str) -> list[str]:
+    return ["-m", str(model), "--cpu-moe", "--no-repack", "--moe-cache-mib", "2", "--metrics", "--moe-cache-audit",
+            str(audit), "-c", "2048", *extra]
+
+
+def _audit_check(path: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "llama_moe", "audit", "check", str(path)], capture_output=True,
+                          text=True, timeout=60)
+
+
+def test_prometheus_client_and_the_openai_client(server_binary, tiny_model_path, tmp_path) -> None:
+    from openai import OpenAI
+    from prometheus_client.parser import text_string_to_metric_families
+
+    proc, url = start_server(server_binary, _args(tiny_model_path, tmp_path / "a.jsonl", "-np", "1"), tmp_path / "s.log")
+    try:
+        reply = OpenAI(base_url=url + "/v1", api_key="none", max_retries=0).chat.completions.create(
+            model="tiny", max_tokens=12, messages=[{"role": "user", "content": "Tell me about the harbour."}])
+        assert reply.choices[0].message.content.strip()
+        families = {f.name: f for f in text_string_to_metric_families(requests.get(url + "/metrics", timeout=30).text)}
+        for name in REFERENCE_SERIES:
+            assert name in families, name
+        value = {name: families[name].samples[0].value for name in REFERENCE_SERIES[:12]}
+        assert value["llamacpp:moe_cache_hits"] + value["llamacpp:moe_cache_misses"] > 0
+        assert value["llamacpp:moe_cache_hit_ratio"] == pytest.approx(
+            value["llamacpp:moe_cache_hits"] / (value["llamacpp:moe_cache_hits"] + value["llamacpp:moe_cache_misses"]))
+        per_layer = sum(s.value for s in families["llamacpp:moe_cache_layer_hits"].samples if s.name.endswith("_total"))
+        assert per_layer == value["llamacpp:moe_cache_hits"]
+    finally:
+        stop_server(proc)
+
+
+def test_a_server_killed_mid_request_leaves_a_readable_audit_log(server_binary, tiny_model_path, tmp_path) -> None:
+    audit = tmp_path / "killed.jsonl"
+    proc, url = start_server(server_binary, _args(tiny_model_path, audit, "-np", "1"), tmp_path / "s.log")
+    try:
+        requests.post(url + "/completion", json={"prompt": "The ship", "n_predict": 8}, timeout=60).raise_for_status()
+        def long_request() -> None:
+            try:
+                requests.post(url + "/completion", json={"prompt": "The sea", "n_predict": 1500, "ignore_eos": True},
+                              timeout=60)
+            except requests.ConnectionError:
+                pass  # the server is killed under it: that is the point
+
+        long = threading.Thread(target=long_request, daemon=True)
+        long.start()
+        time.sleep(0.5)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    lines = audit.read_text().splitlines()
+    records = [json.loads(line) for line in lines]  # every line parses
+    assert [r["event"] for r in records][:3] == ["load", "ready", "request"] and records[-1]["event"] != "exit"
+    check = _audit_check(audit)
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert "no exit record" in check.stdout + check.stderr
+
+
+@pytest.mark.parametrize("bad, why", [("DIR", "is a directory"), ("/nonexistent/dir/audit.jsonl", "cannot append to it")])
+def test_a_bad_audit_path_is_refused_at_start(server_binary, tiny_model_path, tmp_path, bad, why) -> None:
+    path = str(tmp_path) if bad == "DIR" else bad
+    proc = subprocess.run([str(server_binary), *_args(tiny_model_path, Path(path)), "--port", "1"], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode != 0
+    assert f"--moe-cache-audit {path}: {why}" in proc.stderr
+
+
+def test_four_slots_and_two_hundred_requests(server_binary, tiny_model_path, tmp_path) -> None:
+    audit = tmp_path / "load.jsonl"
+    proc, url = start_server(server_binary, _args(tiny_model_path, audit, "-np", "4"), tmp_path / "s.log")
+    prompts = ["The ship left the harbour", "To grow tomatoes", "The telescope was pointed", "A melody in the night"]
+    seen: list[tuple[float, float]] = []
+
+    def one(i: int) -> int:
+        r = requests.post(url + "/completion", json={"prompt": prompts[i % 4], "n_predict": 8, "seed": i}, timeout=60)
+        return r.status_code
+
+    def watch(stop: threading.Event) -> None:
+        from llama_moe.server_metrics import parse_moe_cache
+
+        while not stop.is_set():
+            m = parse_moe_cache(requests.get(url + "/metrics", timeout=30).text)
+            seen.append((m.n_hit, m.n_miss))
+            time.sleep(0.2)
+
+    stop = threading.Event()
+    watcher = threading.Thread(target=watch, args=(stop,), daemon=True)
+    watcher.start()
+    started = time.monotonic()
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            codes = list(pool.map(one, range(200), timeout=240))
+    finally:
+        stop.set()
+        watcher.join(timeout=30)
+        stop_server(proc)
+    assert codes == [200] * 200, f"{codes.count(200)} of 200 answered"
+    assert time.monotonic() - started < 240
+    assert len(seen) >= 2 and all(a <= b for a, b in zip(seen, seen[1:]))  # counters never go back
+    records = [json.loads(line) for line in audit.read_text().splitlines()]
+    assert sum(r["event"] == "request" for r in records) == 200 and records[-1]["event"] == "exit"
+    check = _audit_check(audit)
+    assert check.returncode == 0, check.stdout + check.stderr
