@@ -11,6 +11,7 @@ import pytest
 from llama_moe import Context, ContextParams, Model, ModelParams
 from llama_moe.cache_sim import simulate_lru
 from llama_moe.experts import expert_layout
+from cache_sizes import mib_for_slots
 from llama_moe.profile import Profile, write_profile
 
 PROMPT = "The ship left the harbour at dawn, and the crew"
@@ -22,14 +23,6 @@ RAM = ModelParams(cpu_moe=True, repack=False)
 @pytest.fixture(autouse=True)
 def cache_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LLAMA_MOE_CACHE_DEVICE", "CPU")
-
-
-def _slots_mib(path: Path, slots_per_layer: int) -> float:
-    """The cache size that gives exactly this many slots per layer."""
-    layout = expert_layout(path)
-    row = sum(l.bytes_per_expert for l in layout.layers)
-    maps = sum(-(-l.n_expert * 4 // 256) * 256 for l in layout.layers)
-    return (slots_per_layer * row + maps + row // 2) / 2**20
 
 
 def _run(path: Path, mp: ModelParams, cp: ContextParams, trace: bool = False):
@@ -52,7 +45,7 @@ def test_cache_gives_identical_tokens_and_logits(lib, tiny_model_path) -> None:
     assert no_stats is None
     layout = expert_layout(tiny_model_path)
     for slots in (layout.n_expert_used, 2 * layout.n_expert_used, layout.n_expert):
-        tokens, logits, stats, layers, _, _ = _run(tiny_model_path, RAM, _params(_slots_mib(tiny_model_path, slots)))
+        tokens, logits, stats, layers, _, _ = _run(tiny_model_path, RAM, _params(mib_for_slots(tiny_model_path, slots)))
         assert tokens == plain_tokens, f"{slots} slots per layer changed the text"
         np.testing.assert_array_equal(logits, plain_logits)
         assert stats is not None and stats.n_slots == slots * layout.n_moe_layers
@@ -68,7 +61,7 @@ def test_counters_match_an_independent_replay_of_the_routing(lib, tiny_model_pat
     layout = expert_layout(tiny_model_path)
     slots = 2 * layout.n_expert_used
     tokens, _, stats, layers, records, resident = _run(
-        tiny_model_path, RAM, _params(_slots_mib(tiny_model_path, slots)), trace=True)
+        tiny_model_path, RAM, _params(mib_for_slots(tiny_model_path, slots)), trace=True)
     # the ubatches the cache looks up: up to 32 tokens whose experts all fit the slots (the prompt does not)
     small = [r for r in records if r.n_tokens <= 32 and r.experts.size <= slots]
     assert len(small) >= (N_GEN - 1) * layout.n_moe_layers
@@ -96,7 +89,7 @@ def test_a_profile_fills_each_layer_with_its_own_hottest_experts(lib, tiny_model
     write_profile(path, Profile(layout.n_layer, layout.n_expert, slots, tuple(ranked)))
     caplog.set_level(logging.INFO, logger="llama_moe.native")
     tokens, _, stats, layers, records, resident = _run(
-        tiny_model_path, RAM, _params(_slots_mib(tiny_model_path, slots), path), trace=True)
+        tiny_model_path, RAM, _params(mib_for_slots(tiny_model_path, slots), path), trace=True)
     assert f"MoE cache filled with {slots + (slots - 1) * (layout.n_moe_layers - 1)} experts" in caplog.text
     assert stats.n_prefilled == slots + (slots - 1) * (layout.n_moe_layers - 1)
     sim = simulate_lru(records, {l.il: slots for l in layout.layers}, layout.n_expert, prefill=ranked)
@@ -134,14 +127,14 @@ def test_every_bad_profile_is_refused_and_the_cache_starts_empty(lib, tiny_model
             path = tmp_path / f"{name.replace(' ', '_')}.strp"
             path.write_bytes(data)
             caplog.clear()
-            with Context(model, _params(_slots_mib(tiny_model_path, slots), path)) as ctx:
+            with Context(model, _params(mib_for_slots(tiny_model_path, slots), path)) as ctx:
                 stats = ctx.moe_cache_stats()
                 assert stats is not None and stats.n_prefilled == 0, name
                 assert all(len(ctx.resident(l.il)) == 0 for l in layout.layers), name
                 assert list(ctx.generate(PROMPT, max_tokens=4, stop_at_eog=False)), name
             assert "refused" in caplog.text and why in caplog.text, (name, caplog.text)
         caplog.clear()
-        with Context(model, _params(_slots_mib(tiny_model_path, slots), tmp_path / "absent.strp")) as ctx:
+        with Context(model, _params(mib_for_slots(tiny_model_path, slots), tmp_path / "absent.strp")) as ctx:
             assert ctx.moe_cache_stats().n_prefilled == 0
         assert "cannot open" in caplog.text
 
@@ -167,7 +160,7 @@ def test_multi_token_ubatches_take_the_cache_too(lib, tiny_model_path) -> None:
     small_batches = dict(n_batch=3, n_ubatch=3)
     plain_tokens, plain_logits, *_ = _run(tiny_model_path, RAM, _params(**small_batches))
     tokens, logits, stats, _, records, _ = _run(
-        tiny_model_path, RAM, _params(_slots_mib(tiny_model_path, slots), **small_batches), trace=True)
+        tiny_model_path, RAM, _params(mib_for_slots(tiny_model_path, slots), **small_batches), trace=True)
     assert tokens == plain_tokens
     np.testing.assert_array_equal(logits, plain_logits)
     assert any(r.n_tokens == 3 for r in records)

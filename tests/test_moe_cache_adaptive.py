@@ -10,6 +10,7 @@ import pytest
 
 from llama_moe import Context, ContextParams, Model, ModelParams, Sampling
 from llama_moe.experts import expert_layout
+from cache_sizes import mib_for_slots
 from llama_moe.profile import Profile, write_profile
 
 PROMPT = "The ship left the harbour at dawn, and the crew"
@@ -24,15 +25,8 @@ def cache_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LLAMA_MOE_CACHE_DEVICE", "CPU")
 
 
-def _mib(path: Path, slots: int) -> float:
-    layout = expert_layout(path)
-    row = sum(l.bytes_per_expert for l in layout.layers)
-    maps = sum(-(-l.n_expert * 4 // 256) * 256 for l in layout.layers)
-    return ((slots + 1) * row + maps + row // 2) / 2**20  # + the hybrid's null slot
-
-
 def _hybrid(path: Path, **kw) -> ContextParams:
-    return ContextParams(n_ctx=1024, moe_cache_mib=_mib(path, SLOTS), moe_cache_hybrid=True, **kw)
+    return ContextParams(n_ctx=1024, moe_cache_mib=mib_for_slots(path, SLOTS, hybrid=True), moe_cache_hybrid=True, **kw)
 
 
 def _hit_rate_after(ctx: Context, warmup: int) -> tuple[list[int], float]:

@@ -10,6 +10,7 @@ import pytest
 
 from llama_moe import Context, ContextParams, Model, ModelParams
 from llama_moe.experts import expert_layout
+from cache_sizes import mib_for_slots
 from llama_moe.profile import Profile, write_profile
 
 PROMPTS = ["The ship left the harbour at dawn, and the crew", "To grow tomatoes in a small garden, start with"]
@@ -32,13 +33,6 @@ def profile_path(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory
     return path
 
 
-def _mib(path: Path, slots: int, hybrid: bool = True) -> float:
-    layout = expert_layout(path)
-    row = sum(l.bytes_per_expert for l in layout.layers)
-    maps = sum(-(-l.n_expert * 4 // 256) * 256 for l in layout.layers)
-    return ((slots + hybrid) * row + maps + row // 2) / 2**20
-
-
 def _generate(model: Model, cp: ContextParams, prompt: str):
     with Context(model, cp) as ctx:
         ctx.start_trace()
@@ -56,7 +50,7 @@ def test_hybrid_is_bit_identical_and_its_counters_add_up(lib, tiny_model_path, p
     with Model(tiny_model_path, RAM) as model:
         plain_tokens, plain_logits, *_ = _generate(model, ContextParams(n_ctx=512), prompt)
         tokens, logits, stats, layers, records, resident = _generate(
-            model, ContextParams(n_ctx=512, moe_cache_mib=_mib(tiny_model_path, slots),
+            model, ContextParams(n_ctx=512, moe_cache_mib=mib_for_slots(tiny_model_path, slots, hybrid=True),
                                  moe_cache_profile=profile_path, moe_cache_hybrid=True), prompt)
     assert tokens == plain_tokens
     np.testing.assert_array_equal(logits, plain_logits)
@@ -77,7 +71,7 @@ def test_hybrid_without_a_profile_starts_empty_and_says_so(lib, tiny_model_path,
     caplog.set_level(logging.INFO, logger="llama_moe.native")
     with Model(tiny_model_path, RAM) as model:
         plain, *_ = _generate(model, ContextParams(n_ctx=512), PROMPTS[0])
-        tokens, _, stats, *_ = _generate(model, ContextParams(n_ctx=512, moe_cache_mib=_mib(tiny_model_path, 8),
+        tokens, _, stats, *_ = _generate(model, ContextParams(n_ctx=512, moe_cache_mib=mib_for_slots(tiny_model_path, 8, hybrid=True),
                                                               moe_cache_hybrid=True), PROMPTS[0])
     assert tokens == plain
     assert stats.n_hit == 0 and stats.n_miss > 0 and stats.n_prefilled == 0
@@ -91,7 +85,7 @@ def test_layers_held_whole_run_on_the_cache_only(lib, tiny_model_path, caplog) -
     with Model(tiny_model_path, RAM) as model:
         plain, plain_logits, *_ = _generate(model, ContextParams(n_ctx=512), PROMPTS[1])
         tokens, logits, stats, *_ = _generate(
-            model, ContextParams(n_ctx=512, moe_cache_mib=_mib(tiny_model_path, layout.n_expert, hybrid=False) + 0.1,
+            model, ContextParams(n_ctx=512, moe_cache_mib=mib_for_slots(tiny_model_path, layout.n_expert, hybrid=True),
                                  moe_cache_hybrid=True), PROMPTS[1])
     assert tokens == plain
     np.testing.assert_array_equal(logits, plain_logits)
@@ -102,7 +96,7 @@ def test_layers_held_whole_run_on_the_cache_only(lib, tiny_model_path, caplog) -
 def test_adaptive_without_hybrid_is_ignored_with_a_warning(lib, tiny_model_path, caplog) -> None:
     caplog.set_level(logging.WARNING, logger="llama_moe.native")
     with Model(tiny_model_path, RAM) as model:
-        with Context(model, ContextParams(n_ctx=256, moe_cache_mib=_mib(tiny_model_path, 8, hybrid=False),
+        with Context(model, ContextParams(n_ctx=256, moe_cache_mib=mib_for_slots(tiny_model_path, 8),
                                           moe_cache_adaptive=True)) as ctx:
             assert ctx.moe_cache_stats() is not None
     assert "--moe-cache-adaptive without --moe-cache-hybrid is ignored" in caplog.text

@@ -310,8 +310,8 @@ def test_shapes() -> None:
 def test_synthesize_micro_is_deterministic(tmp_path: Path) -> None:
     seen: list[tuple[int, int]] = []
     a = synthesize(tmp_path / "a.gguf", MICRO, "q4_0", seed=5, progress=lambda d, t: seen.append((d, t)))
-    b = synthesize(tmp_path / "b.gguf", MICRO, "q4_0", seed=5)
-    c = synthesize(tmp_path / "c.gguf", MICRO, "q4_0", seed=6)
+    synthesize(tmp_path / "b.gguf", MICRO, "q4_0", seed=5)
+    synthesize(tmp_path / "c.gguf", MICRO, "q4_0", seed=6)
     assert (tmp_path / "a.gguf").read_bytes() == (tmp_path / "b.gguf").read_bytes()
     assert (tmp_path / "a.gguf").read_bytes() != (tmp_path / "c.gguf").read_bytes()
     assert seen[-1] == (a.file_bytes, a.file_bytes) and a.file_bytes == (tmp_path / "a.gguf").stat().st_size
