@@ -86,8 +86,29 @@ def _measure(model: Model, cp: ContextParams, n_gen: int, n_pp: int, runs: int, 
     return decode, pp, hit, used
 
 
+MODES = ("cpu-moe", "upload", "hybrid", "hybrid-adaptive", "vram")
+
+
+def train_profile(model_path: Path, out: Path, log=print) -> Path:
+    """A profile from the corpus's train paragraphs; the benchmark's prompts come from the whole corpus, so
+    the profile meets text it was not made from, as a user's would."""
+    from ..profile import write_profile
+    from ..synth.corpus import split_paragraphs
+    from ..tools.ranking import make_profile
+    from ..tools.routes import routes_from_records
+    from ..tools.tracing import trace_text
+
+    layout = expert_layout(model_path)
+    split = split_paragraphs()
+    text = "\n\n".join(p for topic in sorted(split.train) for p in split.train[topic])
+    log(f"profile: tracing {len(text)} characters of train text")
+    write_profile(out, make_profile(routes_from_records(trace_text(model_path, text)), layout))
+    return out
+
+
 def run_bench(model_path: Path, cache_pcts: list[float], threads: list[int], n_gen: int, n_pp: int, runs: int,
-              vram: bool, seed: int = 0, log=print) -> list[BenchRow]:
+              vram: bool, seed: int = 0, log=print, modes: tuple[str, ...] = ("cpu-moe", "upload", "vram"),
+              profile: Path | None = None) -> list[BenchRow]:
     layout = expert_layout(model_path)
     total_mib = layout.total_expert_bytes / 2**20
     rows: list[BenchRow] = []
@@ -105,13 +126,23 @@ def run_bench(model_path: Path, cache_pcts: list[float], threads: list[int], n_g
     # experts in pinned host memory (no mmap): uploads and llama.cpp's own prompt copies run at full PCIe speed
     with Model(model_path, ModelParams(cpu_moe=True, use_mmap=False, repack=False)) as model:
         for t in threads:
-            for pct in [0.0] + list(cache_pcts):
-                mib = total_mib * pct / 100
-                cp = ContextParams(n_ctx=max(1024, n_pp + n_gen + 128), n_batch=n_pp, n_ubatch=n_pp, n_threads=t,
-                                   moe_cache_mib=mib)
+            n_ctx = max(1024, n_pp + n_gen + 128)
+            if "cpu-moe" in modes:
+                cp = ContextParams(n_ctx=n_ctx, n_batch=n_pp, n_ubatch=n_pp, n_threads=t)
                 d, p, hit, used = _measure(model, cp, n_gen, n_pp, runs, seed, base_free)
-                row("cpu-moe" if pct == 0 else "cache-upload", mib, t, d, p, hit, used)
-    if vram:
+                row("cpu-moe", 0.0, t, d, p, hit, used)
+            for pct in cache_pcts:
+                mib = total_mib * pct / 100
+                for mode in ("upload", "hybrid", "hybrid-adaptive"):
+                    if mode not in modes:
+                        continue
+                    hybrid = mode != "upload"
+                    cp = ContextParams(n_ctx=n_ctx, n_batch=n_pp, n_ubatch=n_pp, n_threads=t, moe_cache_mib=mib,
+                                       moe_cache_hybrid=hybrid, moe_cache_adaptive=mode == "hybrid-adaptive",
+                                       moe_cache_profile=profile if hybrid else None)
+                    d, p, hit, used = _measure(model, cp, n_gen, n_pp, runs, seed, base_free)
+                    row(mode, mib, t, d, p, hit, used)
+    if vram and "vram" in modes:
         with Model(model_path, ModelParams()) as model:
             cp = ContextParams(n_ctx=max(1024, n_pp + n_gen + 128), n_batch=n_pp, n_ubatch=n_pp, n_threads=threads[0])
             d, p, _, used = _measure(model, cp, n_gen, n_pp, runs, seed, base_free)
@@ -138,14 +169,27 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--pp", type=int, default=512)
     p.add_argument("--runs", type=int, default=2)
     p.add_argument("--no-vram", action="store_true", help="skip the all-in-VRAM ceiling")
+    p.add_argument("--modes", default="cpu-moe,upload,hybrid,hybrid-adaptive,vram",
+                   help="comma-separated, of: " + ", ".join(MODES))
+    p.add_argument("--profile", help="the hybrid modes' profile (default: made from the corpus's train paragraphs)")
     p.add_argument("--json", help="write the rows as JSON here")
     p.add_argument("--md", help="write a Markdown table here")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
+    modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
+    unknown = set(modes) - set(MODES)
+    if unknown:
+        raise ValueError(f"unknown --modes {', '.join(sorted(unknown))}; choose from {', '.join(MODES)}")
+    profile = Path(args.profile) if args.profile else None
+    if profile is None and {"hybrid", "hybrid-adaptive"} & set(modes):
+        import tempfile
+
+        profile = train_profile(Path(args.model), Path(tempfile.mkdtemp()) / "train.strp", log)
     rows = run_bench(Path(args.model), args.cache_pct, args.threads, args.n_gen, args.pp, args.runs, not args.no_vram,
-                     log=lambda s: print(s, file=sys.stderr, flush=True))
+                     log=log, modes=modes, profile=profile)
     table = to_markdown(rows, args.pp)
     print(table)
     if args.md:

@@ -1,0 +1,19 @@
+"""The benchmark runs every mode side by side (tiny model, the CPU as the cache device): a smoke test of the
+harness, not of speed (speed is measured on the GPU and quoted in docs/benchmarks.md)."""
+from __future__ import annotations
+
+from llama_moe.commands.bench import MODES, run_bench, to_markdown, train_profile
+
+
+def test_every_mode_runs_and_reports(lib, tiny_model_path, tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("LLAMA_MOE_CACHE_DEVICE", "CPU")
+    profile = train_profile(tiny_model_path, tmp_path / "train.strp", log=lambda s: None)
+    rows = run_bench(tiny_model_path, [50], [2], n_gen=24, n_pp=64, runs=1, vram=True, log=lambda s: None,
+                     modes=MODES, profile=profile)
+    assert [r.mode for r in rows] == ["cpu-moe", "upload", "hybrid", "hybrid-adaptive", "all-in-vram"]
+    assert all(r.decode_tps > 0 and r.pp_tps > 0 for r in rows)
+    cached = [r for r in rows if r.mode in ("upload", "hybrid", "hybrid-adaptive")]
+    assert all(r.hit_rate is not None and 0 < r.hit_rate <= 1 for r in cached)
+    assert all(abs(r.cache_pct - 50) < 1 for r in cached)
+    table = to_markdown(rows, 64)
+    assert table.count("\n") == len(rows) + 1 and "pp64" in table
