@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Call 2 on the H200 (same machine): the big model generates with n_cpu_moe, then the cache benchmark.
+# Call 2 on the H200 (same machine as h200_build.sh): the big model generates with n_cpu_moe, then the
+# benchmark of every mode at 25, 50 and 75% of the experts, and the all-in-VRAM ceiling.
 set -u
 . tests/gpu/h200_setup.sh
 while pgrep -f "llama_moe synth" > /dev/null; do sleep 2; done
-tail -c 300 /tmp/synth.log; ls -la /tmp/q30.gguf
-python3 -m llama_moe stats /tmp/q30.gguf --n-cpu-moe 24 -n 64 -t 16 2>&1 | head -12 | tee $OUT/stats_ncmoe.txt
-python3 -m llama_moe bench /tmp/q30.gguf -t 16 --runs 2 --cache-pct 25 50 75 --json $OUT/bench.json --md $OUT/bench.md 2>&1 | tee $OUT/bench.log | tail -12
+ls -la /tmp/q30.gguf
+python3 -m llama_moe stats /tmp/q30.gguf --n-cpu-moe 24 -n 64 -t 16 2>&1 | head -9 | tee $OUT/stats_ncmoe.txt
+python3 -m llama_moe bench /tmp/q30.gguf -t 16 --runs 2 --cache-pct 25 50 75 --json $OUT/bench.json --md $OUT/bench.md 2>&1 \
+    | tee $OUT/bench.log | tail -20

@@ -10,8 +10,8 @@ fi
 t0=$(date +%s)
 python3 build_native.py --source .bundle/llama.cpp-0c1e57098.tar.xz --cuda --cuda-arch 90-real --tests 2>&1 | tail -4
 echo "cuda build: $(( $(date +%s) - t0 )) s"
-cat .lmcache/*-cuda/manifest.json | head -30
+cat /tmp/lmcache/*-cuda/manifest.json | head -30
 python3 -m llama_moe info | head -12
 python3 tests/gpu/cuda_equivalence.py -n 256 2>&1 | tee $OUT/equivalence.txt | tail -12
-.lmcache/*-cuda/test-backend-ops -o MUL_MAT_ID -b CUDA0 2>&1 | tail -3
+/tmp/lmcache/*-cuda/test-backend-ops -o MUL_MAT_ID -b CUDA0 2>&1 | tail -3
 tail -c 300 /tmp/synth.log
