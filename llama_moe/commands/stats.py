@@ -134,7 +134,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--moe-cache-profile", help="fill the cache from this STRP profile")
     p.add_argument("--moe-cache-hybrid", action="store_true", help="the CPU computes the experts the cache lacks (no uploads)")
     p.add_argument("--no-repack", action="store_true", help="keep CPU weights in their file layout (the cache needs it on a CPU-only build)")
-    p.add_argument("--temp", type=float, default=0.0, help="sampling temperature (default 0: greedy)")
+    p.add_argument("--temp", type=float, default=0.8,
+                   help="sampling temperature (default 0.8, seeded; 0 is greedy, which loops on the synthetic models)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.add_argument("--server", metavar="URL", help="report a running llama-server's cache from its /metrics "
@@ -151,7 +152,8 @@ def run(args: argparse.Namespace) -> int:
     model_path = Path(args.model) if args.model else default_model_path()
     mp = ModelParams(n_gpu_layers=args.n_gpu_layers,
                      cpu_moe=not args.no_cpu_moe and args.n_cpu_moe is None,
-                     n_cpu_moe=args.n_cpu_moe or 0, repack=not args.no_repack)
+                     n_cpu_moe=args.n_cpu_moe or 0, repack=not args.no_repack,
+                     use_mmap=False)  # experts in RAM are read faster from a (pinned, on a GPU build) copy than from mmap
     cp = ContextParams(n_ctx=args.ctx, n_threads=args.threads, moe_cache_mib=args.moe_cache_mib,
                        moe_cache_profile=args.moe_cache_profile, moe_cache_hybrid=args.moe_cache_hybrid)
     report = run_stats(model_path, mp, cp, args.prompt or default_prompt(), args.n_gen,
