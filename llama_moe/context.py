@@ -192,13 +192,14 @@ class Context(NativeHandle):
         finally:
             sampler.free()
 
-    def complete(self, prompt: str | Sequence[int], max_tokens: int = 128, sampling: Sampling = GREEDY) -> Completion:
-        """Generates to the end and returns the text with its timings."""
+    def complete(self, prompt: str | Sequence[int], max_tokens: int = 128, sampling: Sampling = GREEDY,
+                 stop_at_eog: bool = True) -> Completion:
+        """Generates to the end (or ``max_tokens``) and returns the text with its timings."""
         prompt_tokens = self.model.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
         out: list[int] = []
         t0 = time.perf_counter()
         t_first = None
-        stream = self.generate(prompt_tokens, max_tokens, sampling)
+        stream = self.generate(prompt_tokens, max_tokens, sampling, stop_at_eog)
         for tok in stream:
             if t_first is None:
                 t_first = time.perf_counter()

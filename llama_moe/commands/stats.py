@@ -46,7 +46,7 @@ def run_stats(model_path: Path, model_params: ModelParams, ctx_params: ContextPa
         ctx.decode(model.tokenize("warm up"))
         ctx.reset()
         ctx.reset_perf()
-        completion = ctx.complete(prompt, n_gen, sampling)
+        completion = ctx.complete(prompt, n_gen, sampling, stop_at_eog=False)  # always n_gen tokens, like llama-bench
         perf = ctx.perf()
         placement = ("all layers (cpu_moe)" if model_params.cpu_moe else
                      f"layers 0..{model_params.n_cpu_moe - 1} (n_cpu_moe)" if model_params.n_cpu_moe else
