@@ -7,6 +7,7 @@ import re
 from dataclasses import dataclass
 
 from .errors import LlamaMoeError
+from .stats import HitRate
 
 PREFIX = "llamacpp:moe_cache_"
 # series name (without PREFIX) -> the MoeCacheMetrics field it fills; the reference's "Server metrics" table
@@ -99,7 +100,7 @@ def _count(value: float, name: str) -> int:
 
 
 @dataclass(frozen=True)
-class MoeCacheMetrics:
+class MoeCacheMetrics(HitRate):
     """The MoE cache as llama-server's /metrics reports it: MoeCacheStats's counters (no n_bytes_copy: the
     server does not export it), the server's own hit ratio, and {layer: (hits, hits_profile, misses)}."""
 
@@ -116,15 +117,6 @@ class MoeCacheMetrics:
     n_swap: int
     hit_ratio: float
     layers: dict[int, tuple[int, int, int]]
-
-    @property
-    def n_lookup(self) -> int:
-        return self.n_hit + self.n_miss
-
-    @property
-    def hit_rate(self) -> float:
-        """hits / (hits + misses) from the counters; 0.0 before the first lookup."""
-        return self.n_hit / self.n_lookup if self.n_lookup else 0.0
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,24 @@ from dataclasses import dataclass
 from typing import Any
 
 
+class HitRate:
+    """hits / (hits + misses) for anything that counts both (the context's, a layer's, a server's)."""
+
+    n_hit: int
+    n_miss: int
+
+    @property
+    def n_lookup(self) -> int:
+        return self.n_hit + self.n_miss
+
+    @property
+    def hit_rate(self) -> float:
+        """hits / (hits + misses); 0.0 before the first lookup."""
+        return self.n_hit / self.n_lookup if self.n_lookup else 0.0
+
+
 @dataclass(frozen=True)
-class MoeCacheStats:
+class MoeCacheStats(HitRate):
     """Counters since the context was created. Hits and misses count distinct experts per ubatch and layer,
     in ubatches of up to 32 tokens; layers held whole need no lookups and are not counted."""
 
@@ -23,15 +39,6 @@ class MoeCacheStats:
     n_bytes_cache: int
     n_swap: int
 
-    @property
-    def n_lookup(self) -> int:
-        return self.n_hit + self.n_miss
-
-    @property
-    def hit_rate(self) -> float:
-        """hits / (hits + misses); 0.0 before the first lookup."""
-        return self.n_hit / self.n_lookup if self.n_lookup else 0.0
-
     @classmethod
     def _from_native(cls, s: Any) -> "MoeCacheStats":
         return cls(int(s.n_hit), int(s.n_hit_profile), int(s.n_miss), int(s.n_bytes_upload), int(s.n_bytes_cpu),
@@ -40,14 +47,9 @@ class MoeCacheStats:
 
 
 @dataclass(frozen=True)
-class LayerStats:
+class LayerStats(HitRate):
     il: int
     n_slots: int
     n_hit: int
     n_hit_profile: int
     n_miss: int
-
-    @property
-    def hit_rate(self) -> float:
-        n = self.n_hit + self.n_miss
-        return self.n_hit / n if n else 0.0
