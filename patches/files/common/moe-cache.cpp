@@ -266,27 +266,6 @@ void common_moe_audit_ready(const llama_context * ctx) {
 }
 
 void common_moe_audit_exit(const llama_context * ctx) {
-    llama_moe_cache_stats s;
-    if (ctx != nullptr && llama_moe_cache_get_stats(ctx, &s)) {
-        // the exit summary: overall, and how unevenly the layers hit
-        const int32_t n = llama_moe_cache_get_layer_stats(ctx, nullptr, 0);
-        std::vector<llama_moe_cache_layer_stats> layers(std::max(n, 1));
-        llama_moe_cache_get_layer_stats(ctx, layers.data(), n);
-        std::vector<double> rates;
-        for (int32_t i = 0; i < n; ++i) {
-            const uint64_t l = layers[i].n_hit + layers[i].n_miss;
-            if (l > 0) {
-                rates.push_back((double) layers[i].n_hit / l);
-            }
-        }
-        std::sort(rates.begin(), rates.end());
-        const uint64_t lookups = s.n_hit + s.n_miss;
-        if (!rates.empty()) {
-            LOG_INF("llama_moe_cache: %" PRIu64 " hits, %" PRIu64 " misses (%.1f %%); per-layer hit rate min %.1f %%, median %.1f %%, max %.1f %%\n",
-                    s.n_hit, s.n_miss, lookups ? 100.0 * s.n_hit / lookups : 0.0,
-                    100.0 * rates.front(), 100.0 * rates[rates.size() / 2], 100.0 * rates.back());
-        }
-    }
     {
         std::lock_guard<std::mutex> lock(g_audit_mutex);
         if (g_audit.find(ctx) == g_audit.end()) {

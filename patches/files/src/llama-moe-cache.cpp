@@ -58,6 +58,9 @@ static bool llama_moe_cache_host_tensor(const ggml_tensor * t) {
 }
 
 std::unique_ptr<llama_moe_cache> llama_moe_cache::create(const llama_model & model, const llama_moe_cache_params & params) {
+    if (model.hparams.no_alloc) {
+        return nullptr; // a model without data (llama.cpp's fitting probes): nothing to copy, nothing to say
+    }
     if (params.size == 0) {
         if (!params.profile.empty() || params.hybrid || params.adaptive) {
             LLAMA_LOG_WARN("llama_moe_cache: --moe-cache-profile, --moe-cache-hybrid and --moe-cache-adaptive do nothing "
@@ -284,7 +287,35 @@ void llama_moe_cache_pin_mul_mat_id(ggml_backend_sched_t sched, ggml_backend_t b
     }
 }
 
+void llama_moe_cache::count_by_size(int64_t n_tokens, uint64_t hits, uint64_t misses) {
+    const int c = n_tokens <= 8 ? 0 : 1;
+    n_hit_by[c]  += hits;
+    n_miss_by[c] += misses;
+}
+
+// At exit: small and large ubatches apart (generation is what the cache is for), and how unevenly layers hit.
+void llama_moe_cache::log_summary() const {
+    auto pct = [](uint64_t h, uint64_t m) { return h + m ? 100.0 * h / (h + m) : 0.0; };
+    LLAMA_LOG_INFO("llama_moe_cache: ubatches of up to 8 tokens: %" PRIu64 " hits, %" PRIu64 " misses (%.1f %%); "
+                   "larger: %" PRIu64 " hits, %" PRIu64 " misses (%.1f %%)\n",
+                   n_hit_by[0], n_miss_by[0], pct(n_hit_by[0], n_miss_by[0]), n_hit_by[1], n_miss_by[1], pct(n_hit_by[1], n_miss_by[1]));
+    std::vector<double> rates;
+    for (const auto & l : layers) {
+        if (l.n_hit + l.n_miss > 0) {
+            rates.push_back(pct(l.n_hit, l.n_miss));
+        }
+    }
+    if (!rates.empty()) {
+        std::sort(rates.begin(), rates.end());
+        LLAMA_LOG_INFO("llama_moe_cache: per-layer hit rate min %.1f %%, median %.1f %%, max %.1f %% over %zu layers\n",
+                       rates.front(), rates[rates.size() / 2], rates.back(), rates.size());
+    }
+}
+
 llama_moe_cache::~llama_moe_cache() {
+    if (n_hit_by[0] + n_miss_by[0] + n_hit_by[1] + n_miss_by[1] > 0) {
+        log_summary();
+    }
     if (adaptive()) {
         LLAMA_LOG_INFO("llama_moe_cache: adaptive: %" PRIu64 " experts swapped in\n", n_swap);
     }
@@ -436,6 +467,7 @@ void llama_moe_cache::lookup(llama_moe_cache_layer & l, ggml_tensor * remap) {
     std::lock_guard<std::mutex> lock(mutex);
     const uint64_t now = ++stamp;
     bool changed = false;
+    const uint64_t hit0 = l.n_hit, miss0 = l.n_miss;
     // hits first, so that no expert this ubatch uses is evicted for a miss of the same ubatch
     for (int pass = 0; pass < 2; ++pass) {
         for (int64_t t = 0; t < n_tokens; ++t) {
@@ -472,6 +504,7 @@ void llama_moe_cache::lookup(llama_moe_cache_layer & l, ggml_tensor * remap) {
             }
         }
     }
+    count_by_size(ggml_nelements(ids) / std::max<int64_t>(n_expert_used, 1), l.n_hit - hit0, l.n_miss - miss0);
     remap_host.resize(n_used * n_tokens);
     for (int64_t t = 0; t < n_tokens; ++t) {
         for (int64_t k = 0; k < n_used; ++k) {
@@ -516,6 +549,7 @@ void llama_moe_cache::count_hybrid(llama_moe_cache_layer & l, const ggml_tensor 
         }
     }
     // distinct experts per ubatch: a hit marks its slot, a miss its expert in a scratch map
+    const uint64_t hit0 = l.n_hit, miss0 = l.n_miss;
     remap_host.assign(l.n_expert, 0);
     for (int64_t t = 0; t < ids->ne[1]; ++t) {
         for (int64_t k = 0; k < ids->ne[0]; ++k) {
@@ -541,6 +575,7 @@ void llama_moe_cache::count_hybrid(llama_moe_cache_layer & l, const ggml_tensor 
             }
         }
     }
+    count_by_size(n_tokens, l.n_hit - hit0, l.n_miss - miss0);
 }
 
 void llama_moe_cache::get_stats(llama_moe_cache_stats * out) const {

@@ -121,6 +121,8 @@ private:
     void prefill(const std::string & path, uint32_t n_layer);
     void push_slot_map(llama_moe_cache_layer & layer);
     int32_t do_rebalance(int32_t max_swaps, int32_t max_fills);
+    void    count_by_size(int64_t n_tokens, uint64_t hits, uint64_t misses);
+    void    log_summary() const;
 
     llama_moe_cache_params params;
     std::string device_name;
@@ -142,6 +144,8 @@ private:
     uint64_t n_bytes_upload = 0;
     uint64_t n_bytes_cpu = 0;
     uint64_t n_swap = 0;
+    uint64_t n_hit_by[2]  = {0, 0}; // [0] ubatches of up to 8 tokens (generation), [1] larger ones, for the exit summary
+    uint64_t n_miss_by[2] = {0, 0};
     int64_t  n_tokens_small = 0;    // tokens of ubatches that took the cache, the adaptive clock
     int64_t  n_expert_used  = 0;
     int      clock_layer    = -1;   // the layer whose lookups advance the clock (once per ubatch)
