@@ -307,3 +307,33 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_the_page_against_a_live_llama_server(tmp_path: Path, lib, tiny_model_path: Path) -> None:
+    """A real llama-server with the cache (in RAM) under requests, the monitor in front of it, headless Chromium
+    reading the page: the numbers shown are the server's, and they move while requests run."""
+    from llama_server import find_server_binary, start_server, stop_server
+
+    binary = find_server_binary()
+    proc, url = start_server(binary, ["-m", str(tiny_model_path), "--cpu-moe", "--no-repack", "--moe-cache-mib", "2",
+                                      "--metrics", "-c", "512"], tmp_path / "server.log")
+    m = MonitorServer(url, port=0)
+    m.start()
+    try:
+        requests.post(url + "/completion", json={"prompt": "The ship", "n_predict": 16}, timeout=60).raise_for_status()
+        before = parse_moe_cache(requests.get(url + "/metrics", timeout=30).text)
+        first = _Dom(_browse(tmp_path, m.url, "--dump-dom"))
+        assert first.by_id["hit-ratio"] == f"{before.hit_ratio:.3f}" and first.by_id["hits"] == _fmt_count(before.n_hit)
+        assert {il for il, _ in first.cells} == set(before.layers) and "live" in first.by_id["status"]
+        requests.post(url + "/completion", json={"prompt": "To grow tomatoes", "n_predict": 16}, timeout=60).raise_for_status()
+        after = parse_moe_cache(requests.get(url + "/metrics", timeout=30).text)
+        second = _Dom(_browse(tmp_path, m.url, "--dump-dom"))
+        assert after.n_hit > before.n_hit and second.by_id["hits"] == _fmt_count(after.n_hit)
+        html = (Path(__file__).resolve().parent.parent / "llama_moe" / "monitor" / "monitor.html").read_text()
+        # nothing the page fetches leaves 127.0.0.1: no absolute URLs to anywhere else
+        assert not [u for u in re.findall(r"https?://[^\s\"'<>)]+", html) if not u.startswith("http://127.0.0.1")]
+    finally:
+        m.shutdown()
+        m.server_close()
+        stop_server(proc)
