@@ -10,7 +10,7 @@ def test_every_mode_runs_and_reports(lib, tiny_model_path, tmp_path, monkeypatch
     profile = train_profile(tiny_model_path, tmp_path / "train.strp", log=lambda s: None)
     rows = run_bench(tiny_model_path, [50], [2], n_gen=24, n_pp=64, runs=1, vram=True, log=lambda s: None,
                      modes=MODES, profile=profile)
-    assert [r.mode for r in rows] == ["cpu-moe", "upload", "hybrid", "hybrid-adaptive", "all-in-vram"]
+    assert [r.mode for r in rows] == ["cpu-moe", "upload", "hybrid", "hybrid-adaptive", "n-cpu-moe 3", "all-in-vram"]
     assert all(r.decode_tps > 0 and r.pp_tps > 0 for r in rows)
     cached = [r for r in rows if r.mode in ("upload", "hybrid", "hybrid-adaptive")]
     assert all(r.hit_rate is not None and 0 < r.hit_rate <= 1 for r in cached)

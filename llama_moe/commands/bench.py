@@ -86,7 +86,7 @@ def _measure(model: Model, cp: ContextParams, n_gen: int, n_pp: int, runs: int, 
     return decode, pp, hit, used
 
 
-MODES = ("cpu-moe", "upload", "hybrid", "hybrid-adaptive", "vram")
+MODES = ("cpu-moe", "n-cpu-moe", "upload", "hybrid", "hybrid-adaptive", "vram")
 
 
 def train_profile(model_path: Path, out: Path, log=print) -> Path:
@@ -142,6 +142,17 @@ def run_bench(model_path: Path, cache_pcts: list[float], threads: list[int], n_g
                                        moe_cache_profile=profile if hybrid else None)
                     d, p, hit, used = _measure(model, cp, n_gen, n_pp, runs, seed, base_free)
                     row(mode, mib, t, d, p, hit, used)
+    if "n-cpu-moe" in modes:
+        # llama.cpp's own answer to the same VRAM: whole layers' experts on the GPU, the first N in RAM
+        per_layer = layout.total_expert_bytes / max(layout.n_moe_layers, 1) / 2**20
+        for pct in cache_pcts:
+            mib = total_mib * pct / 100
+            n_cpu_moe = layout.n_moe_layers - int(mib // per_layer)
+            with Model(model_path, ModelParams(n_cpu_moe=n_cpu_moe, use_mmap=False, repack=False)) as split:
+                for t in threads:
+                    cp = ContextParams(n_ctx=max(1024, n_pp + n_gen + 128), n_batch=n_pp, n_ubatch=n_pp, n_threads=t)
+                    d, p, hit, used = _measure(split, cp, n_gen, n_pp, runs, seed, base_free)
+                    row(f"n-cpu-moe {n_cpu_moe}", (layout.n_moe_layers - n_cpu_moe) * per_layer, t, d, p, hit, used)
     if vram and "vram" in modes:
         with Model(model_path, ModelParams()) as model:
             cp = ContextParams(n_ctx=max(1024, n_pp + n_gen + 128), n_batch=n_pp, n_ubatch=n_pp, n_threads=threads[0])
@@ -169,7 +180,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--pp", type=int, default=512)
     p.add_argument("--runs", type=int, default=2)
     p.add_argument("--no-vram", action="store_true", help="skip the all-in-VRAM ceiling")
-    p.add_argument("--modes", default="cpu-moe,upload,hybrid,hybrid-adaptive,vram",
+    p.add_argument("--modes", default="cpu-moe,n-cpu-moe,upload,hybrid,hybrid-adaptive,vram",
                    help="comma-separated, of: " + ", ".join(MODES))
     p.add_argument("--profile", help="the hybrid modes' profile (default: made from the corpus's train paragraphs)")
     p.add_argument("--json", help="write the rows as JSON here")
