@@ -57,10 +57,6 @@ class ModelParams:
         patterns += [rf"blk\.{i}{EXPERTS_REGEX}" for i in range(self.n_cpu_moe)]
         return patterns
 
-    @property
-    def experts_in_ram(self) -> bool:
-        return self.cpu_moe or self.n_cpu_moe > 0 or any("exps" in p for p in self.cpu_tensor_patterns)
-
     def _to_native(self, lib: Any) -> tuple[Any, list[Any]]:
         """The struct, and the cdata that must outlive the load (strings and the override array)."""
         self.validate()
