@@ -1,0 +1,31 @@
+"""The examples run as a user would run them, on the embedded default model."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _run(script: str, *args: str) -> str:
+    env = {**os.environ, "LLAMA_MOE_CACHE_DEVICE": "CPU"}
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / script), *args], capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout
+
+
+def test_generate_streams_text_and_reports_the_cache(lib) -> None:
+    out = _run("generate.py", "--cache-mib", "2", "-n", "32")
+    assert re.search(r"\d+ tokens at [\d.]+ tok/s", out)
+    assert re.search(r"MoE cache: hit rate 0\.\d{3}, \d+ experts uploaded", out)
+
+
+def test_the_chunked_decoder_rebalances_between_chunks(lib) -> None:
+    out = _run("chunked_adaptive.py", "--chunks", "4", "--chunk", "32")
+    rates = [float(r) for r in re.findall(r"hit rate (0\.\d{3})", out)]
+    assert len(rates) == 4
+    assert re.search(r"\d+ experts swapped in after it", out)
