@@ -19,9 +19,9 @@ PROMPTS = ["The ship left the harbour at dawn, and the crew", "To grow tomatoes 
            "The telescope was pointed at the northern sky"]
 
 
-def run(path: Path, mib: float, n: int, prompt: str) -> tuple[list[int], np.ndarray, object]:
+def run(path: Path, mib: float, n: int, prompt: str, **cache) -> tuple[list[int], np.ndarray, object]:
     with Model(path, ModelParams(cpu_moe=True, use_mmap=False)) as model, \
-         Context(model, ContextParams(n_ctx=1024, moe_cache_mib=mib)) as ctx:
+         Context(model, ContextParams(n_ctx=1024, moe_cache_mib=mib, **cache)) as ctx:
         tokens = list(ctx.generate(prompt, max_tokens=n, stop_at_eog=False))
         return tokens, ctx.logits(), ctx.moe_cache_stats()
 
@@ -39,19 +39,24 @@ def main() -> int:
         synthesize(path, shape="tiny", expert_type="q8_0", seed=0)
     layout = expert_layout(path)
     total = layout.total_expert_bytes / 2**20
+    from llama_moe.commands.bench import train_profile
+
+    profile = train_profile(path, Path(tempfile.mkdtemp()) / "train.strp", log=lambda s: None)
+    modes = {"upload": {}, "hybrid": {"moe_cache_hybrid": True, "moe_cache_profile": profile},
+             "adaptive": {"moe_cache_hybrid": True, "moe_cache_adaptive": True}}
     ok = True
     for prompt in PROMPTS:
         ref_tokens, ref_logits, _ = run(path, 0, args.n, prompt)
-        for pct in (25, 50, 100):
-            tokens, logits, stats = run(path, total * pct / 100 + 1, args.n, prompt)
+        for mode, pct in [(m, p) for m in modes for p in (25, 50, 100)]:
+            tokens, logits, stats = run(path, total * pct / 100 + 1, args.n, prompt, **modes[mode])
             same = tokens == ref_tokens
             first = next((i for i, (a, b) in enumerate(zip(tokens, ref_tokens)) if a != b), None)
             diff = float(np.max(np.abs(logits - ref_logits)))
             rel = diff / float(np.max(np.abs(ref_logits)))
             ok &= same
-            print(f"{prompt[:30]!r:34} cache {pct:3d}%: tokens {'identical' if same else f'differ from {first}'} over {len(tokens)}, "
+            print(f"{prompt[:30]!r:34} {mode:8} {pct:3d}%: tokens {'identical' if same else f'differ from {first}'} over {len(tokens)}, "
                   f"last logits max |diff| {diff:.3g} ({rel:.2e} of max |logit|), hit rate {stats.hit_rate:.3f}, "
-                  f"{stats.n_miss} uploads, {stats.n_slots} slots")
+                  f"{stats.n_miss} misses, {stats.n_swap} swaps, {stats.n_slots} slots")
     print("EQUIVALENT" if ok else "DIFFERENT")
     return 0 if ok else 1
 
