@@ -2,6 +2,8 @@
 harness, not of speed (speed is measured on the GPU and quoted in docs/benchmarks.md)."""
 from __future__ import annotations
 
+import pytest
+
 from llama_moe.commands.bench import MODES, run_bench, to_markdown, train_profile
 
 
@@ -15,5 +17,10 @@ def test_every_mode_runs_and_reports(lib, tiny_model_path, tmp_path, monkeypatch
     cached = [r for r in rows if r.mode in ("upload", "hybrid", "hybrid-adaptive")]
     assert all(r.hit_rate is not None and 0 < r.hit_rate <= 1 for r in cached)
     assert all(abs(r.cache_pct - 50) < 1 for r in cached)
+    # the RAM bound: every expert of a token from RAM for cpu-moe, the CPU's share for the hybrid, none in VRAM
+    by_mode = {r.mode: r for r in rows}
+    assert by_mode["cpu-moe"].ram_mb_per_token > by_mode["hybrid"].ram_mb_per_token > 0
+    assert by_mode["all-in-vram"].bound_tps is None and by_mode["upload"].ram_mb_per_token is None
+    assert 0 < by_mode["cpu-moe"].of_bound == pytest.approx(by_mode["cpu-moe"].decode_tps / by_mode["cpu-moe"].bound_tps)
     table = to_markdown(rows, 64)
     assert table.count("\n") == len(rows) + 1 and "pp64" in table

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..context import Context, Sampling
+from ..bandwidth import ram_read_gbps
 from ..devices import gpus
 from ..experts import expert_layout
 from ..model import Model
@@ -31,6 +32,9 @@ class BenchRow:
     hit_rate: float | None     # during decode
     vram_mib: float | None     # device memory the model and context took
     runs: int
+    ram_mb_per_token: float | None = None  # expert bytes the CPU read from RAM per generated token
+    bound_tps: float | None = None         # the decode rate if reading those bytes were the only cost
+    of_bound: float | None = None          # decode_tps / bound_tps
 
 
 def _prompt_tokens(model: Model, n: int, offset_paragraphs: int) -> list[int]:
@@ -54,8 +58,9 @@ def _used_mib(before: float | None) -> float | None:
 
 
 def _measure(model: Model, cp: ContextParams, n_gen: int, n_pp: int, runs: int, seed: int,
-             base_free: float | None) -> tuple[list[float], list[float], float | None, float | None]:
-    decode, pp, hit = [], [], None
+             base_free: float | None) -> tuple[list[float], list[float], float | None, float | None, float | None]:
+    """Decode and prompt rates per run, the decode hit rate, VRAM used, and the hybrid's CPU bytes per token."""
+    decode, pp, hit, cpu_bytes = [], [], None, None
     with Context(model, cp) as ctx:
         used = _used_mib(base_free)  # with the context and its cache alive
         pp_tokens = _prompt_tokens(model, n_pp, 0)
@@ -83,7 +88,8 @@ def _measure(model: Model, cp: ContextParams, n_gen: int, n_pp: int, runs: int, 
             if before is not None and after is not None:
                 lookups = (after.n_hit - before.n_hit) + (after.n_miss - before.n_miss)
                 hit = (after.n_hit - before.n_hit) / lookups if lookups else None
-    return decode, pp, hit, used
+                cpu_bytes = (after.n_bytes_cpu - before.n_bytes_cpu) / max(n, 1) if after.hybrid else None
+    return decode, pp, hit, used, cpu_bytes
 
 
 MODES = ("cpu-moe", "n-cpu-moe", "upload", "hybrid", "hybrid-adaptive", "vram")
@@ -115,9 +121,19 @@ def run_bench(model_path: Path, cache_pcts: list[float], threads: list[int], n_g
     g = gpus()
     base_free = g[0].mib_free if g else None
 
-    def row(mode: str, mib: float, t: int, d: list[float], p: list[float], hit: float | None, used: float | None) -> None:
-        r = BenchRow(mode, mib, 100 * mib / total_mib if total_mib else 0.0, t, statistics.median(d), max(d) - min(d),
-                     statistics.median(p), max(p) - min(p), hit, used, len(d))
+    # what a generated token reads when every expert is computed from RAM (k per MoE layer)
+    all_experts_per_token = sum(l.bytes_per_expert for l in layout.layers) * layout.n_expert_used
+    ram_gbps = {t: ram_read_gbps(t) for t in threads}
+    for t, gbps in ram_gbps.items():
+        log(f"RAM read bandwidth with {t} threads: {gbps:.1f} GB/s")
+
+    def row(mode: str, mib: float, t: int, d: list[float], p: list[float], hit: float | None, used: float | None,
+            ram_bytes: float | None = None) -> None:
+        bound = ram_gbps[t] * 1e9 / ram_bytes if ram_bytes else None
+        median = statistics.median(d)
+        r = BenchRow(mode, mib, 100 * mib / total_mib if total_mib else 0.0, t, median, max(d) - min(d),
+                     statistics.median(p), max(p) - min(p), hit, used, len(d),
+                     None if ram_bytes is None else ram_bytes / 1e6, bound, median / bound if bound else None)
         rows.append(r)
         log(f"{mode:>14} cache {mib:9.0f} MiB ({r.cache_pct:3.0f}%) t={t:2d}: decode {r.decode_tps:8.2f} tok/s, "
             f"pp{n_pp} {r.pp_tps:9.1f} tok/s, hits {'-' if hit is None else f'{hit:.3f}'}, "
@@ -129,8 +145,8 @@ def run_bench(model_path: Path, cache_pcts: list[float], threads: list[int], n_g
             n_ctx = max(1024, n_pp + n_gen + 128)
             if "cpu-moe" in modes:
                 cp = ContextParams(n_ctx=n_ctx, n_batch=n_pp, n_ubatch=n_pp, n_threads=t)
-                d, p, hit, used = _measure(model, cp, n_gen, n_pp, runs, seed, base_free)
-                row("cpu-moe", 0.0, t, d, p, hit, used)
+                d, p, hit, used, _ = _measure(model, cp, n_gen, n_pp, runs, seed, base_free)
+                row("cpu-moe", 0.0, t, d, p, hit, used, all_experts_per_token)
             for pct in cache_pcts:
                 mib = total_mib * pct / 100
                 for mode in ("upload", "hybrid", "hybrid-adaptive"):
@@ -140,8 +156,9 @@ def run_bench(model_path: Path, cache_pcts: list[float], threads: list[int], n_g
                     cp = ContextParams(n_ctx=n_ctx, n_batch=n_pp, n_ubatch=n_pp, n_threads=t, moe_cache_mib=mib,
                                        moe_cache_hybrid=hybrid, moe_cache_adaptive=mode == "hybrid-adaptive",
                                        moe_cache_profile=profile if hybrid else None)
-                    d, p, hit, used = _measure(model, cp, n_gen, n_pp, runs, seed, base_free)
-                    row(mode, mib, t, d, p, hit, used)
+                    d, p, hit, used, cpu_bytes = _measure(model, cp, n_gen, n_pp, runs, seed, base_free)
+                    # upload mode reads its misses over PCIe, not by the CPU: no RAM bound applies
+                    row(mode, mib, t, d, p, hit, used, cpu_bytes)
     if "n-cpu-moe" in modes:
         # llama.cpp's own answer to the same VRAM: whole layers' experts on the GPU, the first N in RAM
         per_layer = layout.total_expert_bytes / max(layout.n_moe_layers, 1) / 2**20
@@ -151,23 +168,28 @@ def run_bench(model_path: Path, cache_pcts: list[float], threads: list[int], n_g
             with Model(model_path, ModelParams(n_cpu_moe=n_cpu_moe, use_mmap=False, repack=False)) as split:
                 for t in threads:
                     cp = ContextParams(n_ctx=max(1024, n_pp + n_gen + 128), n_batch=n_pp, n_ubatch=n_pp, n_threads=t)
-                    d, p, hit, used = _measure(split, cp, n_gen, n_pp, runs, seed, base_free)
-                    row(f"n-cpu-moe {n_cpu_moe}", (layout.n_moe_layers - n_cpu_moe) * per_layer, t, d, p, hit, used)
+                    d, p, hit, used, _ = _measure(split, cp, n_gen, n_pp, runs, seed, base_free)
+                    row(f"n-cpu-moe {n_cpu_moe}", (layout.n_moe_layers - n_cpu_moe) * per_layer, t, d, p, hit, used,
+                        all_experts_per_token * n_cpu_moe / max(layout.n_moe_layers, 1))
     if vram and "vram" in modes:
         with Model(model_path, ModelParams()) as model:
             cp = ContextParams(n_ctx=max(1024, n_pp + n_gen + 128), n_batch=n_pp, n_ubatch=n_pp, n_threads=threads[0])
-            d, p, _, used = _measure(model, cp, n_gen, n_pp, runs, seed, base_free)
-            row("all-in-vram", total_mib, threads[0], d, p, None, used)
+            d, p, _, used, _ = _measure(model, cp, n_gen, n_pp, runs, seed, base_free)
+            row("all-in-vram", total_mib, threads[0], d, p, None, used, 0.0)
     return rows
 
 
 def to_markdown(rows: list[BenchRow], n_pp: int) -> str:
-    out = [f"| mode | cache MiB | % of experts | threads | decode tok/s (spread) | pp{n_pp} tok/s (spread) | hit rate | VRAM MiB |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    out = [f"| mode | cache MiB | % of experts | threads | decode tok/s (spread) | pp{n_pp} tok/s (spread) | hit rate | VRAM MiB "
+           "| RAM MB/token | RAM bound tok/s | of bound |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         out.append(f"| {r.mode} | {r.cache_mib:.0f} | {r.cache_pct:.0f} | {r.threads} | {r.decode_tps:.2f} ({r.decode_tps_spread:.2f}) | "
                    f"{r.pp_tps:.1f} ({r.pp_tps_spread:.1f}) | {'-' if r.hit_rate is None else f'{r.hit_rate:.3f}'} | "
-                   f"{'-' if r.vram_mib is None else f'{r.vram_mib:.0f}'} |")
+                   f"{'-' if r.vram_mib is None else f'{r.vram_mib:.0f}'} | "
+                   f"{'-' if r.ram_mb_per_token is None else f'{r.ram_mb_per_token:.2f}'} | "
+                   f"{'-' if r.bound_tps is None else f'{r.bound_tps:.1f}'} | "
+                   f"{'-' if r.of_bound is None else f'{100 * r.of_bound:.0f}%'} |")
     return "\n".join(out)
 
 
