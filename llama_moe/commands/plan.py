@@ -38,6 +38,15 @@ def add_plan_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--whole-layers", type=int, default=0, metavar="N", help="report the N layers that gain most from being held whole")
 
 
+def plan_with_progress(args: argparse.Namespace, layout, mib: float, routes, budget: str):
+    """plan_cache with the k-fold replays on a progress line (shared by plan and profile)."""
+    bar = progress(args, "k-fold replays")
+    try:
+        return plan_cache(args.model, layout, mib, args.hybrid, routes, args.kfold, args.whole_layers, budget, bar)
+    finally:
+        bar.close()
+
+
 def run(args: argparse.Namespace) -> int:
     layout = model_layout(args.model)
     if args.out and not args.trace:
@@ -50,12 +59,7 @@ def run(args: argparse.Namespace) -> int:
                   f"{non_expert_bytes(args.model, layout) / 2**30:.2f} GiB of non-expert weights")
     check_files(args.trace)
     routes = load_traces(args.trace, layout) if args.trace else None
-    bar = progress(args, "k-fold replays")
-    try:
-        plan, profile = plan_cache(args.model, layout, mib, args.hybrid, routes, args.kfold, args.whole_layers,
-                                   budget, bar)
-    finally:
-        bar.close()
+    plan, profile = plan_with_progress(args, layout, mib, routes, budget)
     if args.out and profile is not None:
         write_profile(args.out, profile)
     emit(args, plan, lambda p: format_plan(p, args.out))

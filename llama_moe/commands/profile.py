@@ -10,11 +10,10 @@ from pathlib import Path
 from ..profile import write_profile
 from ..tools.budget import MiB, cache_bytes_for_slots
 from ..tools.cmdline import add_output_options, emit, model_layout, progress, read_text
-from ..tools.planning import plan_cache
 from ..tools.routes import routes_from_records
 from ..tools.tracing import DEFAULT_UBATCH, trace_text
 from ..trace import write_trace
-from .plan import add_plan_options, format_plan
+from .plan import add_plan_options, format_plan, plan_with_progress
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -55,12 +54,7 @@ def run(args: argparse.Namespace) -> int:
         write_trace(args.trace_out, records)
     # generation meets the cache one token at a time: score (and rank) per token, as a trace file is read
     routes = routes_from_records(records).per_token()
-    bar = progress(args, "k-fold replays")
-    try:
-        plan, profile = plan_cache(args.model, layout, mib, args.hybrid, routes, args.kfold, args.whole_layers,
-                                   budget, bar)
-    finally:
-        bar.close()
+    plan, profile = plan_with_progress(args, layout, mib, routes, budget)
     assert profile is not None  # routing was given
     write_profile(out, profile)
     emit(args, plan, lambda p: format_plan(p, out))
