@@ -207,6 +207,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--profile", help="the hybrid modes' profile (default: made from the corpus's train paragraphs)")
     p.add_argument("--json", help="write the rows as JSON here")
     p.add_argument("--md", help="write a Markdown table here")
+    from ..bench_plot import png_path
+
+    p.add_argument("--png", metavar="PATH", type=png_path,
+                   help="write a plot of decode tok/s against cache size here (needs matplotlib)")
     p.set_defaults(func=run)
 
 
@@ -229,4 +233,9 @@ def run(args: argparse.Namespace) -> int:
         Path(args.md).write_text(table + "\n")
     if args.json:
         Path(args.json).write_text(json.dumps([dataclasses.asdict(r) for r in rows], indent=2) + "\n")
+    # last: the table and the JSON are written even if drawing fails
+    if args.png:
+        from ..bench_plot import plot_decode
+
+        plot_decode(rows, Path(args.png))
     return 0
