@@ -203,6 +203,7 @@ std::unique_ptr<llama_moe_cache> llama_moe_cache::create(const llama_model & mod
     // weights usage makes the scheduler run the expert matmuls where the cache is
     ggml_backend_buffer_set_usage(cache->buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
     ggml_backend_buffer_clear(cache->buf, 0); // the null slots stay zero for good
+    cache->device = ggml_backend_buft_get_device(buft);
     if (cache->ctx_host && ggml_get_first_tensor(cache->ctx_host) != nullptr) { // none when every layer is whole
         cache->buf_host = ggml_backend_alloc_ctx_tensors_from_buft(cache->ctx_host, ggml_backend_cpu_buffer_type());
         if (!cache->buf_host) {
@@ -217,6 +218,11 @@ std::unique_ptr<llama_moe_cache> llama_moe_cache::create(const llama_model & mod
             cache->clock_layer = (int) i;
         }
         cache->layer_of_weight[l.src[2]]     = (int) i;
+        for (int j = 0; j < 3; ++j) {
+            if (l.src[j]) {
+                cache->slot_of_weight[l.src[j]] = { (int) i, j };
+            }
+        }
         cache->layer_of_slot_map[l.slot_map] = (int) i;
         if (l.cpu_map) {
             cache->layer_of_cpu_map[l.cpu_map] = (int) i;
@@ -578,6 +584,43 @@ void llama_moe_cache::count_hybrid(llama_moe_cache_layer & l, const ggml_tensor 
     count_by_size(n_tokens, l.n_hit - hit0, l.n_miss - miss0);
 }
 
+bool llama_moe_cache::copy_expert(ggml_backend_t backend, const ggml_tensor * src, int32_t expert, ggml_tensor * dst,
+                                  size_t offset, size_t size, void * user_data) {
+    auto * cache = (llama_moe_cache *) user_data;
+    const auto it = cache->slot_of_weight.find(src);
+    if (it == cache->slot_of_weight.end() || ggml_backend_get_device(backend) != cache->device) {
+        return false;
+    }
+    const auto & l = cache->layers[it->second.first];
+    const ggml_tensor * slots = l.dst[it->second.second];
+    GGML_ASSERT(expert >= 0 && expert < l.n_expert && size >= src->nb[2] && offset + size <= ggml_nbytes(dst));
+    const int32_t slot = l.slot_of[expert];
+    // the copy runs past the expert into the next slot (the host copy's padding): only inside the tensor
+    if (slot < 0 || slot * slots->nb[2] + size > ggml_nbytes(slots)) {
+        return false;
+    }
+    // byte views of the slot and of the expert's place in the batch's copy of the weight
+    ggml_tensor from = {};
+    from.type   = GGML_TYPE_I8;
+    from.buffer = slots->buffer;
+    from.data   = (char *) slots->data + slot * slots->nb[2];
+    from.ne[0]  = (int64_t) size;
+    from.ne[1]  = from.ne[2] = from.ne[3] = 1;
+    from.nb[0]  = 1;
+    from.nb[1]  = from.nb[2] = from.nb[3] = size;
+    ggml_tensor to = from;
+    to.buffer = dst->view_src ? dst->view_src->buffer : dst->buffer;
+    to.data   = (char *) dst->data + offset;
+    ggml_backend_tensor_copy_async(backend, backend, &from, &to);
+
+    std::lock_guard<std::mutex> lock(cache->mutex);
+    cache->n_bytes_copy += src->nb[2];
+    if (it->second.second == 2) {
+        cache->n_copy++; // an expert counts once, at its down weight
+    }
+    return true;
+}
+
 void llama_moe_cache::get_stats(llama_moe_cache_stats * out) const {
     std::lock_guard<std::mutex> lock(mutex);
     *out = {};
@@ -588,6 +631,8 @@ void llama_moe_cache::get_stats(llama_moe_cache_stats * out) const {
     }
     out->n_bytes_upload = n_bytes_upload;
     out->n_bytes_cpu    = n_bytes_cpu;
+    out->n_copy         = n_copy;
+    out->n_bytes_copy   = n_bytes_copy;
     out->n_swap         = n_swap;
     out->hybrid         = params.hybrid;
     out->n_slots        = n_slots_total;

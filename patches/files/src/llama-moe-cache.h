@@ -99,6 +99,11 @@ struct llama_moe_cache {
     bool wants(const ggml_tensor * t) const;
     void on_computed(ggml_tensor * t);
 
+    // The scheduler's expert copy callback (ggml-backend.h): a large batch's MUL_MAT_ID on the cache's device
+    // takes the experts the cache holds from their slots, a device-to-device copy, instead of from RAM.
+    static bool copy_expert(ggml_backend_t backend, const ggml_tensor * src, int32_t expert, ggml_tensor * dst,
+                            size_t offset, size_t size, void * user_data);
+
     void    get_stats(llama_moe_cache_stats * out) const;
     int32_t get_layer_stats(llama_moe_cache_layer_stats * out, int32_t n_max) const;
     int32_t get_resident(int32_t il, int32_t * out, int32_t n_max) const;
@@ -134,6 +139,8 @@ private:
 
     std::vector<llama_moe_cache_layer> layers;
     std::unordered_map<const ggml_tensor *, int> layer_of_weight;   // a down_exps tensor -> index in layers
+    std::unordered_map<const ggml_tensor *, std::pair<int, int>> slot_of_weight; // an expert tensor -> (layer index, 0..2)
+    ggml_backend_dev_t device = nullptr;
     std::unordered_map<const ggml_tensor *, int> layer_of_slot_map; // a slot map tensor -> index in layers
     std::unordered_map<const ggml_tensor *, int> layer_of_cpu_map;  // a CPU map tensor -> index in layers
 
@@ -143,6 +150,7 @@ private:
 
     uint64_t n_bytes_upload = 0;
     uint64_t n_bytes_cpu = 0;
+    uint64_t n_copy = 0, n_bytes_copy = 0;
     uint64_t n_swap = 0;
     uint64_t n_hit_by[2]  = {0, 0}; // [0] ubatches of up to 8 tokens (generation), [1] larger ones, for the exit summary
     uint64_t n_miss_by[2] = {0, 0};
