@@ -3,8 +3,36 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import numpy as np
+
+from ._ffi import ffi
+from ._loader import get_lib
+
+
+@dataclass(frozen=True)
+class CopyBandwidth:
+    """A GPU's copy bandwidths in GB/s, measured by the native library."""
+    device: str
+    h2d_pageable_gbps: float  # host to device from ordinary memory (an mmap'd model's experts)
+    h2d_pinned_gbps: float    # from page-locked memory (experts loaded with use_mmap=False); 0 if none
+    d2d_gbps: float           # bytes copied per second within the device (each byte read and written)
+
+
+def gpu_copy_gbps(mib: int = 512) -> list[CopyBandwidth]:
+    """Every GPU's copy bandwidths, with buffers of ``mib`` MiB; empty on a build or machine without GPUs."""
+    lib = get_lib()
+    out = []
+    bw = ffi.new("struct llama_moe_bandwidth *")
+    for i in range(lib.ggml_backend_dev_count()):
+        dev = lib.ggml_backend_dev_get(i)
+        if int(lib.ggml_backend_dev_type(dev)) not in (1, 2):  # GPU, iGPU
+            continue
+        if lib.llama_moe_measure_bandwidth(i, mib * 2**20, bw):
+            out.append(CopyBandwidth(ffi.string(lib.ggml_backend_dev_name(dev)).decode(), bw.h2d_pageable_gbps,
+                                     bw.h2d_pinned_gbps, bw.d2d_gbps))
+    return out
 
 
 def ram_read_gbps(threads: int, mib: int = 1024, repeats: int = 3) -> float:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..context import Context, Sampling
-from ..bandwidth import ram_read_gbps
+from ..bandwidth import gpu_copy_gbps, ram_read_gbps
 from ..devices import gpus
 from ..experts import expert_layout
 from ..model import Model
@@ -35,6 +35,7 @@ class BenchRow:
     ram_mb_per_token: float | None = None  # expert bytes the CPU read from RAM per generated token
     bound_tps: float | None = None         # the decode rate if reading those bytes were the only cost
     of_bound: float | None = None          # decode_tps / bound_tps
+    bound_by: str | None = None            # "RAM" (the CPU reads the bytes) or "H2D" (upload mode copies them over PCIe)
 
 
 def _prompt_tokens(model: Model, n: int, offset_paragraphs: int) -> list[int]:
@@ -59,7 +60,8 @@ def _used_mib(before: float | None) -> float | None:
 
 def _measure(model: Model, cp: ContextParams, n_gen: int, n_pp: int, runs: int, seed: int,
              base_free: float | None) -> tuple[list[float], list[float], float | None, float | None, float | None]:
-    """Decode and prompt rates per run, the decode hit rate, VRAM used, and the hybrid's CPU bytes per token."""
+    """Decode and prompt rates per run, the decode hit rate, VRAM used, and the bytes per generated token that
+    come from RAM: those the CPU computes (hybrid), or those uploaded (upload mode)."""
     decode, pp, hit, cpu_bytes = [], [], None, None
     with Context(model, cp) as ctx:
         used = _used_mib(base_free)  # with the context and its cache alive
@@ -88,7 +90,8 @@ def _measure(model: Model, cp: ContextParams, n_gen: int, n_pp: int, runs: int, 
             if before is not None and after is not None:
                 lookups = (after.n_hit - before.n_hit) + (after.n_miss - before.n_miss)
                 hit = (after.n_hit - before.n_hit) / lookups if lookups else None
-                cpu_bytes = (after.n_bytes_cpu - before.n_bytes_cpu) / max(n, 1) if after.hybrid else None
+                moved = after.n_bytes_cpu - before.n_bytes_cpu if after.hybrid else after.n_bytes_upload - before.n_bytes_upload
+                cpu_bytes = moved / max(n, 1)
     return decode, pp, hit, used, cpu_bytes
 
 
@@ -126,14 +129,22 @@ def run_bench(model_path: Path, cache_pcts: list[float], threads: list[int], n_g
     ram_gbps = {t: ram_read_gbps(t) for t in threads}
     for t, gbps in ram_gbps.items():
         log(f"RAM read bandwidth with {t} threads: {gbps:.1f} GB/s")
+    copy = gpu_copy_gbps()
+    for c in copy:
+        log(f"{c.device}: host to device {c.h2d_pinned_gbps:.1f} GB/s pinned, {c.h2d_pageable_gbps:.1f} GB/s pageable; "
+            f"device copies {c.d2d_gbps:.0f} GB/s")
+    # upload mode's misses cross PCIe from the pinned experts: its bound is that link, not the CPU's reads
+    h2d_gbps = copy[0].h2d_pinned_gbps if copy and copy[0].h2d_pinned_gbps > 0 else None
 
     def row(mode: str, mib: float, t: int, d: list[float], p: list[float], hit: float | None, used: float | None,
-            ram_bytes: float | None = None) -> None:
-        bound = ram_gbps[t] * 1e9 / ram_bytes if ram_bytes else None
+            ram_bytes: float | None = None, link_gbps: float | None = None) -> None:
+        gbps = link_gbps if link_gbps else ram_gbps[t]
+        bound = gbps * 1e9 / ram_bytes if ram_bytes else None
         median = statistics.median(d)
         r = BenchRow(mode, mib, 100 * mib / total_mib if total_mib else 0.0, t, median, max(d) - min(d),
                      statistics.median(p), max(p) - min(p), hit, used, len(d),
-                     None if ram_bytes is None else ram_bytes / 1e6, bound, median / bound if bound else None)
+                     None if ram_bytes is None else ram_bytes / 1e6, bound, median / bound if bound else None,
+                     None if ram_bytes is None else ("H2D" if link_gbps else "RAM"))
         rows.append(r)
         log(f"{mode:>14} cache {mib:9.0f} MiB ({r.cache_pct:3.0f}%) t={t:2d}: decode {r.decode_tps:8.2f} tok/s, "
             f"pp{n_pp} {r.pp_tps:9.1f} tok/s, hits {'-' if hit is None else f'{hit:.3f}'}, "
@@ -156,9 +167,11 @@ def run_bench(model_path: Path, cache_pcts: list[float], threads: list[int], n_g
                     cp = ContextParams(n_ctx=n_ctx, n_batch=n_pp, n_ubatch=n_pp, n_threads=t, moe_cache_mib=mib,
                                        moe_cache_hybrid=hybrid, moe_cache_adaptive=mode == "hybrid-adaptive",
                                        moe_cache_profile=profile if hybrid else None)
-                    d, p, hit, used, cpu_bytes = _measure(model, cp, n_gen, n_pp, runs, seed, base_free)
-                    # upload mode reads its misses over PCIe, not by the CPU: no RAM bound applies
-                    row(mode, mib, t, d, p, hit, used, cpu_bytes)
+                    d, p, hit, used, moved = _measure(model, cp, n_gen, n_pp, runs, seed, base_free)
+                    if hybrid:
+                        row(mode, mib, t, d, p, hit, used, moved)
+                    else:  # misses cross PCIe: bounded by the link, measurable only with a GPU
+                        row(mode, mib, t, d, p, hit, used, moved if h2d_gbps else None, h2d_gbps)
     if "n-cpu-moe" in modes:
         # llama.cpp's own answer to the same VRAM: whole layers' experts on the GPU, the first N in RAM
         per_layer = layout.total_expert_bytes / max(layout.n_moe_layers, 1) / 2**20
@@ -181,14 +194,14 @@ def run_bench(model_path: Path, cache_pcts: list[float], threads: list[int], n_g
 
 def to_markdown(rows: list[BenchRow], n_pp: int) -> str:
     out = [f"| mode | cache MiB | % of experts | threads | decode tok/s (spread) | pp{n_pp} tok/s (spread) | hit rate | VRAM MiB "
-           "| RAM MB/token | RAM bound tok/s | of bound |",
+           "| MB/token from RAM | bound tok/s | of bound |",
            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         out.append(f"| {r.mode} | {r.cache_mib:.0f} | {r.cache_pct:.0f} | {r.threads} | {r.decode_tps:.2f} ({r.decode_tps_spread:.2f}) | "
                    f"{r.pp_tps:.1f} ({r.pp_tps_spread:.1f}) | {'-' if r.hit_rate is None else f'{r.hit_rate:.3f}'} | "
                    f"{'-' if r.vram_mib is None else f'{r.vram_mib:.0f}'} | "
                    f"{'-' if r.ram_mb_per_token is None else f'{r.ram_mb_per_token:.2f}'} | "
-                   f"{'-' if r.bound_tps is None else f'{r.bound_tps:.1f}'} | "
+                   f"{'-' if r.bound_tps is None else f'{r.bound_tps:.1f} ({r.bound_by})'} | "
                    f"{'-' if r.of_bound is None else f'{100 * r.of_bound:.0f}%'} |")
     return "\n".join(out)
 

@@ -35,3 +35,11 @@ int32_t llama_moe_cache_rebalance(struct llama_context * ctx, int32_t max_swaps)
 void    llama_moe_trace_start(struct llama_context * ctx);
 void    llama_moe_trace_stop(struct llama_context * ctx);
 int64_t llama_moe_trace_get(const struct llama_context * ctx, int32_t * data, int64_t n_max);
+
+struct llama_moe_bandwidth {
+    double h2d_pageable_gbps;
+    double h2d_pinned_gbps;
+    double d2d_gbps;
+};
+
+bool    llama_moe_measure_bandwidth(int32_t dev_index, size_t n_bytes, struct llama_moe_bandwidth * out);

@@ -26,6 +26,30 @@ def run(path: Path, mib: float, n: int, prompt: str, **cache) -> tuple[list[int]
         return tokens, ctx.logits(), ctx.moe_cache_stats()
 
 
+def prompt_copies(path: Path, total_mib: float, profile: Path) -> bool:
+    """A prompt longer than 32 tokens keeps llama.cpp's path, but the experts the cache holds come from their
+    slots (n_copy): the same bytes, so the prompt's logits must be bit-identical to no cache."""
+    ok = True
+    with Model(path, ModelParams(cpu_moe=True, use_mmap=False)) as model:
+        text = " ".join(PROMPTS) * 8
+        tokens = model.tokenize(text)[:200]
+        results = {}
+        for name, mib, cache in [("none", 0, {}), ("upload", total_mib / 2, {"moe_cache_profile": profile}),
+                                 ("hybrid", total_mib / 2, {"moe_cache_hybrid": True, "moe_cache_profile": profile})]:
+            with Context(model, ContextParams(n_ctx=1024, n_batch=512, n_ubatch=512, moe_cache_mib=mib, **cache)) as ctx:
+                ctx.decode(tokens)
+                results[name] = (ctx.logits(), ctx.moe_cache_stats())
+        ref = results["none"][0]
+        for name in ("upload", "hybrid"):
+            logits, stats = results[name]
+            diff = float(np.max(np.abs(logits - ref)))
+            good = diff == 0 and stats.n_copy > 0
+            ok &= good
+            print(f"prompt of {len(tokens)} tokens, {name} cache at 50%: {stats.n_copy} experts ({stats.n_bytes_copy / 2**20:.1f} MiB) "
+                  f"copied from the cache, logits max |diff| {diff:.3g} -> {'ok' if good else 'WRONG'}")
+    return ok
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("model", nargs="?")
@@ -44,7 +68,7 @@ def main() -> int:
     profile = train_profile(path, Path(tempfile.mkdtemp()) / "train.strp", log=lambda s: None)
     modes = {"upload": {}, "hybrid": {"moe_cache_hybrid": True, "moe_cache_profile": profile},
              "adaptive": {"moe_cache_hybrid": True, "moe_cache_adaptive": True}}
-    ok = True
+    ok = prompt_copies(path, total, profile)
     for prompt in PROMPTS:
         ref_tokens, ref_logits, _ = run(path, 0, args.n, prompt)
         for mode, pct in [(m, p) for m in modes for p in (25, 50, 100)]:

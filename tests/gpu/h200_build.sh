@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Call 1 on the H200: synthesize the big model in the background, build for CUDA from the bundle,
-# then the checks that need only the tiny model.
+# Call 1 on the H200: synthesize the big model in the background, build for CUDA from the bundle, then the
+# checks that need only the tiny model: equivalence of every cache mode with no cache (tokens and logits, and
+# prompts whose experts come from the cache), ggml's MUL_MAT_ID cases, the negative-id convention, the copy
+# bandwidths, and the lifecycle loop under compute-sanitizer.
 set -u
 . tests/gpu/h200_setup.sh
 nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv
@@ -10,8 +12,14 @@ fi
 t0=$(date +%s)
 python3 build_native.py --source .bundle/llama.cpp-0c1e57098.tar.xz --cuda --cuda-arch 90-real --tests 2>&1 | tail -4
 echo "cuda build: $(( $(date +%s) - t0 )) s"
-cat /tmp/lmcache/*-cuda/manifest.json | head -30
+lib=$(ls -dt /tmp/lmcache/*-cuda | head -1)
 python3 -m llama_moe info | head -12
-python3 tests/gpu/cuda_equivalence.py -n 256 2>&1 | tee $OUT/equivalence.txt | tail -12
-/tmp/lmcache/*-cuda/test-backend-ops -o MUL_MAT_ID -b CUDA0 2>&1 | tail -3
-tail -c 300 /tmp/synth.log
+python3 -c "
+from llama_moe.bandwidth import gpu_copy_gbps, ram_read_gbps
+for c in gpu_copy_gbps(): print(c)
+print('RAM read 16 threads: %.1f GB/s, 1 thread: %.1f GB/s' % (ram_read_gbps(16), ram_read_gbps(1)))" 2>&1 | tee $OUT/bandwidth.txt
+g++ -O1 -I/tmp/lmcache/work/cuda/llama.cpp/ggml/include tests/native/mmid_skip.cpp -o /tmp/mmid_skip -L$lib -lggml-cpu -lggml-base -Wl,-rpath,$lib && /tmp/mmid_skip
+timeout 280 python3 tests/gpu/cuda_equivalence.py -n 256 2>&1 | tee $OUT/equivalence.txt | grep -v "^$" | tail -32
+$lib/test-backend-ops -o MUL_MAT_ID -b CUDA0 2>&1 | tail -2
+timeout 120 env ITERATIONS=2 bash tests/gpu/lifecycle_cuda.sh 2>&1 | tail -6
+tail -c 300 /tmp/synth.log; ls -la /tmp/q30.gguf 2>/dev/null
