@@ -7,10 +7,9 @@ import argparse
 
 from ..profile import write_profile
 from ..tools.budget import cache_mib_for_vram, non_expert_bytes
-from ..tools.cmdline import add_output_options, check_files, emit, model_layout, progress, rate
+from ..tools.cmdline import add_output_options, emit, model_layout, progress, rate, read_traces
 from ..tools.errors import ToolInputError
 from ..tools.planning import Plan, plan_cache
-from ..tools.routes import load_traces
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -57,8 +56,7 @@ def run(args: argparse.Namespace) -> int:
         mib = cache_mib_for_vram(args.model, layout, args.vram_gib, args.reserve_gib)
         budget = (f"{args.vram_gib:g} GiB of VRAM - {args.reserve_gib:g} GiB reserve - "
                   f"{non_expert_bytes(args.model, layout) / 2**30:.2f} GiB of non-expert weights")
-    check_files(args.trace)
-    routes = load_traces(args.trace, layout) if args.trace else None
+    routes = read_traces(args, args.trace, layout) if args.trace else None
     plan, profile = plan_with_progress(args, layout, mib, routes, budget)
     if args.out and profile is not None:
         write_profile(args.out, profile)

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import argparse
 
-from ..tools.cmdline import add_output_options, check_files, emit, model_layout, rate
+from ..tools.cmdline import add_output_options, emit, model_layout, progress, rate, read_traces
 from ..tools.prediction import PredictReport, predict_routes
-from ..tools.routes import load_traces
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -22,8 +21,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     layout = model_layout(args.model)
-    check_files(args.traces)
-    report = predict_routes(args.model, load_traces(args.traces, layout), layout.n_expert, args.top)
+    routes = read_traces(args, args.traces, layout)
+    bar = progress(args, "layers scored")
+    try:
+        report = predict_routes(args.model, routes, layout.n_expert, args.top, bar)
+    finally:
+        bar.close()
     emit(args, report, format_report)
     return 0
 

@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import argparse
 
-from ..tools.cmdline import add_output_options, check_files, emit, model_layout, progress
+from ..tools.cmdline import add_output_options, check_files, emit, model_layout, progress, read_traces
 from ..tools.errors import ToolInputError
 from ..tools.policies import POLICIES, PolicyResult
-from ..tools.routes import load_traces
 from ..tools.simulation import SimulateReport, SizeResult, simulate_sizes
 
 
@@ -37,8 +36,8 @@ def run(args: argparse.Namespace) -> int:
     if unknown or not policies:
         raise ToolInputError(f"unknown policies {unknown}; choose from {', '.join(POLICIES)}")
     check_files(args.train + args.test)
-    train = load_traces(args.train, layout)
-    test = load_traces(args.test, layout) if args.test else None
+    train = read_traces(args, args.train, layout)
+    test = read_traces(args, args.test, layout) if args.test else None
     bar = progress(args, "replays")
     try:
         report = simulate_sizes(args.model, layout, args.cache_mib, train, test, args.kfold, args.hybrid, policies, bar)

@@ -6,12 +6,13 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from ..experts import ExpertLayout, expert_layout
 from . import jsonout
 from .errors import ToolInputError
 from .progress import Progress
+from .routes import Routes, load_traces
 
 
 def model_layout(path: str | os.PathLike[str]) -> ExpertLayout:
@@ -43,6 +44,16 @@ def add_output_options(p: argparse.ArgumentParser) -> None:
 
 def progress(args: argparse.Namespace, what: str) -> Progress:
     return Progress(what, enabled=not args.quiet)
+
+
+def read_traces(args: argparse.Namespace, paths: Sequence[str], layout: ExpertLayout) -> Routes:
+    """load_traces with a progress line in MiB (drawn only when reading takes over a second)."""
+    check_files(list(paths))
+    bar = Progress("MiB of traces read", enabled=not args.quiet, delay=1.0)
+    try:
+        return load_traces(paths, layout, lambda done, total: bar(-(-done >> 20), -(-total >> 20)))
+    finally:
+        bar.close()
 
 
 def emit(args: argparse.Namespace, report: Any, text: Callable[[Any], str]) -> None:

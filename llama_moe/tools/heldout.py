@@ -11,7 +11,7 @@ from typing import Callable, Sequence
 from .errors import ToolInputError
 from .policies import PolicyResult, merge_results, run_policy
 from .ranking import rank_pairs
-from .routes import Routes, concat_routes
+from .routes import JoinedRoutes, Routes
 
 # Student t 0.975 quantiles for 1..30 degrees of freedom (two-sided 95%)
 _T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
@@ -62,13 +62,15 @@ def fold_bounds(n_tokens: int, k: int) -> list[tuple[int, int]]:
     return list(zip(edges[:-1], edges[1:]))
 
 
-def kfold_splits(routes: Routes, k: int) -> list[tuple[Routes, Routes]]:
-    """(train, test) per fold: the test is one block, the train the others joined."""
+def kfold_splits(routes: Routes, k: int) -> list[tuple[JoinedRoutes, Routes]]:
+    """(train, test) per fold: the test is one block, the train the others. Neither is a copy: the blocks
+    are views of ``routes``, and the train side is a ``JoinedRoutes`` that ranking reads in place (its pair
+    counts are kept with it, so a fold is ranked once however many sizes and policies replay it)."""
     n = routes.n_tokens
     out = []
     for a, b in fold_bounds(n, k):
         rest = [routes.tokens(x, y) for x, y in ((0, a), (b, n)) if x < y]
-        out.append((concat_routes(rest), routes.tokens(a, b)))
+        out.append((JoinedRoutes(rest), routes.tokens(a, b)))
     return out
 
 
@@ -83,14 +85,14 @@ class KFoldResult:
     folds: tuple[PolicyResult, ...] = field(default=(), repr=False)
 
 
-def ranked_replay(policy: str, slots: dict[int, int], n_expert: int) -> Callable[[Routes, Routes], PolicyResult]:
+def ranked_replay(policy: str, slots: dict[int, int], n_expert: int) -> Callable[[Routes | JoinedRoutes, Routes], PolicyResult]:
     """A fold's replay: the profile ranked on the fold's train routing, the policy run on its test routing."""
-    def replay(train: Routes, test: Routes) -> PolicyResult:
+    def replay(train: Routes | JoinedRoutes, test: Routes) -> PolicyResult:
         return run_policy(policy, test, slots, n_expert, rank_pairs(train, n_expert))
     return replay
 
 
-def kfold(splits: Sequence[tuple[Routes, Routes]], replay: Callable[[Routes, Routes], PolicyResult],
+def kfold(splits: Sequence[tuple[Routes | JoinedRoutes, Routes]], replay: Callable[[Routes | JoinedRoutes, Routes], PolicyResult],
           after_fold: Callable[[], None] | None = None) -> KFoldResult:
     """``replay(train, test)`` on every fold; ``after_fold()`` after each (a progress bar)."""
     results = []

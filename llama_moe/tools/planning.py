@@ -91,7 +91,7 @@ def plan_cache(model: str, layout: ExpertLayout, cache_mib: float, hybrid: bool,
     profile = make_profile(routes, layout, per_layer)
     prefilled = sum(len(v) for v in prefill_resident(profile.ranked, slots, n_expert).values())
     splits = kfold_splits(routes, folds)
-    total, done = len(splits) * (2 if whole_layers else 1), 0
+    total, done = len(splits) * (2 if whole_layers else 1) + 1, 0  # the folds, and the in-sample replay
 
     def tick() -> None:
         nonlocal done
@@ -104,6 +104,7 @@ def plan_cache(model: str, layout: ExpertLayout, cache_mib: float, hybrid: bool,
 
     scored = replay(slots)
     in_sample = run_policy(policy, routes, slots, n_expert, profile.ranked)
+    tick()
     test_tokens = sum(te.n_tokens for _, te in splits)
     layers = tuple(LayerPlan(il, n, il in whole, 1.0 if il in whole else scored.pooled.layer_hit_rate(il),
                              scored.pooled.per_layer.get(il, (0, 0))[1] / test_tokens)

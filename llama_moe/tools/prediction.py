@@ -4,13 +4,14 @@ against the layer's most frequent experts (what a static profile knows)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
 from .errors import ToolInputError
 from .routes import Routes
 
-_CHUNK = 8192  # tokens scored at a time: [chunk, n_expert] scores stay small
+_CHUNK = 2048  # tokens counted or scored at a time: [chunk, k, n_expert] scores stay a few MiB
 
 
 @dataclass(frozen=True)
@@ -51,11 +52,24 @@ def _found(guess: np.ndarray, actual: np.ndarray) -> int:
     return int((guess[:, :, None] == actual[:, None, :]).any(axis=1).sum())
 
 
-def predict_routes(model: str, routes: Routes, n_expert: int, top: int | None = None) -> PredictReport:
+def _cooccurrence(prev: np.ndarray, cur: np.ndarray, n_expert: int) -> np.ndarray:
+    """[n_expert, n_expert]: how often expert q was selected in the layer with p in the previous one, per
+    token; counted a chunk of tokens at a time."""
+    co = np.zeros(n_expert * n_expert, dtype=np.int64)
+    for a in range(0, len(prev), _CHUNK):
+        p = prev[a:a + _CHUNK].astype(np.int64)
+        c = cur[a:a + _CHUNK].astype(np.int64)
+        co += np.bincount((p[:, :, None] * n_expert + c[:, None, :]).ravel(), minlength=n_expert * n_expert)
+    return co.reshape(n_expert, n_expert).astype(np.float64)
+
+
+def predict_routes(model: str, routes: Routes, n_expert: int, top: int | None = None,
+                   progress: Callable[[int, int], None] | None = None) -> PredictReport:
     """Per MoE layer: train on the first half of the tokens, score on the second. The predictor guesses the
     ``top`` experts (default k) with the highest sum, over the previous layer's selected experts p, of
     P(expert | p) counted on the train half; ties go to the more frequent expert. The baseline guesses the
-    layer's ``top`` most frequent experts."""
+    layer's ``top`` most frequent experts. Memory: a layer's tokens at a time (two columns of the routing)
+    and chunks of them; ``progress(layers done, layers)``."""
     k = routes.k
     top = k if top is None else top
     if not 1 <= top <= n_expert:
@@ -71,14 +85,15 @@ def predict_routes(model: str, routes: Routes, n_expert: int, top: int | None = 
         cur_test = test[ok_test[:, j], j]
         freq = np.bincount(cur_train.ravel(), minlength=n_expert)[:n_expert].astype(np.float64)
         popular = np.argsort(-freq, kind="stable")[:top]
-        baseline = _found(np.broadcast_to(popular, (len(cur_test), top)), cur_test) / max(cur_test.size, 1)
+        found = sum(_found(np.broadcast_to(popular, (len(cur_test[a:a + _CHUNK]), top)), cur_test[a:a + _CHUNK])
+                    for a in range(0, len(cur_test), _CHUNK))
+        baseline = found / max(cur_test.size, 1)
+        del cur_train, cur_test
         predictor = None
         if j > 0:
             both_train = ok_train[:, j] & ok_train[:, j - 1]
             both_test = ok_test[:, j] & ok_test[:, j - 1]
-            prev, cur = train[both_train, j - 1], train[both_train, j]
-            co = np.zeros((n_expert, n_expert))
-            np.add.at(co, (np.repeat(prev, k, axis=1), np.tile(cur, (1, k))), 1.0)
+            co = _cooccurrence(train[both_train, j - 1], train[both_train, j], n_expert)
             cond = co / np.maximum(co.sum(axis=1, keepdims=True), 1.0)  # P(expert | previous expert)
             tie = freq / (freq.max() + 1.0) * 1e-6  # below any real difference: only breaks ties
             prev_t, cur_t = test[both_test, j - 1], test[both_test, j]
@@ -88,5 +103,8 @@ def predict_routes(model: str, routes: Routes, n_expert: int, top: int | None = 
                 guess = np.argsort(-scores, axis=1, kind="stable")[:, :top]
                 found += _found(guess, cur_t[a:a + _CHUNK])
             predictor = found / max(cur_t.size, 1)
-        layers.append(LayerPrediction(il, routes.layers[j - 1] if j > 0 else None, predictor, baseline, len(cur_test)))
+        layers.append(LayerPrediction(il, routes.layers[j - 1] if j > 0 else None, predictor, baseline,
+                                      int(ok_test[:, j].sum())))
+        if progress:
+            progress(j + 1, len(routes.layers))
     return PredictReport(model, routes.n_tokens, half, routes.n_tokens - half, k, top, tuple(layers))

@@ -10,22 +10,26 @@ from ..build.ninja import ProgressLine
 
 class Progress:
     """``progress(done, total)`` redraws at most every 0.2 s (a terminal) or at each tenth (a log);
-    ``close()`` ends the line. ``enabled=False`` draws nothing."""
+    ``close()`` ends the line. ``enabled=False`` draws nothing; ``delay`` seconds: nothing is drawn for a
+    run that ends sooner (a bar only on long runs)."""
 
-    def __init__(self, what: str, enabled: bool = True, stream: TextIO = sys.stderr) -> None:
+    def __init__(self, what: str, enabled: bool = True, stream: TextIO = sys.stderr, delay: float = 0.0) -> None:
         self.what = what
         self.line = ProgressLine(stream) if enabled else None
         self._last = 0.0
+        self._show_after = time.monotonic() + delay
+        self._drawn = False
 
     def __call__(self, done: int, total: int) -> None:
         if self.line is None:
             return
         now = time.monotonic()
-        if done < total and now - self._last < 0.2:
+        if now < self._show_after or (done < total and now - self._last < 0.2):
             return
         self._last = now
+        self._drawn = True
         self.line.update(done, total, self.what)
 
     def close(self) -> None:
-        if self.line is not None:
+        if self.line is not None and self._drawn:
             self.line.finish()

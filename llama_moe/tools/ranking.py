@@ -8,20 +8,31 @@ import numpy as np
 
 from ..experts import ExpertLayout
 from ..profile import Profile
-from .routes import Routes
+from .routes import JoinedRoutes, Routes
 
 
-def pair_counts(routes: Routes, n_expert: int) -> np.ndarray:
+CHUNK_TOKENS = 2048  # ubatches counted (or replayed) at a time: temporaries of a few MiB at any trace size
+
+
+def pair_counts(routes: Routes | JoinedRoutes, n_expert: int, chunk_tokens: int = CHUNK_TOKENS) -> np.ndarray:
     """[n_layers, n_expert]: in how many ubatches each expert was selected (distinct per ubatch, the unit
-    the cache counts; a trace file's ubatches are single tokens)."""
+    the cache counts; a trace file's ubatches are single tokens). Counted a chunk of ubatches at a time; the
+    pieces of a ``JoinedRoutes`` are counted where they are, and the sum is kept with it."""
+    if isinstance(routes, JoinedRoutes):
+        if n_expert not in routes.counts_cache:
+            routes.counts_cache[n_expert] = sum(pair_counts(p, n_expert, chunk_tokens) for p in routes.parts)
+        return routes.counts_cache[n_expert]
+    n_layers, width = len(routes.layers), n_expert + 1  # one more column takes the -1 padding
+    base = (np.arange(n_layers, dtype=np.int64) * width + 1)[None, :, None]
+    counts = np.zeros(n_layers * width, dtype=np.int64)
     d = routes.distinct
-    counts = np.zeros((len(routes.layers), n_expert + 1), dtype=np.int64)  # the last column takes the -1 padding
-    for j in range(len(routes.layers)):
-        counts[j] = np.bincount(d[:, j].ravel() % (n_expert + 1), minlength=n_expert + 1)
-    return counts[:, :n_expert]
+    for a in range(0, len(d), max(1, chunk_tokens)):
+        block = d[a:a + chunk_tokens]
+        counts += np.bincount((block + base).ravel(), minlength=n_layers * width)
+    return counts.reshape(n_layers, width)[:, 1:]
 
 
-def rank_pairs(routes: Routes, n_expert: int) -> tuple[tuple[int, int], ...]:
+def rank_pairs(routes: Routes | JoinedRoutes, n_expert: int) -> tuple[tuple[int, int], ...]:
     """Every (layer, expert) pair the routing selected, hottest first over all layers; ties go to the lower
     layer, then the lower expert, so a profile is reproducible."""
     counts = pair_counts(routes, n_expert)

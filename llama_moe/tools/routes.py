@@ -1,19 +1,34 @@
 """Routing as the tools use it: every token's experts in every MoE layer, in one array, with the ubatches
 the engine ran them in. Read from reference-format trace files (validated against the model) or taken
-from the engine's own records (``Context.stop_trace()``)."""
+from the engine's own records (``Context.stop_trace()``).
+
+Memory: a trace file is read in chunks (``trace.iter_trace_chunks``) straight into one array of expert ids
+in the smallest integer type that holds them (1 byte per id up to 128 experts, 2 up to 32768), so routing
+of n records of k experts takes about n x (k + 1) bytes (the ids, and a byte for the computed flag, which
+is also the looked-up flag when every ubatch is one token, as in a trace file): at k = 8, 9 bytes for the
+72 a record takes on disk, 12.5% of the file. Nothing holds the file, its records as objects or int32
+copies of them."""
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
 from functools import cached_property
-from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
 from ..cache_sim import MAX_UBATCH
 from ..experts import ExpertLayout
-from ..trace import RoutingRecord, TraceError, read_trace
+from ..trace import TRACE_CHUNK_RECORDS, RoutingRecord, TraceError, TraceHeader, iter_trace_chunks, trace_header
+
+
+def expert_dtype(n_expert: int) -> np.dtype:
+    """The smallest signed integer type that holds expert ids 0..n_expert-1 and the -1 of a layer that did
+    not compute a token: int8 up to 128 experts, int16 up to 32768, else int32."""
+    for t in (np.int8, np.int16, np.int32):
+        if n_expert - 1 <= np.iinfo(t).max:
+            return np.dtype(t)
+    raise TraceError(f"{n_expert} experts: more than an int32 holds")
 
 
 @dataclass(frozen=True)
@@ -24,7 +39,7 @@ class Routes:
     each of its tokens is one ubatch, as in generation."""
 
     layers: tuple[int, ...]
-    experts: np.ndarray  # int32 [n_tokens, n_layers, k]
+    experts: np.ndarray  # [n_tokens, n_layers, k], a signed integer type (int8 for up to 128 experts: expert_dtype)
     starts: np.ndarray   # int64 [n_ubatch + 1], from 0 to n_tokens
 
     @property
@@ -39,6 +54,11 @@ class Routes:
     def ubatch_sizes(self) -> np.ndarray:
         return np.diff(self.starts)
 
+    @property
+    def one_token_ubatches(self) -> bool:
+        """Every ubatch is one token (a trace file, or ``per_token()``): the fast paths apply."""
+        return len(self.starts) - 1 == self.n_tokens
+
     @cached_property
     def computed(self) -> np.ndarray:
         """[n_tokens, n_layers] bool: the layer computed the token."""
@@ -47,12 +67,18 @@ class Routes:
     @cached_property
     def layer_tokens(self) -> np.ndarray:
         """[n_ubatch, n_layers]: tokens each layer computed in each ubatch (the n_tokens the cache sees)."""
-        return np.add.reduceat(self.computed.astype(np.int64), self.starts[:-1], axis=0)
+        if self.one_token_ubatches:  # 0 or 1: the computed flags themselves, no copy
+            return self.computed.view(np.uint8)
+        if self.n_tokens == 0:
+            return np.zeros((len(self.starts) - 1, len(self.layers)), dtype=np.int32)
+        return np.add.reduceat(self.computed, self.starts[:-1], axis=0, dtype=np.int32)
 
     @cached_property
     def counted(self) -> np.ndarray:
         """[n_ubatch, n_layers] bool: the lookups the cache makes (up to 32 tokens); larger ones keep
         llama.cpp's path. The last layer of a prompt, down to its last token, is looked up."""
+        if self.one_token_ubatches:
+            return self.computed
         return (self.layer_tokens > 0) & (self.layer_tokens <= MAX_UBATCH)
 
     @cached_property
@@ -63,7 +89,7 @@ class Routes:
     def distinct(self) -> np.ndarray:
         """[n_ubatch, n_layers, m] int32: each ubatch's distinct experts per layer, padded with -1. The cache
         counts a hit or a miss once per distinct expert of a ubatch."""
-        if len(self.starts) - 1 == self.n_tokens:  # one token per ubatch: top-k experts are distinct already
+        if self.one_token_ubatches:  # one token per ubatch: top-k experts are distinct already
             return self.experts
         sets = [[np.unique(block[block >= 0]) for block in np.moveaxis(self.experts[a:b], 1, 0)]
                 for a, b in zip(self.starts[:-1], self.starts[1:])]
@@ -91,14 +117,53 @@ def concat_routes(parts: Sequence[Routes]) -> Routes:
     if not parts:
         raise TraceError("no routing to concatenate")
     first = parts[0]
-    for p in parts[1:]:
-        if p.layers != first.layers or p.k != first.k:
-            raise TraceError(f"traces disagree: layers {list(p.layers)} x k={p.k} against {list(first.layers)} x k={first.k}")
+    _check_agree(parts)
     starts, offset = [np.zeros(1, dtype=np.int64)], 0
     for p in parts:
         starts.append(p.starts[1:] + offset)
         offset += p.n_tokens
     return Routes(first.layers, np.concatenate([p.experts for p in parts]), np.concatenate(starts))
+
+
+class JoinedRoutes:
+    """Routing pieces one after another, not copied (a k-fold's train side: the blocks around its test
+    block). Ranking reads the pieces where they are (``ranking.pair_counts`` adds their counts up and keeps
+    them here); any other use (a policy replay) joins them into one ``Routes``, a copy, on first use."""
+
+    def __init__(self, parts: Sequence[Routes]) -> None:
+        if not parts:
+            raise TraceError("no routing to join")
+        _check_agree(parts)
+        self.parts = tuple(parts)
+        self.counts_cache: dict[int, np.ndarray] = {}  # n_expert -> pair counts (ranking.pair_counts)
+
+    @property
+    def layers(self) -> tuple[int, ...]:
+        return self.parts[0].layers
+
+    @property
+    def k(self) -> int:
+        return self.parts[0].k
+
+    @property
+    def n_tokens(self) -> int:
+        return sum(p.n_tokens for p in self.parts)
+
+    @cached_property
+    def joined(self) -> Routes:
+        return concat_routes(self.parts)
+
+    def __getattr__(self, name: str):
+        if name.startswith("__") or name in ("parts", "counts_cache"):
+            raise AttributeError(name)
+        return getattr(self.joined, name)
+
+
+def _check_agree(parts: Sequence[Routes]) -> None:
+    first = parts[0]
+    for p in parts[1:]:
+        if p.layers != first.layers or p.k != first.k:
+            raise TraceError(f"traces disagree: layers {list(p.layers)} x k={p.k} against {list(first.layers)} x k={first.k}")
 
 
 def routes_from_records(records: Iterable[RoutingRecord]) -> Routes:
@@ -128,49 +193,112 @@ def routes_from_records(records: Iterable[RoutingRecord]) -> Routes:
     return Routes(layers, np.concatenate(blocks), np.concatenate(([0], np.cumsum(sizes))).astype(np.int64))
 
 
-def _rows(path: Path) -> np.ndarray:
-    """The file's records as [n, 2 + 2k] int32 rows; a file whose records are not all alike goes through
-    read_trace, which says where it breaks."""
-    raw = path.read_bytes()
-    if not raw:
-        raise TraceError(f"{path}: empty: no routing records")
-    if len(raw) >= 8 and len(raw) % 4 == 0:
-        data = np.frombuffer(raw, dtype="<i4")
-        k = int(data[1])
-        width = 2 + 2 * k
-        if 0 < k <= 1024 and data.size % width == 0:
-            rows = data.reshape(-1, width)
-            if (rows[:, 1] == k).all() and (rows[:, 0] >= 0).all():
-                return rows
-    records = read_trace(path)  # raises with the byte offset of what is wrong
-    ks = sorted({r.experts.shape[1] for r in records})
-    raise TraceError(f"{path}: records select different numbers of experts ({ks}); a routing trace has one k")
-
-
-def read_routes(path: str | os.PathLike[str], layout: ExpertLayout | None = None) -> Routes:
+def read_routes(path: str | os.PathLike[str], layout: ExpertLayout | None = None,
+                progress: Callable[[int, int], None] | None = None,
+                chunk_records: int | None = None) -> Routes:
     """Reads a reference-format trace into per-token routing (one token per ubatch) and, given the model's
-    layout, checks that it was made for that model."""
-    path = Path(path)
-    rows = _rows(path)
-    k = int(rows[0, 1])
-    layers = tuple(int(il) for il in np.unique(rows[:, 0]))
-    # records run layer by layer within each ubatch: the i-th record of a layer is token i
-    per_layer = [rows[rows[:, 0] == il, 2:2 + k] for il in layers]
-    counts = {il: len(p) for il, p in zip(layers, per_layer)}
-    if len(set(counts.values())) != 1:
-        short = min(counts, key=counts.__getitem__)
-        raise TraceError(f"{path}: layer {short} holds {counts[short]} tokens, layer {max(counts, key=counts.__getitem__)} "
-                         f"{max(counts.values())}: the trace is truncated, mixes models, or was recorded without "
-                         f"every token's logits (llama.cpp's last layer then computes only the outputs; "
-                         f"'python -m llama_moe trace' asks for all of them)")
-    n = len(per_layer[0])
-    if any((p < 0).any() for p in per_layer):
-        raise TraceError(f"{path}: negative expert ids: not a routing trace")
-    routes = Routes(layers, np.ascontiguousarray(np.stack(per_layer, axis=1), dtype=np.int32),
-                    np.arange(n + 1, dtype=np.int64))
+    layout, checks that it was made for that model. Read in chunks, in bounded memory (see the module)."""
+    return load_traces([path], layout, progress, chunk_records)
+
+
+def load_traces(paths: Sequence[str | os.PathLike[str]], layout: ExpertLayout | None = None,
+                progress: Callable[[int, int], None] | None = None,
+                chunk_records: int | None = None) -> Routes:
+    """Several trace files of one model, one after another, read chunk by chunk into one compact array
+    (``expert_dtype``). Within a file the i-th record of a layer is that layer's token i. Given the model's
+    layout every record is checked against it as it is read (its layer, k and expert ids), and errors name
+    the file, the record and its byte offset; without one the files are read twice (a first pass finds their
+    layers and largest expert id). ``progress(bytes read, bytes in all)`` after every chunk;
+    ``chunk_records`` (default 64Ki, rounded down to whole tokens) bounds what is read at once."""
+    if not paths:
+        raise TraceError("no trace files")
+    heads = [trace_header(p) for p in paths]
+    total = sum(h.file_bytes for h in heads) * (1 if layout is not None else 2)
+    done = 0
+
+    def reporter(base: int) -> Callable[[int], None] | None:
+        return None if progress is None else (lambda n: progress(base + n, total))
+
     if layout is not None:
-        check_routes(routes, layout, str(path))
-    return routes
+        layers = tuple(l.il for l in layout.layers)
+        n_expert = layout.n_expert
+        for h in heads:
+            if h.k != layout.n_expert_used:
+                raise TraceError(f"{h.path}: {h.k} experts per token (record 0), but the model uses "
+                                 f"{layout.n_expert_used}: a trace of another model?")
+    else:  # a first pass: the layers every file holds and the largest expert id
+        found = []
+        n_expert = 1
+        for h in heads:
+            seen: set[int] = set()
+            for ch in iter_trace_chunks(h.path, None, chunk_records or TRACE_CHUNK_RECORDS, reporter(done)):
+                seen.update(np.unique(ch.layer).tolist())
+                n_expert = max(n_expert, int(ch.experts.max()) + 1)
+            done += h.file_bytes
+            found.append((h, tuple(sorted(seen))))
+        layers = found[0][1]
+        for h, got in found[1:]:
+            if got != layers or h.k != heads[0].k:
+                raise TraceError(f"traces disagree: {h.path} has layers {list(got)} x k={h.k} against "
+                                 f"{list(layers)} x k={heads[0].k} in {heads[0].path}")
+    if not layers:
+        raise TraceError(f"{heads[0].path}: no routing records")
+    n_layers, k = len(layers), heads[0].k
+    caps = [h.n_records // n_layers for h in heads]
+    experts = np.empty((sum(caps), n_layers, k), dtype=expert_dtype(n_expert))
+    t0 = 0
+    for h, cap in zip(heads, caps):
+        _fill(h, experts[t0:t0 + cap], layers, n_expert if layout is not None else None, layout is not None,
+              chunk_records, reporter(done))
+        done += h.file_bytes
+        t0 += cap
+    return Routes(layers, experts, np.arange(len(experts) + 1, dtype=np.int64))
+
+
+def _fill(head: TraceHeader, out: np.ndarray, layers: tuple[int, ...], n_expert: int | None, model_layers: bool,
+          chunk_records: int | None, progress: Callable[[int], None] | None) -> None:
+    """Reads one trace into ``out`` [tokens, layers, k]: the i-th record of a layer is its token i."""
+    n_layers, cap = len(layers), out.shape[0]
+    if chunk_records is None:  # whole tokens per chunk: a well-formed trace takes the reshape path below
+        chunk_records = max(n_layers, TRACE_CHUNK_RECORDS // n_layers * n_layers)
+    chunk_records = max(1, min(chunk_records, head.n_records))
+    by_layer = np.argsort(np.array(layers, dtype=np.int64), kind="stable")  # layer -> its index by binary search
+    sorted_layers = np.array(layers, dtype=np.int64)[by_layer]
+    pattern = np.tile(np.arange(n_layers), -(-chunk_records // n_layers))
+    count = np.zeros(n_layers, dtype=np.int64)
+    for ch in iter_trace_chunks(head.path, n_expert, chunk_records, progress):
+        at = np.minimum(np.searchsorted(sorted_layers, ch.layer), n_layers - 1)
+        bad = np.flatnonzero(sorted_layers[at] != ch.layer)
+        j = by_layer[at]
+        if bad.size:
+            il = int(ch.layer[bad[0]])
+            raise TraceError(f"{head.where(ch.first + int(bad[0]))} is for layer {il}, but the "
+                             f"{'model' if model_layers else 'first trace'}'s MoE layers are {_span(layers)}: "
+                             f"a trace of another model?")
+        m = len(j)
+        c0 = int(count[0])
+        if m % n_layers == 0 and c0 + m // n_layers <= cap and (count == c0).all() and np.array_equal(j, pattern[:m]):
+            out[c0:c0 + m // n_layers] = ch.experts.reshape(m // n_layers, n_layers, head.k)  # layer by layer, token by token
+            count += m // n_layers
+            continue
+        cnt = np.bincount(j, minlength=n_layers)
+        order = np.argsort(j, kind="stable")
+        js = j[order]
+        pos = count[js] + np.arange(m) - (np.cumsum(cnt) - cnt)[js]  # each record's token within its layer
+        keep = pos < cap  # past it: a layer with more records than the others, refused below
+        out[pos[keep], js[keep]] = ch.experts[order[keep]]
+        count += cnt
+    if (count == cap).all():
+        return
+    if model_layers and (count == 0).any():
+        present = tuple(il for il, c in zip(layers, count) if c)
+        raise TraceError(f"{head.path}: routing of layers {_span(present)}, but the model's MoE layers are "
+                         f"{_span(layers)}: a trace of another model?")
+    short, long = int(np.argmin(count)), int(np.argmax(count))
+    raise TraceError(f"{head.path}: layer {layers[short]} holds {int(count[short])} tokens, layer {layers[long]} "
+                     f"{int(count[long])}: the trace is truncated, mixes models, or was recorded without "
+                     f"every token's logits (llama.cpp's last layer then computes only the outputs; "
+                     f"'python -m llama_moe trace' asks for all of them)")
 
 
 def check_routes(routes: Routes, layout: ExpertLayout, source: str) -> None:
@@ -186,11 +314,6 @@ def check_routes(routes: Routes, layout: ExpertLayout, source: str) -> None:
     if lo < 0 or hi >= layout.n_expert:
         raise TraceError(f"{source}: selects expert {hi if hi >= layout.n_expert else lo}, outside the model's "
                          f"0..{layout.n_expert - 1}: a trace of another model?")
-
-
-def load_traces(paths: Sequence[str | os.PathLike[str]], layout: ExpertLayout) -> Routes:
-    """Several trace files of one model, one after another."""
-    return concat_routes([read_routes(p, layout) for p in paths])
 
 
 def _span(layers: Sequence[int]) -> str:

@@ -50,14 +50,19 @@ def simulate_sizes(model: str, layout: ExpertLayout, sizes_mib: Sequence[float],
     n_expert = layout.n_expert
     splits = kfold_splits(train, folds) if folds else []
     profile = rank_pairs(train, n_expert)
-    total = len(sizes_mib) * len(policies) * ((test is not None) + len(splits))
+    # progress in hundredths of a replay: one replay of a large held-out trace takes a while
+    total = len(sizes_mib) * len(policies) * ((test is not None) + len(splits)) * 100
     done = 0
 
     def tick() -> None:
         nonlocal done
-        done += 1
+        done += 100
         if progress:
             progress(done, total)
+
+    def within(d: int, t: int) -> None:
+        if progress and t:
+            progress(done + min(99, 100 * d // t), total)
 
     out = []
     for mib in sizes_mib:
@@ -67,7 +72,7 @@ def simulate_sizes(model: str, layout: ExpertLayout, sizes_mib: Sequence[float],
         if test is not None:
             heldout = {}
             for name in policies:
-                heldout[name] = run_policy(name, test, slots, n_expert, profile)
+                heldout[name] = run_policy(name, test, slots, n_expert, profile, within)
                 tick()
         if splits:
             kfolds = {}
