@@ -8,7 +8,7 @@ import logging
 
 from .context import GREEDY, Completion, Context, Perf, Sampling
 from .errors import (AbiMismatchError, BuildError, ClosedError, GgufError, LlamaMoeError, ModelLoadError,
-                     NativeCallError, NativeLibraryError, ProfileError)
+                     MoeCacheWarning, NativeCallError, NativeLibraryError, ProfileError)
 from .model import MoeGeometry, Model
 from .params import ContextParams, ModelParams, ParameterError
 
@@ -34,6 +34,6 @@ def _ffi_string(ptr: object) -> str:
 
 __all__ = [
     "AbiMismatchError", "BuildError", "ClosedError", "Completion", "Context", "ContextParams", "GREEDY",
-    "GgufError", "LlamaMoeError", "Model", "ModelLoadError", "ModelParams", "MoeGeometry", "NativeCallError",
-    "NativeLibraryError", "ParameterError", "Perf", "ProfileError", "Sampling", "native_version",
+    "GgufError", "LlamaMoeError", "Model", "ModelLoadError", "ModelParams", "MoeCacheWarning", "MoeGeometry",
+    "NativeCallError", "NativeLibraryError", "ParameterError", "Perf", "ProfileError", "Sampling", "native_version",
 ]

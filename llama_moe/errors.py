@@ -41,3 +41,8 @@ class ProfileError(LlamaMoeError, ValueError):
 
 class ClosedError(LlamaMoeError, ValueError):
     """A model or context was used after close()."""
+
+
+class MoeCacheWarning(UserWarning):
+    """A MoE cache option that cannot take effect: the cache asked for is off (no device to hold it, no
+    experts in RAM, a size too small for one expert per layer), or an option does nothing without another."""

@@ -24,14 +24,17 @@ class MoeGeometry:
     n_ff_exp: int
 
 
-def _check_gguf(path: Path) -> MoeGeometry:
-    """Reads the GGUF header before llama.cpp does, so a corrupt file gets an error that says what is wrong."""
+def _check_gguf(path: Path) -> tuple[MoeGeometry, int]:
+    """Reads the GGUF header before llama.cpp does, so a corrupt or truncated file gets an error that says what
+    is wrong (the reader checks that every tensor's data lies inside the file). Returns the geometry and the
+    byte where the tensor data ends."""
     from .gguf.reader import read_gguf
 
     try:
         gguf = read_gguf(path)
     except GgufError as exc:
         raise ModelLoadError(str(exc)) from exc
+    data_end = max((t.offset + t.nbytes for t in gguf.tensors), default=0)
     arch = gguf.metadata.get("general.architecture")
     if not isinstance(arch, str):
         raise ModelLoadError(f"{path}: no general.architecture in the GGUF metadata; is it a llama.cpp model?")
@@ -41,7 +44,7 @@ def _check_gguf(path: Path) -> MoeGeometry:
         return int(value) if isinstance(value, (int, float)) else 0
 
     return MoeGeometry(meta_int("block_count"), meta_int("expert_count"), meta_int("expert_used_count"),
-                       meta_int("expert_feed_forward_length"))
+                       meta_int("expert_feed_forward_length")), data_end
 
 
 class Model(NativeHandle):
@@ -55,7 +58,7 @@ class Model(NativeHandle):
         self.params = params or ModelParams()
         if not self.path.is_file():
             raise ModelLoadError(f"{self.path}: no such model file")
-        self.geometry = _check_gguf(self.path)
+        self.geometry, self._data_end = _check_gguf(self.path)
         lib = get_lib()
         native, keep = self.params._to_native(lib)
         _log.clear_recent_problems()
@@ -67,6 +70,31 @@ class Model(NativeHandle):
         self._lib = lib
         self._adopt(ptr, lambda p=ptr, l=lib: l.llama_model_free(p))
         self._vocab = lib.llama_model_get_vocab(ptr)
+        try:
+            self.check_file()
+        except ModelLoadError:
+            self.close()
+            raise
+
+    def check_file(self) -> None:
+        """Raises ModelLoadError if the model file is now shorter than its tensor data. llama.cpp checks the size
+        when it opens the file; a file truncated after that loads without error when memory-mapped (use_mmap)
+        and kills the process with SIGBUS when the missing pages are first read. Called after the load and
+        when a context is created; a truncation after those stays fatal with mmap (use_mmap=False reads the
+        weights into memory: a truncation during the load is then a read error, and the file no longer matters
+        once loaded). A file replaced by a shorter one under the same name is refused too."""
+        if not self.params.use_mmap:
+            return
+        try:
+            size = os.stat(self.path).st_size
+        except OSError:
+            return  # deleted: a mapping keeps the deleted file's pages
+        if size < self._data_end:
+            raise ModelLoadError(
+                f"{self.path}: the file has {size} bytes but its tensor data ends at byte {self._data_end}: it was "
+                f"truncated (or replaced by a shorter file) after llama.cpp opened it. Its weights are memory-mapped "
+                f"(use_mmap=True), and reading the missing pages would kill the process with SIGBUS; load it again "
+                f"from a complete file")
 
     # -- geometry -------------------------------------------------------------------------------------
     @property

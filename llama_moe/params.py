@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
 from ._ffi import ffi
-from .errors import LlamaMoeError
+from .errors import LlamaMoeError, MoeCacheWarning
 
 # llama.cpp's own patterns (common/common.h, LLM_FFN_EXPS_REGEX): the expert tensors of every MoE architecture.
 EXPERTS_REGEX = r"\.ffn_(up|down|gate|gate_up)_(ch|)exps"
@@ -110,8 +111,18 @@ class ContextParams:
             raise ParameterError("n_batch and n_ubatch must be at least 1")
         if self.n_ubatch > self.n_batch:
             raise ParameterError(f"n_ubatch ({self.n_ubatch}) cannot exceed n_batch ({self.n_batch})")
-        if not isinstance(self.moe_cache_mib, (int, float)) or not 0 <= self.moe_cache_mib <= 1 << 24:
-            raise ParameterError(f"moe_cache_mib must be from 0 to {1 << 24} MiB, got {self.moe_cache_mib!r}")
+        mib = self.moe_cache_mib
+        if isinstance(mib, bool) or not isinstance(mib, (int, float)) or not 0 <= mib <= 1 << 24:
+            raise ParameterError(f"moe_cache_mib must be a number of MiB from 0 to {1 << 24}, got {mib!r}")
+        if self.moe_cache_adaptive and not self.moe_cache_hybrid:
+            raise ParameterError("moe_cache_adaptive works with the hybrid cache only: set moe_cache_hybrid=True too "
+                                 "(the upload cache is an LRU, which already follows the text)")
+        if mib == 0:
+            given = [name for name in ("moe_cache_profile", "moe_cache_hybrid", "moe_cache_adaptive")
+                     if getattr(self, name) not in (None, False)]
+            if given:
+                warnings.warn(f"{', '.join(given)} {'does' if len(given) == 1 else 'do'} nothing without moe_cache_mib: "
+                              f"there is no MoE cache", MoeCacheWarning, stacklevel=4)
         for name in ("n_threads", "n_threads_batch"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1 or value > 1024):

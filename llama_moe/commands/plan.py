@@ -46,7 +46,22 @@ def plan_with_progress(args: argparse.Namespace, layout, mib: float, routes, bud
         bar.close()
 
 
+def check_plan_options(args: argparse.Namespace) -> None:
+    """Numbers no budget can mean, refused with the option's name (shared with ``profile``)."""
+    for flag, name, low in (("--cache-mib", "cache_mib", None), ("--vram-gib", "vram_gib", None),
+                            ("--reserve-gib", "reserve_gib", 0), ("--whole-layers", "whole_layers", 0),
+                            ("--kfold", "kfold", 2)):
+        value = getattr(args, name, None)
+        if value is None:
+            continue
+        if low is None and not value > 0:  # also NaN
+            raise ToolInputError(f"{flag} must be > 0, got {value:g}")
+        if low is not None and not value >= low:
+            raise ToolInputError(f"{flag} must be >= {low}, got {value:g}")
+
+
 def run(args: argparse.Namespace) -> int:
+    check_plan_options(args)
     layout = model_layout(args.model)
     if args.out and not args.trace:
         raise ToolInputError("--out writes a profile ranked from routing: give --trace T.bin")

@@ -10,10 +10,11 @@ from pathlib import Path
 from ..profile import write_profile
 from ..tools.budget import MiB, cache_bytes_for_slots
 from ..tools.cmdline import add_output_options, emit, model_layout, progress, read_text
+from ..tools.errors import ToolInputError
 from ..tools.routes import routes_from_records
 from ..tools.tracing import DEFAULT_UBATCH, trace_text
 from ..trace import write_trace
-from .plan import add_plan_options, format_plan, plan_with_progress
+from .plan import add_plan_options, check_plan_options, format_plan, plan_with_progress
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -35,6 +36,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_plan_options(args)
+    if args.slots is not None and args.slots < 1:
+        raise ToolInputError(f"--slots must be >= 1, got {args.slots}")
     layout = model_layout(args.model)
     text = read_text(args.text)
     out = args.out or str(Path(args.model).with_suffix(".strp"))

@@ -71,6 +71,23 @@ def plan_serve(model: Path, server: Path, *, gpu_free_mib: float | None, gpu_nam
                threads: int | None = None, extra: tuple[str, ...] = ()) -> ServePlan:
     if n_ctx < 256 or parallel < 1:
         raise ServePlanError(f"--ctx must be >= 256 and --parallel >= 1, got {n_ctx} and {parallel}")
+    for flag, value in (("--cache-mib", cache_mib), ("--min-cache-mib", min_cache_mib), ("--margin-mib", margin_mib)):
+        if value is not None and not value >= 0:  # also NaN
+            raise ServePlanError(f"{flag} must be >= 0, got {value:g}")
+    if cache_mib == 0:
+        raise ServePlanError("--cache-mib 0 turns the cache off: serve the model with llama-server directly, or leave "
+                             "--cache-mib out to fit the cache to the GPU")
+    if ubatch is not None and not 1 <= ubatch <= 1 << 16:
+        raise ServePlanError(f"--ubatch must be from 1 to {1 << 16} or auto, got {ubatch}")
+    if threads is not None and threads < 1:
+        raise ServePlanError(f"--threads must be >= 1 or auto, got {threads}")
+    if not 0 < port < 65536:
+        raise ServePlanError(f"--port must be from 1 to 65535, got {port}")
+    if hybrid and not profile and "--moe-cache-adaptive" not in extra:
+        raise ServePlanError("--hybrid needs --profile (or '-- --moe-cache-adaptive'): without either the hybrid cache "
+                             "stays empty, and the CPU computes every expert")
+    if profile and not Path(profile).is_file():
+        raise ServePlanError(f"--profile {profile}: no such file")
     layout = expert_layout(model)
     if not layout.layers:
         raise ServePlanError(f"{model}: has no expert tensors; it is not a MoE model, serve it with llama-server directly")
@@ -117,11 +134,20 @@ def plan_serve(model: Path, server: Path, *, gpu_free_mib: float | None, gpu_nam
                      100 * cache / experts if experts else 0.0, n_ubatch, tuple(cmd))
 
 
+def _auto_or_int(text: str) -> str | int:
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"auto or a whole number, not {text!r}") from None
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="start llama-server with the MoE cache fitted to the GPU (flags after -- go to it)")
     p.add_argument("model")
     p.add_argument("--profile")
-    p.add_argument("--ubatch", default="auto", help="auto or a number")
+    p.add_argument("--ubatch", default="auto", type=_auto_or_int, help="auto or a number")
     p.add_argument("--favor", choices=["prompt", "generation"], default="generation")
     p.add_argument("--min-cache-mib", type=float, default=1500)
     p.add_argument("--cache-mib", type=float)
@@ -133,7 +159,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--port", type=int, default=8080)
     p.add_argument("--ctx", type=int, default=32768)
     p.add_argument("--parallel", type=int, default=1)
-    p.add_argument("--threads", default="auto")
+    p.add_argument("--threads", default="auto", type=_auto_or_int)
     p.add_argument("--dry-run", action="store_true", help="print the plan and the command, start nothing")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run)

@@ -7,14 +7,16 @@ import dataclasses
 import json
 import os
 import sys
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..context import Context, Sampling
 from ..default_model import default_model_path, default_prompt
 from ..experts import ExpertLayout, expert_layout
+from ..errors import MoeCacheWarning
 from ..model import Model
-from ..params import ContextParams, ModelParams
+from ..params import ContextParams, ModelParams, ParameterError
 from ..server_metrics import MoeCacheMetrics, ServerError, ServerMetrics, fetch_server_metrics
 from ..stats import LayerStats, MoeCacheStats
 
@@ -34,6 +36,7 @@ class StatsReport:
     text: str
     cache: MoeCacheStats | None
     cache_layers: tuple[LayerStats, ...]
+    cache_off_reason: str | None = None  # a cache was asked for, and llama.cpp went on without it: why
 
 
 def run_stats(model_path: Path, model_params: ModelParams, ctx_params: ContextParams, prompt: str,
@@ -41,25 +44,31 @@ def run_stats(model_path: Path, model_params: ModelParams, ctx_params: ContextPa
     from .. import _loader
 
     layout = expert_layout(model_path)
-    with Model(model_path, model_params) as model, Context(model, ctx_params) as ctx:
-        # A warm-up decode, so that one-time allocations do not count against the prompt.
-        ctx.decode(model.tokenize("warm up"))
-        ctx.reset()
-        ctx.reset_perf()
-        completion = ctx.complete(prompt, n_gen, sampling, stop_at_eog=False)  # always n_gen tokens, like llama-bench
-        perf = ctx.perf()
-        placement = ("all layers (cpu_moe)" if model_params.cpu_moe else
-                     f"layers 0..{model_params.n_cpu_moe - 1} (n_cpu_moe)" if model_params.n_cpu_moe else
-                     "none (experts on the default device)")
-        manifest = _loader.manifest()
-        return StatsReport(str(model_path), model.description, str(_loader.library_path()),
-                           manifest.get("variant", "?"), placement, layout, perf.n_prompt, perf.n_gen,
-                           perf.prompt_tps, perf.gen_tps, completion.text, ctx.moe_cache_stats(),
-                           tuple(ctx.layer_stats()))
+    with Model(model_path, model_params) as model:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", MoeCacheWarning)  # the report says it (cache_off_reason)
+            ctx = Context(model, ctx_params)
+        with ctx:
+            # A warm-up decode, so that one-time allocations do not count against the prompt.
+            ctx.decode(model.tokenize("warm up"))
+            ctx.reset()
+            ctx.reset_perf()
+            completion = ctx.complete(prompt, n_gen, sampling, stop_at_eog=False)  # always n_gen tokens, like llama-bench
+            perf = ctx.perf()
+            placement = ("all layers (cpu_moe)" if model_params.cpu_moe else
+                         f"layers 0..{model_params.n_cpu_moe - 1} (n_cpu_moe)" if model_params.n_cpu_moe else
+                         "none (experts on the default device)")
+            manifest = _loader.manifest()
+            return StatsReport(str(model_path), model.description, str(_loader.library_path()),
+                               manifest.get("variant", "?"), placement, layout, perf.n_prompt, perf.n_gen,
+                               perf.prompt_tps, perf.gen_tps, completion.text, ctx.moe_cache_stats(),
+                               tuple(ctx.layer_stats()), ctx.moe_cache_off_reason)
 
 
-def _cache_lines(c: MoeCacheStats | MoeCacheMetrics | None) -> list[str]:
+def _cache_lines(c: MoeCacheStats | MoeCacheMetrics | None, off_reason: str | None = None) -> list[str]:
     """The MoE cache's summary lines, the same for a local run and a server's /metrics."""
+    if c is None and off_reason:
+        return [f"MoE cache    OFF: asked for, but llama.cpp went on without it: {off_reason}"]
     if c is None:
         return ["MoE cache    none (--moe-cache-mib N turns it on)"]
     mode = "hybrid" if c.hybrid else "upload"
@@ -79,7 +88,7 @@ def format_report(r: StatsReport) -> str:
         f"prompt       {r.n_prompt} tokens at {r.prompt_tps:.1f} tok/s",
         f"generation   {r.n_gen} tokens at {r.gen_tps:.1f} tok/s",
     ]
-    lines += _cache_lines(c)
+    lines += _cache_lines(c, r.cache_off_reason)
     header = "layer  experts  used/token  bytes/expert  expert type"
     lines += ["", header + ("  slots   hits  misses  hit rate" if c is not None else "")]
     per_layer = {l.il: l for l in r.cache_layers}
@@ -133,6 +142,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--moe-cache-mib", type=float, default=0, help="a MoE expert cache of this many MiB (default 0: none)")
     p.add_argument("--moe-cache-profile", help="fill the cache from this STRP profile")
     p.add_argument("--moe-cache-hybrid", action="store_true", help="the CPU computes the experts the cache lacks (no uploads)")
+    p.add_argument("--moe-cache-adaptive", action="store_true",
+                   help="with --moe-cache-hybrid: swap the experts the router picks most into the cache while generating")
     p.add_argument("--no-repack", action="store_true", help="keep CPU weights in their file layout (the cache needs it on a CPU-only build)")
     p.add_argument("--temp", type=float, default=0.8,
                    help="sampling temperature (default 0.8, seeded; 0 is greedy, which loops on the synthetic models)")
@@ -144,18 +155,40 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def check_cache_options(mib: float, profile: str | None, hybrid: bool, adaptive: bool) -> None:
+    """The --moe-cache-* options of a command line, refused with their own names when they contradict each other
+    (llama-server only warns and goes on without the cache)."""
+    if not mib >= 0 or mib > 1 << 24:  # also NaN
+        raise ParameterError(f"--moe-cache-mib must be from 0 to {1 << 24} (MiB), got {mib:g}")
+    if mib == 0:
+        given = [f for f, v in (("--moe-cache-profile", profile), ("--moe-cache-hybrid", hybrid),
+                                ("--moe-cache-adaptive", adaptive)) if v]
+        if given:
+            raise ParameterError(f"{', '.join(given)} need{'s' if len(given) == 1 else ''} a cache: give --moe-cache-mib N")
+    if adaptive and not hybrid:
+        raise ParameterError("--moe-cache-adaptive works with --moe-cache-hybrid only (the upload cache is an LRU, "
+                             "which already follows the text)")
+    if profile is not None and not Path(profile).is_file():
+        raise ParameterError(f"--moe-cache-profile {profile}: no such file")
+
+
 def run(args: argparse.Namespace) -> int:
     if args.server:
         if args.model:
             raise ServerError("stats takes a MODEL or --server URL, not both")
         return run_server(args)
+    check_cache_options(args.moe_cache_mib, args.moe_cache_profile, args.moe_cache_hybrid, args.moe_cache_adaptive)
+    for flag, value, low in (("-n/--n-gen", args.n_gen, 1), ("-c/--ctx", args.ctx, 0), ("--n-cpu-moe", args.n_cpu_moe, 0)):
+        if value is not None and value < low:
+            raise ParameterError(f"{flag} must be >= {low}, got {value}")
     model_path = Path(args.model) if args.model else default_model_path()
     mp = ModelParams(n_gpu_layers=args.n_gpu_layers,
                      cpu_moe=not args.no_cpu_moe and args.n_cpu_moe is None,
                      n_cpu_moe=args.n_cpu_moe or 0, repack=not args.no_repack,
                      use_mmap=False)  # experts in RAM are read faster from a (pinned, on a GPU build) copy than from mmap
     cp = ContextParams(n_ctx=args.ctx, n_threads=args.threads, moe_cache_mib=args.moe_cache_mib,
-                       moe_cache_profile=args.moe_cache_profile, moe_cache_hybrid=args.moe_cache_hybrid)
+                       moe_cache_profile=args.moe_cache_profile, moe_cache_hybrid=args.moe_cache_hybrid,
+                       moe_cache_adaptive=args.moe_cache_adaptive)
     report = run_stats(model_path, mp, cp, args.prompt or default_prompt(), args.n_gen,
                        Sampling(temperature=args.temp, seed=args.seed))
     if args.json:
