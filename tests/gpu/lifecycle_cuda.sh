@@ -36,7 +36,7 @@ rc=$?
 secs=$(( $(date +%s) - t0 ))
 cp "$work/memcheck.txt" "$OUT/lifecycle_memcheck.txt"
 grep -E "lifecycle_loop:|ERROR SUMMARY|LEAK SUMMARY|Leaked|bytes leaked" "$work/memcheck.txt" | tail -8
-errors=$(grep -oE "ERROR SUMMARY: [0-9]+" "$work/memcheck.txt" | grep -oE "[0-9]+" | tail -1)
+errors=$(grep -oE "ERROR SUMMARY: [0-9]+ errors?$" "$work/memcheck.txt" | grep -oE "[0-9]+" | head -1)
 leaked=$(grep -cE "Leaked [0-9]+ bytes" "$work/memcheck.txt")
 cycles=$(grep -oE "[0-9]+ model\+context cycles" "$work/memcheck.txt" | grep -oE "^[0-9]+")
 
