@@ -114,9 +114,10 @@ class ContextParams:
         mib = self.moe_cache_mib
         if isinstance(mib, bool) or not isinstance(mib, (int, float)) or not 0 <= mib <= 1 << 24:
             raise ParameterError(f"moe_cache_mib must be a number of MiB from 0 to {1 << 24}, got {mib!r}")
-        if self.moe_cache_adaptive and not self.moe_cache_hybrid:
-            raise ParameterError("moe_cache_adaptive works with the hybrid cache only: set moe_cache_hybrid=True too "
-                                 "(the upload cache is an LRU, which already follows the text)")
+        if self.moe_cache_adaptive and not self.moe_cache_hybrid and mib:
+            # ignored, as llama.cpp's --moe-cache-adaptive without --moe-cache-hybrid is (the reference's rule)
+            warnings.warn("moe_cache_adaptive is ignored without moe_cache_hybrid=True: the upload cache is an LRU, "
+                          "which already follows the text", MoeCacheWarning, stacklevel=4)
         if mib == 0:
             given = [name for name in ("moe_cache_profile", "moe_cache_hybrid", "moe_cache_adaptive")
                      if getattr(self, name) not in (None, False)]

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from llama_moe import Context, ContextParams, Model, ModelParams
+from llama_moe.errors import MoeCacheWarning
 from llama_moe.experts import expert_layout
 from cache_sizes import mib_for_slots
 from llama_moe.profile import Profile, write_profile
@@ -96,7 +97,8 @@ def test_layers_held_whole_run_on_the_cache_only(lib, tiny_model_path, caplog) -
 def test_adaptive_without_hybrid_is_ignored_with_a_warning(lib, tiny_model_path, caplog) -> None:
     caplog.set_level(logging.WARNING, logger="llama_moe.native")
     with Model(tiny_model_path, RAM) as model:
-        with Context(model, ContextParams(n_ctx=256, moe_cache_mib=mib_for_slots(tiny_model_path, 8),
+        with pytest.warns(MoeCacheWarning, match="moe_cache_adaptive is ignored without moe_cache_hybrid"), \
+             Context(model, ContextParams(n_ctx=256, moe_cache_mib=mib_for_slots(tiny_model_path, 8),
                                           moe_cache_adaptive=True)) as ctx:
             assert ctx.moe_cache_stats() is not None
     assert "--moe-cache-adaptive without --moe-cache-hybrid is ignored" in caplog.text

@@ -54,7 +54,11 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("model", nargs="?")
     ap.add_argument("-n", type=int, default=256)
+    ap.add_argument("--prompt-only", action="store_true", help="only the prompt copies (n_copy) check")
+    ap.add_argument("--no-prompt", action="store_true", help="skip the prompt copies (n_copy) check")
     args = ap.parse_args()
+    import logging
+    logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
     if args.model:
         path = Path(args.model)
     else:
@@ -68,7 +72,9 @@ def main() -> int:
     profile = train_profile(path, Path(tempfile.mkdtemp()) / "train.strp", log=lambda s: None)
     modes = {"upload": {}, "hybrid": {"moe_cache_hybrid": True, "moe_cache_profile": profile},
              "adaptive": {"moe_cache_hybrid": True, "moe_cache_adaptive": True}}
-    ok = prompt_copies(path, total, profile)
+    ok = True if args.no_prompt else prompt_copies(path, total, profile)
+    if args.prompt_only:
+        return 0 if ok else 1
     for prompt in PROMPTS:
         ref_tokens, ref_logits, _ = run(path, 0, args.n, prompt)
         for mode, pct in [(m, p) for m in modes for p in (25, 50, 100)]:

@@ -204,6 +204,8 @@ std::unique_ptr<llama_moe_cache> llama_moe_cache::create(const llama_model & mod
     ggml_backend_buffer_set_usage(cache->buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
     ggml_backend_buffer_clear(cache->buf, 0); // the null slots stay zero for good
     cache->device = ggml_backend_buft_get_device(buft);
+    // LLAMA_MOE_CACHE_NO_COPY=1: prompts take every expert from RAM, as without a cache (for comparing)
+    cache->copy_on = getenv("LLAMA_MOE_CACHE_NO_COPY") == nullptr;
     if (cache->ctx_host && ggml_get_first_tensor(cache->ctx_host) != nullptr) { // none when every layer is whole
         cache->buf_host = ggml_backend_alloc_ctx_tensors_from_buft(cache->ctx_host, ggml_backend_cpu_buffer_type());
         if (!cache->buf_host) {
@@ -449,6 +451,11 @@ llama_moe_cache_route llama_moe_cache::build(ggml_context * ctx0, int64_t n_toke
     ggml_format_name(slots, "ffn_moe_slots-%d", l.il);
     r.ids[0] = ggml_reshape_2d(ctx0, slots, n_expert_used, n_tokens);
     if (l.cpu_map) {
+        // the device part: every expert the cache lacks maps to the one null slot, so a token may select it more
+        // than once, which kernels that group a token's experts cannot take (CUDA's MMQ loses the repeats and
+        // writes out of bounds); one selected expert per activation row has no repeats
+        r.ids[0] = ggml_reshape_2d(ctx0, slots, 1, n_expert_used * n_tokens);
+        r.one_id_per_row[0] = true;
         ggml_tensor * cpu = ggml_get_rows(ctx0, l.cpu_map, flat);
         ggml_format_name(cpu, "ffn_moe_cpu_ids-%d", l.il);
         r.n = 2;
@@ -588,7 +595,7 @@ bool llama_moe_cache::copy_expert(ggml_backend_t backend, const ggml_tensor * sr
                                   size_t offset, size_t size, void * user_data) {
     auto * cache = (llama_moe_cache *) user_data;
     const auto it = cache->slot_of_weight.find(src);
-    if (it == cache->slot_of_weight.end() || ggml_backend_get_device(backend) != cache->device) {
+    if (!cache->copy_on || it == cache->slot_of_weight.end() || ggml_backend_get_device(backend) != cache->device) {
         return false;
     }
     const auto & l = cache->layers[it->second.first];

@@ -48,6 +48,8 @@ struct llama_moe_cache_route {
     ggml_tensor * down[2] = {nullptr, nullptr};
     ggml_tensor * ids [2] = {nullptr, nullptr};
     bool cpu_only[2] = {false, false};            // the chain must run on the CPU (its ids may be -1)
+    bool one_id_per_row[2] = {false, false};      // ids are [1, n_expert_used * n_tokens]: the chain takes one
+                                                  // activation row per selected expert
 };
 
 // Assigns every MUL_MAT_ID between out and in (exclusive) to the CPU backend.
@@ -141,6 +143,7 @@ private:
     std::unordered_map<const ggml_tensor *, int> layer_of_weight;   // a down_exps tensor -> index in layers
     std::unordered_map<const ggml_tensor *, std::pair<int, int>> slot_of_weight; // an expert tensor -> (layer index, 0..2)
     ggml_backend_dev_t device = nullptr;
+    bool copy_on = true;
     std::unordered_map<const ggml_tensor *, int> layer_of_slot_map; // a slot map tensor -> index in layers
     std::unordered_map<const ggml_tensor *, int> layer_of_cpu_map;  // a CPU map tensor -> index in layers
 

@@ -1,0 +1,46 @@
+"""One experiment of the CUDA crash hunt (run each in its own process: a CUDA error aborts it).
+python tests/gpu/h200_bisect.py MODEL EXPERIMENT"""
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
+
+from llama_moe import Context, ContextParams, Model, ModelParams  # noqa: E402
+from llama_moe.experts import expert_layout  # noqa: E402
+
+path, what = Path(sys.argv[1]), sys.argv[2]
+text = ("The ship left the harbour at dawn, and the crew sang as the sails filled with the morning wind. " * 12)
+
+
+def decode(mp: ModelParams, cp: ContextParams, ubatch: int, trace: bool) -> None:
+    with Model(path, mp) as model, Context(model, cp) as ctx:
+        tokens = model.tokenize(text)[:200]
+        if trace:
+            ctx.start_trace()
+        for a in range(0, len(tokens), ubatch):
+            ctx.decode(tokens[a:a + ubatch], all_logits=True)
+        n = len(ctx.stop_trace()) if trace else 0
+        s = ctx.moe_cache_stats()
+        print(f"{what}: ok, {n} trace records, n_copy {s.n_copy if s else '-'}", flush=True)
+
+
+total = expert_layout(path).total_expert_bytes / 2**20
+mmap, pinned = ModelParams(cpu_moe=True, repack=False), ModelParams(cpu_moe=True, use_mmap=False, repack=False)
+if what == "plain-mmap-u32":
+    decode(mmap, ContextParams(n_ctx=1024, n_batch=32, n_ubatch=32), 32, False)
+elif what == "plain-pinned-u512":
+    decode(pinned, ContextParams(n_ctx=1024, n_batch=512, n_ubatch=512), 200, False)
+elif what == "trace-mmap-u32":
+    decode(mmap, ContextParams(n_ctx=1024, n_batch=32, n_ubatch=32), 32, True)
+elif what == "trace-mmap-u16":
+    decode(mmap, ContextParams(n_ctx=1024, n_batch=16, n_ubatch=16), 16, True)
+elif what == "upload-pinned-u512":
+    decode(pinned, ContextParams(n_ctx=1024, n_batch=512, n_ubatch=512, moe_cache_mib=total / 2), 200, False)
+elif what == "hybrid-pinned-u512":
+    decode(pinned, ContextParams(n_ctx=1024, n_batch=512, n_ubatch=512, moe_cache_mib=total / 2, moe_cache_hybrid=True,
+                                 moe_cache_adaptive=True), 200, False)
+elif what == "hybrid-pinned-u1":
+    decode(pinned, ContextParams(n_ctx=1024, moe_cache_mib=total / 2, moe_cache_hybrid=True, moe_cache_adaptive=True), 1, False)
