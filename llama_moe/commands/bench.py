@@ -98,9 +98,9 @@ def _measure(model: Model, cp: ContextParams, n_gen: int, n_pp: int, runs: int, 
 MODES = ("cpu-moe", "n-cpu-moe", "upload", "hybrid", "hybrid-adaptive", "vram")
 
 
-def train_profile(model_path: Path, out: Path, log=print) -> Path:
+def train_profile(model_path: Path, out: Path, log=print, n_ctx: int = 4096) -> Path:
     """A profile from the corpus's train paragraphs; the benchmark's prompts come from the whole corpus, so
-    the profile meets text it was not made from, as a user's would."""
+    the profile meets text it was not made from, as a user's would. The text is traced in windows of n_ctx."""
     from ..profile import write_profile
     from ..synth.corpus import split_paragraphs
     from ..tools.ranking import make_profile
@@ -111,7 +111,7 @@ def train_profile(model_path: Path, out: Path, log=print) -> Path:
     split = split_paragraphs()
     text = "\n\n".join(p for topic in sorted(split.train) for p in split.train[topic])
     log(f"profile: tracing {len(text)} characters of train text")
-    write_profile(out, make_profile(routes_from_records(trace_text(model_path, text)), layout))
+    write_profile(out, make_profile(routes_from_records(trace_text(model_path, text, n_ctx=n_ctx)), layout))
     return out
 
 

@@ -69,7 +69,9 @@ def main() -> int:
     total = layout.total_expert_bytes / 2**20
     from llama_moe.commands.bench import train_profile
 
-    profile = train_profile(path, Path(tempfile.mkdtemp()) / "train.strp", log=lambda s: None)
+    # short windows: on the tiny model (head_dim 32, no flash attention on CUDA) a 4096-token window was the
+    # suspect of a device trap in the 2026-11-29 session (tests/gpu/h200_bisect.py trace-long tells)
+    profile = train_profile(path, Path(tempfile.mkdtemp()) / "train.strp", log=lambda s: None, n_ctx=512)
     modes = {"upload": {}, "hybrid": {"moe_cache_hybrid": True, "moe_cache_profile": profile},
              "adaptive": {"moe_cache_hybrid": True, "moe_cache_adaptive": True}}
     ok = True if args.no_prompt else prompt_copies(path, total, profile)

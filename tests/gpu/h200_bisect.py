@@ -37,6 +37,17 @@ elif what == "trace-mmap-u32":
     decode(mmap, ContextParams(n_ctx=1024, n_batch=32, n_ubatch=32), 32, True)
 elif what == "trace-mmap-u16":
     decode(mmap, ContextParams(n_ctx=1024, n_batch=16, n_ubatch=16), 16, True)
+elif what == "trace-long":  # what train_profile does: 4096-token windows of the corpus, 32 tokens a decode
+    from llama_moe.commands.bench import train_profile
+    train_profile(path, Path("/tmp/bisect.strp"), log=lambda s: None)
+    print(f"{what}: ok", flush=True)
+elif what == "trace-512":
+    from llama_moe.commands.bench import train_profile
+    train_profile(path, Path("/tmp/bisect.strp"), log=lambda s: None, n_ctx=512)
+    print(f"{what}: ok", flush=True)
+elif what == "hybrid-u16":  # ubatches of 9-32 tokens on the device: MMQ, where repeated null slots went wrong
+    decode(pinned, ContextParams(n_ctx=1024, n_batch=16, n_ubatch=16, moe_cache_mib=total / 2, moe_cache_hybrid=True,
+                                 moe_cache_adaptive=True), 16, False)
 elif what == "upload-pinned-u512":
     decode(pinned, ContextParams(n_ctx=1024, n_batch=512, n_ubatch=512, moe_cache_mib=total / 2), 200, False)
 elif what == "hybrid-pinned-u512":

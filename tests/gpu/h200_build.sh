@@ -19,7 +19,8 @@ from llama_moe.bandwidth import gpu_copy_gbps, ram_read_gbps
 for c in gpu_copy_gbps(): print(c)
 print('RAM read 16 threads: %.1f GB/s, 1 thread: %.1f GB/s' % (ram_read_gbps(16), ram_read_gbps(1)))" 2>&1 | tee $OUT/bandwidth.txt
 g++ -O1 -I/tmp/lmcache/work/cuda/llama.cpp/ggml/include tests/native/mmid_skip.cpp -o /tmp/mmid_skip -L$lib -lggml-cpu -lggml-base -Wl,-rpath,$lib && /tmp/mmid_skip
-timeout 280 python3 tests/gpu/cuda_equivalence.py -n 256 2>&1 | tee $OUT/equivalence.txt | grep -v "^$" | tail -32
+NOBUILD=1 timeout 200 bash tests/gpu/h200_bisect.sh 2>&1 | tail -6
+timeout 240 python3 tests/gpu/cuda_equivalence.py -n 256 2>&1 | grep -v "^/tmp\|^python3\|^/lib" | tee $OUT/equivalence.txt | tail -34
 $lib/test-backend-ops -o MUL_MAT_ID -b CUDA0 2>&1 | tail -2
-[ -n "${LIFECYCLE:-}" ] && timeout 120 env ITERATIONS=2 bash tests/gpu/lifecycle_cuda.sh 2>&1 | tail -6
+timeout 150 env ITERATIONS=1 bash tests/gpu/lifecycle_cuda.sh 2>&1 | tail -4
 tail -c 300 /tmp/synth.log; ls -la /tmp/q30.gguf 2>/dev/null
