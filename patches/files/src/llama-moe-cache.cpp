@@ -107,9 +107,19 @@ std::unique_ptr<llama_moe_cache> llama_moe_cache::create(const llama_model & mod
             continue;
         }
         const bool has_bias = l.ffn_gate_exps_b || l.ffn_up_exps_b || l.ffn_down_exps_b || l.ffn_gate_up_exps_b;
+        ggml_tensor * bias[3] = { l.ffn_gate_up_exps ? l.ffn_gate_up_exps_b : l.ffn_gate_exps_b,
+                                  l.ffn_gate_up_exps ? nullptr : l.ffn_up_exps_b, l.ffn_down_exps_b };
         if (has_bias && params.hybrid) {
-            n_biased++; // both chains would add the biases: the sum would hold them twice
-            continue;
+            // the hybrid adds each chain's own experts' biases: it needs them in host memory, as F32 rows
+            bool usable = true;
+            for (ggml_tensor * b : bias) {
+                usable = usable && (b == nullptr || (llama_moe_cache_host_tensor(b) && b->type == GGML_TYPE_F32 &&
+                                                     ggml_n_dims(b) <= 2 && b->ne[1] == down->ne[2]));
+            }
+            if (!usable) {
+                n_biased++;
+                continue;
+            }
         }
         llama_moe_cache_layer layer;
         layer.il       = il;
@@ -118,11 +128,19 @@ std::unique_ptr<llama_moe_cache> llama_moe_cache::create(const llama_model & mod
         layer.src[1]   = up;
         layer.src[2]   = down;
         layer.n_expert = (int) down->ne[2];
+        if (has_bias && params.hybrid) {
+            for (int j = 0; j < 3; ++j) {
+                layer.src_b[j] = bias[j];
+            }
+        }
         for (ggml_tensor * t : layer.src) {
             if (t) {
                 GGML_ASSERT(t->ne[2] == down->ne[2] && "expert tensors of a layer disagree on the number of experts");
                 layer.expert_bytes += t->nb[2];
             }
+        }
+        for (ggml_tensor * b : layer.src_b) {
+            layer.expert_bytes += b ? b->nb[1] : 0;
         }
         auto key = std::make_tuple(
             gate ? (int) gate->type : -1, gate ? gate->ne[0] : 0, gate ? gate->ne[1] : 0,
@@ -136,7 +154,7 @@ std::unique_ptr<llama_moe_cache> llama_moe_cache::create(const llama_model & mod
         LLAMA_LOG_WARN("llama_moe_cache: %d layers have per-expert scales, which the cache does not copy; they keep llama.cpp's path\n", n_scaled);
     }
     if (n_biased > 0) {
-        LLAMA_LOG_WARN("llama_moe_cache: %d layers have expert biases, which the hybrid cannot split; they keep llama.cpp's path\n", n_biased);
+        LLAMA_LOG_WARN("llama_moe_cache: %d layers have expert biases the hybrid cannot copy (not F32 rows in RAM); they keep llama.cpp's path\n", n_biased);
     }
     if (cache->layers.empty()) {
         LLAMA_LOG_WARN("llama_moe_cache: --moe-cache-mib is set, but no layer has its experts in RAM%s; the cache is off "
@@ -162,7 +180,7 @@ std::unique_ptr<llama_moe_cache> llama_moe_cache::create(const llama_model & mod
         return nullptr;
     }
 
-    const size_t n_tensors = cache->layers.size() * 4;
+    const size_t n_tensors = cache->layers.size() * 7;
     ggml_init_params ip = { ggml_tensor_overhead() * n_tensors, nullptr, true };
     cache->ctx = ggml_init(ip);
     ggml_init_params ip_host = { ggml_tensor_overhead() * cache->layers.size(), nullptr, true };
@@ -180,6 +198,10 @@ std::unique_ptr<llama_moe_cache> llama_moe_cache::create(const llama_model & mod
             if (l.src[j]) {
                 l.dst[j] = ggml_new_tensor_3d(cache->ctx, l.src[j]->type, l.src[j]->ne[0], l.src[j]->ne[1], l.n_slots + n_null);
                 ggml_format_name(l.dst[j], "moe_cache.%d.%d", l.il, j);
+            }
+            if (l.src_b[j]) {
+                l.dst_b[j] = ggml_new_tensor_2d(cache->ctx, GGML_TYPE_F32, l.src_b[j]->ne[0], l.n_slots + n_null);
+                ggml_format_name(l.dst_b[j], "moe_cache_bias.%d.%d", l.il, j);
             }
         }
         l.slot_map = ggml_new_tensor_2d(cache->ctx, GGML_TYPE_I32, 1, l.n_expert);
@@ -234,6 +256,9 @@ std::unique_ptr<llama_moe_cache> llama_moe_cache::create(const llama_model & mod
                 if (l.src[j]) {
                     ggml_backend_tensor_set(l.dst[j], l.src[j]->data, 0, ggml_nbytes(l.src[j]));
                 }
+                if (l.src_b[j]) {
+                    ggml_backend_tensor_set(l.dst_b[j], l.src_b[j]->data, 0, ggml_nbytes(l.src_b[j]));
+                }
             }
             for (int e = 0; e < l.n_expert; ++e) {
                 l.slot_of[e] = e;
@@ -284,6 +309,11 @@ void llama_moe_cache_pin_mul_mat_id(ggml_backend_sched_t sched, ggml_backend_t b
         if (t->op == GGML_OP_MUL_MAT_ID) {
             ggml_backend_sched_set_tensor_backend(sched, t, backend_cpu);
             stack.push_back(t->src[1]); // not the weights, not the ids (they lead back to the router)
+            continue;
+        }
+        if (t->op == GGML_OP_ADD_ID) {
+            ggml_backend_sched_set_tensor_backend(sched, t, backend_cpu);
+            stack.push_back(t->src[0]); // not the biases, not the ids
             continue;
         }
         if (t->op == GGML_OP_GET_ROWS) {
@@ -375,6 +405,10 @@ bool llama_moe_cache::upload(llama_moe_cache_layer & layer, int32_t expert, int3
         if (src) {
             ggml_backend_tensor_set(layer.dst[j], (const char *) src->data + expert * src->nb[2], slot * layer.dst[j]->nb[2], src->nb[2]);
         }
+        const ggml_tensor * src_b = layer.src_b[j];
+        if (src_b) {
+            ggml_backend_tensor_set(layer.dst_b[j], (const char *) src_b->data + expert * src_b->nb[1], slot * layer.dst_b[j]->nb[1], src_b->nb[1]);
+        }
     }
     layer.expert_in[slot]    = expert;
     layer.slot_of[expert]    = slot;
@@ -419,12 +453,12 @@ void llama_moe_cache::prefill(const std::string & path, uint32_t n_layer) {
 }
 
 llama_moe_cache_route llama_moe_cache::build(ggml_context * ctx0, int64_t n_tokens, int64_t n_expert_used, bool warmup,
-                                             ggml_tensor * selected, ggml_tensor * gate, ggml_tensor * up, ggml_tensor * down) const {
-    llama_moe_cache_route r;
-    r.gate[0] = gate;
-    r.up  [0] = up;
-    r.down[0] = down;
-    r.ids [0] = selected;
+                                             const llama_moe_cache_route & model) const {
+    llama_moe_cache_route r = model;
+    ggml_tensor * selected = model.ids[0];
+    ggml_tensor * gate = model.gate[0];
+    ggml_tensor * up   = model.up[0];
+    ggml_tensor * down = model.down[0];
     // the warmup selects every expert, and prompts keep llama.cpp's path
     if (warmup || n_tokens > LLAMA_MOE_CACHE_MAX_UBATCH || down == nullptr) {
         return r;
@@ -464,6 +498,16 @@ llama_moe_cache_route llama_moe_cache::build(ggml_context * ctx0, int64_t n_toke
         r.down[1] = l.src[2];
         r.ids [1] = ggml_reshape_2d(ctx0, cpu, n_expert_used, n_tokens);
         r.cpu_only[1] = true;
+        // each chain adds the biases of the experts it computes: the device's by slot (zero in the null slot),
+        // the CPU's by expert (nothing for -1)
+        r.gate_b[0] = l.dst_b[0];
+        r.up_b  [0] = l.dst_b[1];
+        r.down_b[0] = l.dst_b[2];
+        r.bias_ids[0] = r.ids[0];
+        r.gate_b[1] = l.src_b[0];
+        r.up_b  [1] = l.src_b[1];
+        r.down_b[1] = l.src_b[2];
+        r.bias_ids[1] = r.ids[1];
     }
     return r;
 }

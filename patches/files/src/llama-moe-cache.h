@@ -47,12 +47,16 @@ struct llama_moe_cache_route {
     ggml_tensor * up  [2] = {nullptr, nullptr};
     ggml_tensor * down[2] = {nullptr, nullptr};
     ggml_tensor * ids [2] = {nullptr, nullptr};
+    ggml_tensor * gate_b[2] = {nullptr, nullptr}; // expert biases (gpt-oss), indexed by bias_ids
+    ggml_tensor * up_b  [2] = {nullptr, nullptr};
+    ggml_tensor * down_b[2] = {nullptr, nullptr};
+    ggml_tensor * bias_ids[2] = {nullptr, nullptr};
     bool cpu_only[2] = {false, false};            // the chain must run on the CPU (its ids may be -1)
     bool one_id_per_row[2] = {false, false};      // ids are [1, n_expert_used * n_tokens]: the chain takes one
                                                   // activation row per selected expert
 };
 
-// Assigns every MUL_MAT_ID between out and in (exclusive) to the CPU backend.
+// Assigns every MUL_MAT_ID and ADD_ID between out and in (exclusive) to the CPU backend.
 void llama_moe_cache_pin_mul_mat_id(ggml_backend_sched_t sched, ggml_backend_t backend_cpu, ggml_tensor * out, const ggml_tensor * in);
 
 struct llama_moe_cache_layer {
@@ -63,6 +67,10 @@ struct llama_moe_cache_layer {
     ggml_tensor * src[3] = {nullptr, nullptr, nullptr};
     // the device copies, [.., .., n_slots]
     ggml_tensor * dst[3] = {nullptr, nullptr, nullptr};
+    // hybrid: the experts' biases (gpt-oss), [n, n_expert] in host memory and [n, n_slots + 1] on the device,
+    // where the null slot's stay zero so that its part is exactly zero
+    ggml_tensor * src_b[3] = {nullptr, nullptr, nullptr};
+    ggml_tensor * dst_b[3] = {nullptr, nullptr, nullptr};
     // expert -> slot on the device; the graph's remap node reads it, so it also marks the node. In hybrid
     // mode an expert the cache lacks maps to the null slot (the last, all zeros)
     ggml_tensor * slot_map = nullptr;
@@ -93,8 +101,9 @@ struct llama_moe_cache {
 
     // Graph building: the chains a layer runs for this ubatch (see llama_moe_cache_route); a layer the cache
     // does not serve, a prompt or the warmup get the model's own tensors and ids.
+    // model: the model's own route (its tensors, biases and the selected experts as ids)
     llama_moe_cache_route build(ggml_context * ctx, int64_t n_tokens, int64_t n_expert_used, bool warmup,
-                                ggml_tensor * selected, ggml_tensor * gate, ggml_tensor * up, ggml_tensor * down) const;
+                                const llama_moe_cache_route & model) const;
 
     // Between a layer's router and its expert matmuls (the scheduler's eval callback, llama-moe-eval.h):
     // whether t is a remap node of ours, and, once it is computed, the lookups and uploads it needs.
