@@ -40,4 +40,4 @@ def test_negative_expert_ids_select_nothing_on_the_cpu(lib, tmp_path) -> None:
                    check=True, capture_output=True)
     proc = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
-    assert "5 cases, 0 wrong values" in proc.stdout
+    assert "7 cases, 0 wrong values" in proc.stdout

@@ -1,7 +1,8 @@
 // The hybrid cache's convention in ggml: a negative expert id in MUL_MAT_ID selects nothing, and its output
 // row is zero. Checked on the CPU backend, which is where the hybrid runs such products: every other row must
 // be bit-identical to the same product with a valid id there, an all-negative ubatch must give zeros, and two
-// complementary halves of a selection must sum to the whole (what the hybrid's two chains do).
+// complementary halves of a selection must sum to the whole (what the hybrid's two chains do). ADD_ID (expert
+// biases) follows the same convention.
 // Exit status: 0 when every case holds, 1 otherwise.
 
 #include "ggml.h"
@@ -91,6 +92,37 @@ static int check_case(const mmid_case & c) {
     return bad;
 }
 
+// add_id(a, b, ids): a row whose id is negative passes unchanged (the hybrid's CPU part adds no bias for the
+// experts the cache computes); the others get their bias row added
+static int check_add_id(int n_threads) {
+    const int64_t n = 40, n_used = 4, n_tokens = 3, n_bias = 6;
+    ggml_init_params ip = { 16ull * 1024 * 1024, nullptr, false };
+    ggml_context * ctx = ggml_init(ip);
+    ggml_tensor * a  = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, n, n_used, n_tokens);
+    ggml_tensor * b  = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, n, n_bias);
+    ggml_tensor * id = ggml_new_tensor_2d(ctx, GGML_TYPE_I32, n_used, n_tokens);
+    for (int64_t i = 0; i < ggml_nelements(a); ++i) ((float *) a->data)[i] = next_float();
+    for (int64_t i = 0; i < ggml_nelements(b); ++i) ((float *) b->data)[i] = next_float();
+    for (int64_t i = 0; i < n_used * n_tokens; ++i) ((int32_t *) id->data)[i] = i % 3 == 0 ? -1 : (int32_t) (i % n_bias);
+    ggml_tensor * out = ggml_add_id(ctx, a, b, id);
+    ggml_cgraph * gf = ggml_new_graph(ctx);
+    ggml_build_forward_expand(gf, out);
+    ggml_graph_compute_with_ctx(ctx, gf, n_threads);
+    int bad = 0;
+    for (int64_t r = 0; r < n_used * n_tokens; ++r) {
+        const int32_t e = ((int32_t *) id->data)[r];
+        for (int64_t c = 0; c < n; ++c) {
+            const float want = ((float *) a->data)[r * n + c] + (e < 0 ? 0.0f : ((float *) b->data)[e * n + c]);
+            if (((float *) out->data)[r * n + c] != want && bad++ < 5) {
+                fprintf(stderr, "add_id row %lld col %lld: %g, want %g\n", (long long) r, (long long) c,
+                        ((float *) out->data)[r * n + c], want);
+            }
+        }
+    }
+    ggml_free(ctx);
+    return bad;
+}
+
 int main() {
     const mmid_case cases[] = {
         { GGML_TYPE_F32,  64,  32, 8, 4,  1, 1 },
@@ -103,6 +135,7 @@ int main() {
     for (const auto & c : cases) {
         n_bad += check_case(c);
     }
-    printf("mmid_skip: %zu cases, %d wrong values\n", sizeof(cases) / sizeof(cases[0]), n_bad);
+    n_bad += check_add_id(1) + check_add_id(3);
+    printf("mmid_skip: %zu cases, %d wrong values\n", sizeof(cases) / sizeof(cases[0]) + 2, n_bad);
     return n_bad == 0 ? 0 : 1;
 }
