@@ -218,9 +218,74 @@ def dequantize_q4_0(data: np.ndarray | bytes, n: int | None = None) -> np.ndarra
     return out.reshape(-1)[:n] if n is not None else out.reshape(-1)
 
 
+# --- MXFP4 -----------------------------------------------------------------------------------
+# block_mxfp4 (ggml-common.h): one E8M0 scale byte ``e``, then 16 bytes of 4-bit E2M1 codes; byte j
+# holds element j in its low nibble and element j + 16 in its high nibble. A code indexes
+# kvalues_mxfp4, the E2M1 values doubled, so the scale is 2^(e - 128) (GGML_E8M0_TO_FP32_HALF).
+
+QK_MXFP4 = 32
+_MXFP4 = np.dtype([("e", "u1"), ("qs", "u1", (QK_MXFP4 // 2,))])
+assert _MXFP4.itemsize == 17
+KVALUES_MXFP4 = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], dtype=np.int8)
+_MXFP4_CHUNK = 1 << 16  # blocks per pass of the quantizer: bounds its temporaries to a few MB
+
+
+def e8m0_to_fp32_half(e: np.ndarray) -> np.ndarray:
+    """2^(e - 128) as float32, exact for every byte (e < 2 gives the denormals ggml builds bit by bit)."""
+    return np.ldexp(np.float32(1), np.asarray(e, dtype=np.int32) - 128).astype(np.float32)
+
+
+def _mxfp4_exponent(amax: np.ndarray) -> np.ndarray:
+    """``(uint8_t)(floorf(log2f(amax)) - 2 + 127)``, 0 where amax == 0. log2f is taken as the float32
+    rounding of a float64 log2 (glibc's log2f agrees on its floor, also just below powers of two)."""
+    with np.errstate(divide="ignore"):
+        l2 = np.log2(amax.astype(np.float64)).astype(np.float32)
+    e = np.floor(np.where(amax > 0, l2, np.float32(0))) - 2 + 127
+    # the C cast is undefined outside 0..255 (|x| < 2^-125 or >= 2^129); clip instead
+    return np.where(amax > 0, np.clip(e, 0, 255), 0).astype(np.uint8)
+
+
+def _mxfp4_codes(x: np.ndarray, d: np.ndarray) -> np.ndarray:
+    """best_index_mxfp4 for every element: the first of the 16 codes with the least float32
+    ``fabsf(kvalues_mxfp4[i] * d - x)`` (k * d is exact, so the only rounding is the subtraction)."""
+    best = np.abs(np.float32(0) * d - x)
+    idx = np.zeros(x.shape, dtype=np.uint8)
+    for i in range(1, 16):
+        err = np.abs(np.float32(KVALUES_MXFP4[i]) * d - x)
+        better = err < best
+        idx[better] = i
+        np.minimum(best, err, out=best)
+    return idx
+
+
+def quantize_mxfp4(x: np.ndarray) -> np.ndarray:
+    """Quantize float rows (last axis a multiple of 32) to MXFP4 bytes, bit for bit like
+    ggml's quantize_row_mxfp4_ref (ggml/src/ggml-quants.c)."""
+    b = _blocks(x)
+    out = np.empty(b.shape[0], dtype=_MXFP4)
+    for start in range(0, b.shape[0], _MXFP4_CHUNK):
+        blk = b[start : start + _MXFP4_CHUNK]
+        e = _mxfp4_exponent(np.max(np.abs(blk), axis=1))
+        d = e8m0_to_fp32_half(e)[:, None]
+        q = _mxfp4_codes(blk, d)
+        o = out[start : start + _MXFP4_CHUNK]
+        o["e"] = e
+        o["qs"] = q[:, : QK_MXFP4 // 2] | (q[:, QK_MXFP4 // 2 :] << 4)
+    return out.view(np.uint8)
+
+
+def dequantize_mxfp4(data: np.ndarray | bytes, n: int | None = None) -> np.ndarray:
+    """MXFP4 bytes -> float32, like dequantize_row_mxfp4."""
+    blocks = np.frombuffer(data, dtype=_MXFP4) if isinstance(data, (bytes, bytearray, memoryview)) else np.asarray(data).view(_MXFP4).reshape(-1)
+    qs = blocks["qs"]
+    q = KVALUES_MXFP4[np.concatenate([(qs & 0x0F), (qs >> 4)], axis=1)]
+    out = e8m0_to_fp32_half(blocks["e"])[:, None] * q.astype(np.float32)
+    return out.reshape(-1)[:n] if n is not None else out.reshape(-1)
+
+
 # --- generic entry points ---------------------------------------------------------------------
 
-QUANTIZABLE = (GgmlType.F32, GgmlType.F16, GgmlType.BF16, GgmlType.Q8_0, GgmlType.Q4_0)
+QUANTIZABLE = (GgmlType.F32, GgmlType.F16, GgmlType.BF16, GgmlType.Q8_0, GgmlType.Q4_0, GgmlType.MXFP4)
 
 
 def quantize(x: np.ndarray, t: GgmlType | int | str) -> np.ndarray:
@@ -236,6 +301,8 @@ def quantize(x: np.ndarray, t: GgmlType | int | str) -> np.ndarray:
         return quantize_q8_0(x)
     if t == GgmlType.Q4_0:
         return quantize_q4_0(x)
+    if t == GgmlType.MXFP4:
+        return quantize_mxfp4(x)
     raise GgufError(f"quantizing to {t.name} is not supported (only {', '.join(q.name for q in QUANTIZABLE)})")
 
 
@@ -253,12 +320,36 @@ def dequantize(data: np.ndarray | bytes, t: GgmlType | int | str) -> np.ndarray:
         return dequantize_q8_0(raw)
     if t == GgmlType.Q4_0:
         return dequantize_q4_0(raw)
+    if t == GgmlType.MXFP4:
+        return dequantize_mxfp4(raw)
     raise GgufError(f"dequantizing {t.name} is not supported (only {', '.join(q.name for q in QUANTIZABLE)})")
 
 
 def _random_bytes(rng: np.random.Generator, n: int) -> np.ndarray:
     # raw 64-bit draws are ~10x faster than Generator.bytes and equally deterministic
     return rng.bit_generator.random_raw((n + 7) // 8).view(np.uint8)[:n]
+
+
+# a uniformly random E2M1 code has value k * d with E[k^2] = 2 * (0+1+4+9+16+36+64+144) / 16
+_MXFP4_CODE_STD = float(np.sqrt(np.mean(KVALUES_MXFP4.astype(np.float64) ** 2)))  # ~5.85
+
+
+def _random_mxfp4(rng: np.random.Generator, nb: int, scale: float) -> np.ndarray:
+    """Random MXFP4 blocks: uniform codes, and per block one of the two E8M0 scales around
+    ``scale / 5.85``, mixed so that the mean square value is ``scale**2`` (E8M0 scales are powers of
+    two, so blocks differ by a factor 2 where Q8_0/Q4_0 blocks get a spread of fp16 scales)."""
+    if scale <= 0:
+        raise GgufError(f"scale must be positive, got {scale}")
+    target = scale / _MXFP4_CODE_STD
+    lo = int(np.floor(np.log2(target)))
+    # P(lo) * 4^lo + (1 - P(lo)) * 4^(lo+1) = target^2
+    p_lo = (4.0 - (target / 2.0**lo) ** 2) / 3.0
+    e_lo = min(max(lo + 128, 0), 254)
+    out = np.empty((nb, 17), dtype=np.uint8)
+    out[:, 1:] = _random_bytes(rng, nb * QK_MXFP4 // 2).reshape(nb, QK_MXFP4 // 2)
+    u = _random_bytes(rng, nb)
+    out[:, 0] = np.where(u < round(p_lo * 256), e_lo, e_lo + 1).astype(np.uint8)
+    return out.reshape(-1)
 
 
 def random_quantized(
@@ -292,6 +383,8 @@ def random_quantized(
         out = np.empty((nb, 18), dtype=np.uint8)
         out[:, 2:] = _random_bytes(rng, nb * QK // 2).reshape(nb, QK // 2)
         base = scale / 4.61
+    elif t == GgmlType.MXFP4:
+        return _random_mxfp4(rng, nb, scale)
     else:
         raise GgufError(f"random {t.name} tensors are not supported")
     # per-block scales vary +-25% like real blocks do; picking from 256 precomputed fp16

@@ -1,4 +1,4 @@
-"""``python -m llama_moe synth``: write a synthetic qwen3moe model."""
+"""``python -m llama_moe synth``: write a synthetic qwen3moe or gpt-oss model."""
 from __future__ import annotations
 
 import argparse
@@ -17,14 +17,15 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``synth`` subcommand to an argparse subparsers object; its handler is ``run``."""
     p = subparsers.add_parser(
         "synth",
-        help="write a synthetic qwen3moe GGUF model",
-        description="Write a synthetic qwen3moe GGUF with a real tokenizer, corpus-like text and "
-        "realistic expert routing (see llama_moe/synth/routing.py).",
+        help="write a synthetic qwen3moe or gpt-oss GGUF model",
+        description="Write a synthetic qwen3moe or gpt-oss GGUF (the gpt-oss-* shapes) with a real tokenizer, "
+        "corpus-like text and realistic expert routing (see llama_moe/synth/routing.py).",
     )
     p.add_argument("out", metavar="OUT.gguf", help="output file")
     p.add_argument("--shape", default="tiny",
                    help=f"a preset ({', '.join(SHAPES)}) or k=v,... overrides (e.g. 'small,n_layer=4')")
-    p.add_argument("--experts", default="q8_0", choices=sorted(EXPERT_TYPES), help="expert tensor type")
+    p.add_argument("--experts", default=None, choices=sorted(EXPERT_TYPES),
+                   help="expert tensor type (default: mxfp4 for gpt-oss shapes, as the real models ship, else q8_0)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--skew", type=float, default=None,
                    help=f"router hot-expert bias scale (default {RoutingConfig().skew})")
@@ -84,11 +85,12 @@ def run(args: argparse.Namespace) -> int:
         shape_arg = args.shape if args.shape in SHAPES else shape
         bar = None if args.quiet else ProgressBar()
         t0 = time.monotonic()
-        info = synthesize(args.out, shape_arg, args.experts, args.seed, routing, progress=bar)
+        experts = args.experts or ("mxfp4" if shape.arch == "gpt-oss" else "q8_0")
+        info = synthesize(args.out, shape_arg, experts, args.seed, routing, progress=bar)
     except (LlamaMoeError, OSError) as e:
         print(f"\nsynth: error: {e}", file=sys.stderr)
         return 1
-    print(f"wrote {info.path}: {_size(info.file_bytes)}, {info.shape.n_layer} layers x {info.shape.n_expert} "
+    print(f"wrote {info.path}: {info.shape.arch}, {_size(info.file_bytes)}, {info.shape.n_layer} layers x {info.shape.n_expert} "
           f"experts ({info.expert_type}, {_size(info.expert_bytes)} per expert), {info.n_vocab_used} of "
           f"{info.shape.n_vocab} tokens used, seed {info.seed}, {time.monotonic() - t0:.1f}s", file=sys.stderr)
     return 0

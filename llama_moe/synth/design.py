@@ -22,6 +22,13 @@ the T columns and the output projection writes them into C, so after layer l the
 ``Gamma_l * mean(topic profile of the tokens so far)``. Experts' down projections are small, so
 the MoE blocks add only a little noise. Hence the router input of every layer is, up to that
 noise, computable in numpy from the token ids alone (see routing.py).
+
+gpt-oss (``shape.arch == "gpt-oss"``) differs where its graph does: it has no q/k norms, so the
+query weights themselves are tiny; every head has an attention sink, a logit that joins the
+softmax as one more key with no value, so head 0's context is ``sum / (n_keys + exp(sink))``;
+layers 0, 2, 4, ... see only the last ``n_swa`` tokens, so their context is the mean over that
+window; and the router has a bias, which carries the hot-expert term ``skew * b`` (not divided
+by the residual's RMS, unlike the constant column's). routing.py follows all of this.
 """
 from __future__ import annotations
 
@@ -89,21 +96,43 @@ class Design:
     tok_w: np.ndarray  # [n_layer, n_expert, n_embd] token-identity router rows (A and F columns)
     gamma: np.ndarray  # [n_layer] context each attention layer adds to the C columns
     rot: np.ndarray  # [n_embd, n_embd] orthogonal: stored = unrotated @ rot
+    sinks: np.ndarray  # [n_layer, n_head] attention sink logits (gpt-oss); [n_layer, 0] without sinks
     _cache: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
 
     @property
     def n_real(self) -> int:
         return self.emb.shape[0]
 
+    @property
+    def router_has_bias(self) -> bool:
+        """The hot-expert term is the router's bias (gpt-oss), not a weight on the constant column."""
+        return self.shape.arch == "gpt-oss"
+
+    def sink_weight(self) -> np.ndarray:
+        """[n_layer] exp(sink logit) of head 0, the head that carries the context; 0 without sinks."""
+        if self.sinks.shape[1] == 0:
+            return np.zeros(self.shape.n_layer)
+        return np.exp(self.sinks[:, 0].astype(np.float64))
+
+    def window(self, layer: int) -> int:
+        """How many tokens (the current one included) ``layer``'s attention sees; 0: all of them."""
+        return self.shape.n_swa if self.shape.is_swa(layer) else 0
+
     def router(self, layer: int, routing: RoutingConfig | None = None) -> np.ndarray:
         """[n_expert, n_embd] unrotated router matrix of ``layer``."""
         r = routing or self.routing
         lay = self.layout
         w = self.tok_w[layer].copy()
-        w[:, 0] = r.skew * self.bias[layer] / self.c0
+        w[:, 0] = 0.0 if self.router_has_bias else r.skew * self.bias[layer] / self.c0
         w[:, lay.t] = r.locality * self.topic_w[layer] / self.g_t
         w[:, lay.c] = r.locality * self.topic_w[layer] / self.g_t
         return w
+
+    def router_bias(self, layer: int, routing: RoutingConfig | None = None) -> np.ndarray:
+        """[n_expert] the router's bias (gpt-oss: the hot-expert term; zeros where it is a weight)."""
+        if not self.router_has_bias:
+            return np.zeros(self.shape.n_expert)
+        return (routing or self.routing).skew * self.bias[layer]
 
     def tok_logits(self) -> np.ndarray:
         """[n_layer, n_real, n_expert]: the token-identity term of every router for every token."""
@@ -294,8 +323,13 @@ def _build(shape: Shape, seed: int, routing: RoutingConfig, corpus: dict[str, st
         tok_w[layer][:, lay.af] = fw * tok_scale
 
     rot = random_rotation(d, _rng(seed, 3))
+    if shape.arch == "gpt-oss":
+        # attention sinks, N(0, 1) per head and layer (a draw of their own: qwen3moe designs are unchanged)
+        sinks = _rng(seed, 4).standard_normal((n_l, shape.n_head)).astype(np.float32)
+    else:
+        sinks = np.zeros((n_l, 0), dtype=np.float32)
     arrays = dict(emb=emb.astype(np.float32), out=out.astype(np.float32), tau=tau.astype(np.float32),
-                  bias=bias, topic_w=topic_w, tok_w=tok_w, gamma=gamma, rot=rot)
+                  bias=bias, topic_w=topic_w, tok_w=tok_w, gamma=gamma, rot=rot, sinks=sinks)
     for a in arrays.values():
         a.setflags(write=False)
     return Design(shape=shape, seed=seed, routing=routing, tokenizer=tok, layout=lay, c0=c0, g_t=g_t,

@@ -1,9 +1,12 @@
-"""Model shapes for synthetic qwen3moe models: presets and a ``k=v,...`` parser."""
+"""Model shapes for synthetic MoE models (qwen3moe or gpt-oss): presets and a ``k=v,...`` parser."""
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 
 from llama_moe.errors import LlamaMoeError
+
+ARCHS = ("qwen3moe", "gpt-oss")  # llama.cpp architecture names (LLM_ARCH_QWEN3MOE, LLM_ARCH_OPENAI_MOE)
+_DEFAULTS = {"arch": "qwen3moe", "n_swa": 0}  # left out of describe() at these values
 
 
 @dataclass(frozen=True)
@@ -18,9 +21,20 @@ class Shape:
     n_ff_exp: int
     n_vocab: int  # padded vocabulary size; the learned tokens are a prefix of it
     n_ctx_train: int
+    arch: str = "qwen3moe"
+    # gpt-oss: sliding-window size of the layers that use it (every other one, from layer 0)
+    n_swa: int = 0
 
     def __post_init__(self) -> None:
+        if self.arch not in ARCHS:
+            raise LlamaMoeError(f"shape: arch must be one of {', '.join(ARCHS)}, got {self.arch!r}")
+        if self.arch == "gpt-oss" and self.n_swa <= 0:
+            raise LlamaMoeError(f"shape: gpt-oss needs a sliding window n_swa > 0, got {self.n_swa}")
+        if self.arch == "qwen3moe" and self.n_swa != 0:
+            raise LlamaMoeError(f"shape: qwen3moe has no sliding window; n_swa must be 0, got {self.n_swa}")
         for f in fields(self):
+            if f.name in _DEFAULTS:
+                continue
             if getattr(self, f.name) <= 0:
                 raise LlamaMoeError(f"shape: {f.name} must be positive, got {getattr(self, f.name)}")
         if self.n_head % self.n_head_kv:
@@ -47,8 +61,14 @@ class Shape:
         """Parameters of one expert (gate + up + down) in one layer."""
         return 3 * self.n_embd * self.n_ff_exp
 
+    def is_swa(self, layer: int) -> bool:
+        """Whether ``layer`` attends to a sliding window (llama.cpp's set_swa_pattern(2) for gpt-oss:
+        layers 0, 2, 4, ... slide, 1, 3, 5, ... see the whole context)."""
+        return self.n_swa > 0 and layer % 2 == 0
+
     def describe(self) -> str:
-        return ",".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self))
+        return ",".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self)
+                        if f.name not in _DEFAULTS or getattr(self, f.name) != _DEFAULTS[f.name])
 
 
 SHAPES: dict[str, Shape] = {
@@ -60,21 +80,28 @@ SHAPES: dict[str, Shape] = {
     # Qwen3-30B-A3B's sizes
     "qwen3-30b-a3b": Shape(n_layer=48, n_embd=2048, n_head=32, n_head_kv=4, head_dim=128, n_expert=128,
                            n_expert_used=8, n_ff_exp=768, n_vocab=151936, n_ctx_train=40960),
-    # gpt-oss-120b's sizes in the qwen3moe architecture
+    # gpt-oss (llama.cpp's "gpt-oss" architecture): a few MB, for tests
+    "gpt-oss-tiny": Shape(n_layer=4, n_embd=128, n_head=4, n_head_kv=2, head_dim=32, n_expert=32,
+                          n_expert_used=4, n_ff_exp=128, n_vocab=2048, n_ctx_train=4096, arch="gpt-oss", n_swa=32),
+    # gpt-oss-20b's and gpt-oss-120b's sizes (HF config.json; vocabulary o200k_harmony's 201088)
+    "gpt-oss-20b": Shape(n_layer=24, n_embd=2880, n_head=64, n_head_kv=8, head_dim=64, n_expert=32,
+                         n_expert_used=4, n_ff_exp=2880, n_vocab=201088, n_ctx_train=131072, arch="gpt-oss", n_swa=128),
     "gpt-oss-120b": Shape(n_layer=36, n_embd=2880, n_head=64, n_head_kv=8, head_dim=64, n_expert=128,
-                          n_expert_used=4, n_ff_exp=2880, n_vocab=201088, n_ctx_train=131072),
+                          n_expert_used=4, n_ff_exp=2880, n_vocab=201088, n_ctx_train=131072, arch="gpt-oss", n_swa=128),
 }
 
 
 def parse_shape(spec: str, base: Shape | None = None) -> Shape:
     """A preset name, or ``k=v`` pairs (``n_layer=4,n_expert=16``) overriding ``base``
-    (default: the ``tiny`` preset; a leading preset name may be given: ``small,n_layer=2``)."""
+    (default: the ``tiny`` preset; a leading preset name may be given: ``small,n_layer=2``).
+    ``arch`` takes a name; a gpt-oss shape turned into qwen3moe drops its sliding window
+    (``gpt-oss-120b,arch=qwen3moe`` is gpt-oss-120b's sizes in the qwen3moe architecture)."""
     spec = spec.strip()
     if spec in SHAPES:
         return SHAPES[spec]
     names = {f.name for f in fields(Shape)}
     shape = base if base is not None else SHAPES["tiny"]
-    changes: dict[str, int] = {}
+    changes: dict[str, int | str] = {}
     for i, part in enumerate(p.strip() for p in spec.split(",") if p.strip()):
         if "=" not in part:
             if i == 0 and part in SHAPES:
@@ -84,10 +111,15 @@ def parse_shape(spec: str, base: Shape | None = None) -> Shape:
         k, v = (s.strip() for s in part.split("=", 1))
         if k not in names:
             raise LlamaMoeError(f"shape: unknown field {k!r} (fields: {', '.join(sorted(names))})")
+        if k == "arch":
+            changes[k] = v
+            continue
         try:
             changes[k] = int(v)
         except ValueError:
             raise LlamaMoeError(f"shape: {k} must be an integer, got {v!r}") from None
+    if changes.get("arch") == "qwen3moe" and "n_swa" not in changes:
+        changes["n_swa"] = 0
     return replace(shape, **changes)
 
 

@@ -1,4 +1,4 @@
-"""Write a synthetic qwen3moe GGUF, tensor by tensor, from a Design (see design.py)."""
+"""Write a synthetic qwen3moe or gpt-oss GGUF, tensor by tensor, from a Design (see design.py)."""
 from __future__ import annotations
 
 import os
@@ -17,12 +17,24 @@ from llama_moe.synth.design import Design, build_design
 from llama_moe.synth.shapes import Shape, get_shape
 from llama_moe.synth.tokenizer import CHAT_TEMPLATE, ENDOFTEXT, IM_END
 
-ARCH = "qwen3moe"
+ARCH = "qwen3moe"  # the default architecture (Shape.arch)
 SYNTH_FORMAT = 1  # bump when the same seed would give different weights
-EXPERT_TYPES = {"q8_0": GgmlType.Q8_0, "q4_0": GgmlType.Q4_0, "f16": GgmlType.F16}
-_FILE_TYPE = {GgmlType.Q8_0: 7, GgmlType.Q4_0: 2, GgmlType.F16: 1}  # LLAMA_FTYPE_MOSTLY_*
+EXPERT_TYPES = {"q8_0": GgmlType.Q8_0, "q4_0": GgmlType.Q4_0, "f16": GgmlType.F16, "mxfp4": GgmlType.MXFP4}
+# LLAMA_FTYPE_MOSTLY_* (include/llama.h); MXFP4_MOE: experts MXFP4, the rest Q8_0 here
+_FILE_TYPE = {GgmlType.Q8_0: 7, GgmlType.Q4_0: 2, GgmlType.F16: 1, GgmlType.MXFP4: 38}
 RMS_EPS = 1e-6
 ROPE_FREQ_BASE = 1_000_000.0
+# gpt-oss's own values (HF config.json of gpt-oss-20b/120b): rms_norm_eps, rope_theta, and YaRN
+# with factor 32 over an original context of 4096 (here n_ctx_train / 32); beta_fast/slow are
+# llama.cpp's defaults, written as the converter does
+GPT_OSS_RMS_EPS = 1e-5
+GPT_OSS_ROPE_FREQ_BASE = 150_000.0
+GPT_OSS_YARN_FACTOR = 32.0
+GPT_OSS_YARN_BETA = (32.0, 1.0)
+EXPERT_BIAS = 0.1  # gpt-oss gate/up expert biases (the pre-activations have unit RMS)
+DOWN_BIAS = 0.005  # gpt-oss down-projection biases, ~ an expert's output
+ATTN_OUT_BIAS = 1e-3  # gpt-oss attention output bias: added to the residual in every layer
+K_BIAS = 0.1  # gpt-oss key bias: shifts every score of a query alike (tiny queries: ~0)
 Q_NORM = 2e-3  # tiny q_norm weights: all attention scores ~0, so attention is a uniform average
 NOISE = 0.02  # relative size of the attention weights that carry nothing
 DOWN_SCALE = 0.01  # experts' down projections: output RMS ~0.5% of the residual's per layer
@@ -96,6 +108,9 @@ class _Plan:
         return lambda: iter([np.full(n, value, dtype=np.float32)])
 
     def _add_layer(self, layer: int) -> None:
+        if self.d.shape.arch == "gpt-oss":
+            self._add_layer_gpt_oss(layer)
+            return
         s, et = self.d.shape, self.et
         n_q, n_kv = s.n_head * s.head_dim, s.n_head_kv * s.head_dim
         p = f"blk.{layer}."
@@ -118,7 +133,56 @@ class _Plan:
         self._add(p + "ffn_down_exps.weight", (s.n_ff_exp, s.n_embd, s.n_expert), et,
                   lambda: self._experts(layer, 2, (s.n_embd, s.n_ff_exp), down))
 
+    def _add_layer_gpt_oss(self, layer: int) -> None:
+        """llama.cpp's gpt-oss layer (src/models/openai-moe.cpp): biased q/k/v/output projections,
+        per-head attention sinks, post_attention_norm before the router, a biased router, and
+        biased experts (swiglu-oai). Attention is made uniform by tiny query weights instead of
+        q_norm; the sinks and sliding windows are part of the design (routing.py)."""
+        s, et, d = self.d.shape, self.et, self.d
+        n_q, n_kv = s.n_head * s.head_dim, s.n_head_kv * s.head_dim
+        p = f"blk.{layer}."
+        f32 = GgmlType.F32
+        self._add(p + "attn_norm.weight", (s.n_embd,), f32, self._ones(s.n_embd))
+        self._add(p + "attn_q.weight", (s.n_embd, n_q), self.dense, lambda: self._random_dense(layer, 0, n_q, Q_NORM))
+        self._add(p + "attn_q.bias", (n_q,), f32, lambda: self._random_f32(layer, 40, n_q, Q_NORM))
+        self._add(p + "attn_k.weight", (s.n_embd, n_kv), self.dense, lambda: self._random_dense(layer, 1, n_kv))
+        self._add(p + "attn_k.bias", (n_kv,), f32, lambda: self._random_f32(layer, 41, n_kv, K_BIAS))
+        self._add(p + "attn_v.weight", (s.n_embd, n_kv), self.dense, lambda: self._attn_v(layer))
+        self._add(p + "attn_v.bias", (n_kv,), f32, lambda: self._attn_v_bias(layer))
+        self._add(p + "attn_output.weight", (n_q, s.n_embd), self.dense, lambda: self._attn_output(layer))
+        self._add(p + "attn_output.bias", (s.n_embd,), f32, lambda: self._random_f32(layer, 43, s.n_embd, ATTN_OUT_BIAS))
+        self._add(p + "attn_sinks.weight", (s.n_head,), f32, lambda: iter([d.sinks[layer].astype(np.float32)]))
+        self._add(p + "post_attention_norm.weight", (s.n_embd,), f32, self._ones(s.n_embd))
+        self._add(p + "ffn_gate_inp.weight", (s.n_embd, s.n_expert), f32,
+                  lambda: iter([(d.router(layer) @ d.rot).astype(np.float32)]))
+        self._add(p + "ffn_gate_inp.bias", (s.n_expert,), f32, lambda: iter([d.router_bias(layer).astype(np.float32)]))
+        gate_up = 1.0 / np.sqrt(s.n_embd)
+        down = DOWN_SCALE / np.sqrt(s.n_ff_exp)
+        self._add(p + "ffn_gate_exps.weight", (s.n_embd, s.n_ff_exp, s.n_expert), et,
+                  lambda: self._experts(layer, 0, (s.n_ff_exp, s.n_embd), gate_up))
+        self._add(p + "ffn_gate_exps.bias", (s.n_ff_exp, s.n_expert), f32,
+                  lambda: self._random_f32(layer, 44, s.n_ff_exp * s.n_expert, EXPERT_BIAS))
+        self._add(p + "ffn_up_exps.weight", (s.n_embd, s.n_ff_exp, s.n_expert), et,
+                  lambda: self._experts(layer, 1, (s.n_ff_exp, s.n_embd), gate_up))
+        self._add(p + "ffn_up_exps.bias", (s.n_ff_exp, s.n_expert), f32,
+                  lambda: self._random_f32(layer, 45, s.n_ff_exp * s.n_expert, EXPERT_BIAS))
+        self._add(p + "ffn_down_exps.weight", (s.n_ff_exp, s.n_embd, s.n_expert), et,
+                  lambda: self._experts(layer, 2, (s.n_embd, s.n_ff_exp), down))
+        self._add(p + "ffn_down_exps.bias", (s.n_embd, s.n_expert), f32,
+                  lambda: self._random_f32(layer, 46, s.n_embd * s.n_expert, DOWN_BIAS))
+
     # --- producers (each yields raw bytes as uint8 arrays, or float arrays to quantize) -----
+
+    def _random_f32(self, layer: int, kind: int, n: int, scale: float) -> Iterator[np.ndarray]:
+        x = _rng(self.d.seed, 20, layer, kind).standard_normal(n, dtype=np.float32)
+        yield x * np.float32(scale)
+
+    def _attn_v_bias(self, layer: int) -> Iterator[np.ndarray]:
+        d = self.d
+        b = _rng(d.seed, 20, layer, 42).standard_normal(d.shape.n_head_kv * d.shape.head_dim, dtype=np.float32)
+        b *= np.float32(NOISE)
+        b[: d.layout.r_t] = 0.0  # kv head 0's topic dims carry the context: no offset there
+        yield b
 
     def _rows(self, real: np.ndarray, pad: Callable[[int, int], np.ndarray]) -> Iterator[np.ndarray]:
         """Vocabulary-sized matrix: real rows (rotated) first, then padding rows in chunks."""
@@ -148,9 +212,9 @@ class _Plan:
 
         return self._rows(d.out, pad)
 
-    def _random_dense(self, layer: int, kind: int, rows: int) -> Iterator[np.ndarray]:
+    def _random_dense(self, layer: int, kind: int, rows: int, gain: float = 1.0) -> Iterator[np.ndarray]:
         n = self.d.shape.n_embd
-        yield random_quantized(self.dense, (rows, n), _rng(self.d.seed, 20, layer, kind), 1.0 / np.sqrt(n))
+        yield random_quantized(self.dense, (rows, n), _rng(self.d.seed, 20, layer, kind), gain / np.sqrt(n))
 
     def _attn_v(self, layer: int) -> Iterator[np.ndarray]:
         d = self.d
@@ -181,23 +245,36 @@ class _Plan:
 
 def _add_metadata(w: GgufWriter, design: Design, expert_type: GgmlType, shape_name: str) -> None:
     s, tok, r = design.shape, design.tokenizer, design.routing
-    w.add_string("general.architecture", ARCH)
+    arch = s.arch
+    gpt_oss = arch == "gpt-oss"
+    w.add_string("general.architecture", arch)
     w.add_string("general.name", f"llama-moe synthetic {shape_name}")
     w.add_uint32("general.file_type", _FILE_TYPE[expert_type])
     w.add_uint32("general.quantization_version", 2)
-    w.add_uint32(f"{ARCH}.context_length", s.n_ctx_train)
-    w.add_uint32(f"{ARCH}.embedding_length", s.n_embd)
-    w.add_uint32(f"{ARCH}.block_count", s.n_layer)
-    w.add_uint32(f"{ARCH}.feed_forward_length", s.n_ff_exp * s.n_expert_used)
-    w.add_uint32(f"{ARCH}.expert_feed_forward_length", s.n_ff_exp)
-    w.add_uint32(f"{ARCH}.attention.head_count", s.n_head)
-    w.add_uint32(f"{ARCH}.attention.head_count_kv", s.n_head_kv)
-    w.add_uint32(f"{ARCH}.attention.key_length", s.head_dim)
-    w.add_uint32(f"{ARCH}.attention.value_length", s.head_dim)
-    w.add_float32(f"{ARCH}.attention.layer_norm_rms_epsilon", RMS_EPS)
-    w.add_float32(f"{ARCH}.rope.freq_base", ROPE_FREQ_BASE)
-    w.add_uint32(f"{ARCH}.expert_count", s.n_expert)
-    w.add_uint32(f"{ARCH}.expert_used_count", s.n_expert_used)
+    w.add_uint32(f"{arch}.context_length", s.n_ctx_train)
+    w.add_uint32(f"{arch}.embedding_length", s.n_embd)
+    w.add_uint32(f"{arch}.block_count", s.n_layer)
+    # gpt-oss's converter writes intermediate_size (one expert's) here; qwen3moe's the active total
+    w.add_uint32(f"{arch}.feed_forward_length", s.n_ff_exp if gpt_oss else s.n_ff_exp * s.n_expert_used)
+    w.add_uint32(f"{arch}.expert_feed_forward_length", s.n_ff_exp)
+    w.add_uint32(f"{arch}.attention.head_count", s.n_head)
+    w.add_uint32(f"{arch}.attention.head_count_kv", s.n_head_kv)
+    w.add_uint32(f"{arch}.attention.key_length", s.head_dim)
+    w.add_uint32(f"{arch}.attention.value_length", s.head_dim)
+    w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", GPT_OSS_RMS_EPS if gpt_oss else RMS_EPS)
+    if gpt_oss:
+        # every other layer (0, 2, ...) slides: llama.cpp's default pattern for gpt-oss (set_swa_pattern(2))
+        w.add_uint32(f"{arch}.attention.sliding_window", s.n_swa)
+        w.add_float32(f"{arch}.rope.freq_base", GPT_OSS_ROPE_FREQ_BASE)
+        w.add_string(f"{arch}.rope.scaling.type", "yarn")
+        w.add_float32(f"{arch}.rope.scaling.factor", GPT_OSS_YARN_FACTOR)
+        w.add_uint32(f"{arch}.rope.scaling.original_context_length", max(1, int(s.n_ctx_train / GPT_OSS_YARN_FACTOR)))
+        w.add_float32(f"{arch}.rope.scaling.yarn_beta_fast", GPT_OSS_YARN_BETA[0])
+        w.add_float32(f"{arch}.rope.scaling.yarn_beta_slow", GPT_OSS_YARN_BETA[1])
+    else:
+        w.add_float32(f"{arch}.rope.freq_base", ROPE_FREQ_BASE)
+    w.add_uint32(f"{arch}.expert_count", s.n_expert)
+    w.add_uint32(f"{arch}.expert_used_count", s.n_expert_used)
     w.add_string("tokenizer.ggml.model", "gpt2")
     w.add_string("tokenizer.ggml.pre", "qwen2")
     w.add_array("tokenizer.ggml.tokens", list(tok.tokens))
@@ -228,7 +305,9 @@ def synthesize(
     progress: Progress | None = None,
     workers: int | None = None,
 ) -> SynthInfo:
-    """Write a synthetic qwen3moe model to ``path``; same arguments, same bytes."""
+    """Write a synthetic model (qwen3moe, or gpt-oss for a gpt-oss shape) to ``path``; same
+    arguments, same bytes. Tensors are made and written one at a time (experts in parallel chunks of
+    one expert each), so memory stays bounded whatever the file's size."""
     shp = get_shape(shape)
     shape_name = shape if isinstance(shape, str) else "custom"
     et = _expert_type(expert_type)
