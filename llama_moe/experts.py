@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from .errors import GgufError
 
-_EXPS = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down|gate_up)_(ch|)exps\.weight$")
+_EXPS = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down|gate_up)_(ch|)exps\.(weight|bias)$")
 
 
 @dataclass(frozen=True)
@@ -16,6 +16,7 @@ class LayerExperts:
     n_expert: int
     bytes_per_expert: int  # gate + up + down (or gate_up + down) of one expert
     type_name: str         # the expert tensors' ggml types, e.g. "q8_0" or "q4_0/q8_0"
+    bias_bytes_per_expert: int = 0  # their biases (gpt-oss): the hybrid cache keeps a copy beside each slot
 
 
 @dataclass(frozen=True)
@@ -51,10 +52,14 @@ def expert_layout(path: str | os.PathLike[str]) -> ExpertLayout:
             per_layer.setdefault(int(m.group(1)), []).append(t)
     layers = []
     for il in sorted(per_layer):
-        tensors = per_layer[il]
+        tensors = [t for t in per_layer[il] if t.name.endswith(".weight")]
+        biases = [t for t in per_layer[il] if t.name.endswith(".bias")]
+        if not tensors:
+            continue
         n = tensors[0].ne[-1]
-        if any(t.ne[-1] != n for t in tensors):
+        if any(t.ne[-1] != n for t in tensors + biases):
             raise GgufError(f"{path}: layer {il}'s expert tensors disagree on the number of experts")
         types = "/".join(sorted({t.type.name.lower() for t in tensors}))
-        layers.append(LayerExperts(il, int(n), sum(t.nbytes for t in tensors) // int(n), types))
+        layers.append(LayerExperts(il, int(n), sum(t.nbytes for t in tensors) // int(n), types,
+                                   sum(t.nbytes for t in biases) // int(n)))
     return ExpertLayout(n_layer, n_expert, n_used, tuple(layers))

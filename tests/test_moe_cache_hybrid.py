@@ -102,3 +102,40 @@ def test_adaptive_without_hybrid_is_ignored_with_a_warning(lib, tiny_model_path,
                                           moe_cache_adaptive=True)) as ctx:
             assert ctx.moe_cache_stats() is not None
     assert "--moe-cache-adaptive without --moe-cache-hybrid is ignored" in caplog.text
+
+
+@pytest.fixture(scope="module")
+def gpt_oss_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from llama_moe.synth import synthesize
+
+    path = tmp_path_factory.mktemp("models") / "gpt-oss-tiny-mxfp4.gguf"
+    synthesize(path, "gpt-oss-tiny", "mxfp4", seed=0)
+    return path
+
+
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_hybrid_with_expert_biases_is_bit_identical(lib, gpt_oss_path, tmp_path, caplog, adaptive) -> None:
+    """gpt-oss adds a bias per expert to gate, up and down: each part adds those of the experts it computes
+    (the device part from the cache's copies, zero in the null slot; the CPU part nothing for -1)."""
+    caplog.set_level(logging.WARNING, logger="llama_moe.native")
+    layout = expert_layout(gpt_oss_path)
+    assert all(l.bias_bytes_per_expert > 0 for l in layout.layers)
+    ranked = [(l.il, (3 * l.il + 5 * i) % layout.n_expert) for i in range(layout.n_expert) for l in layout.layers]
+    profile = tmp_path / "goss.strp"
+    write_profile(profile, Profile(layout.n_layer, layout.n_expert, 10, tuple(ranked)))
+    slots = 10
+    mib = mib_for_slots(gpt_oss_path, slots, hybrid=True)
+    with Model(gpt_oss_path, RAM) as model:
+        for prompt in PROMPTS:
+            plain_tokens, plain_logits, *_ = _generate(model, ContextParams(n_ctx=512), prompt)
+            tokens, logits, stats, layers, _, _ = _generate(
+                model, ContextParams(n_ctx=512, moe_cache_mib=mib, moe_cache_profile=profile, moe_cache_hybrid=True,
+                                     moe_cache_adaptive=adaptive), prompt)
+            assert tokens == plain_tokens
+            np.testing.assert_array_equal(logits, plain_logits)
+            assert stats.hybrid and all(l.n_slots == slots for l in layers)
+            assert stats.n_hit > 0 and stats.n_miss > 0  # both parts ran
+            per_expert = layout.layers[0].bytes_per_expert + layout.layers[0].bias_bytes_per_expert
+            assert stats.n_bytes_cpu == stats.n_miss * per_expert
+            assert (stats.n_swap > 0) == adaptive
+    assert "cannot copy" not in caplog.text and "cannot split" not in caplog.text

@@ -19,7 +19,7 @@ def _map_bytes(n_expert: int) -> int:
 
 def _fixed_bytes(layout: ExpertLayout, hybrid: bool) -> tuple[int, int]:
     """(bytes of one slot in every layer, bytes the engine sets aside before slots: maps and null slots)."""
-    row = sum(l.bytes_per_expert for l in layout.layers)
+    row = sum(l.bytes_per_expert + (l.bias_bytes_per_expert if hybrid else 0) for l in layout.layers)
     maps = sum(_map_bytes(l.n_expert) for l in layout.layers)
     # hybrid: one zero-filled null slot per layer, budgeted even for layers that end up held whole
     return row, maps + (row if hybrid else 0)
