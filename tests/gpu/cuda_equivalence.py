@@ -19,11 +19,18 @@ PROMPTS = ["The ship left the harbour at dawn, and the crew", "To grow tomatoes 
            "The telescope was pointed at the northern sky"]
 
 
-def run(path: Path, mib: float, n: int, prompt: str, **cache) -> tuple[list[int], np.ndarray, object]:
-    with Model(path, ModelParams(cpu_moe=True, use_mmap=False)) as model, \
-         Context(model, ContextParams(n_ctx=1024, moe_cache_mib=mib, **cache)) as ctx:
-        tokens = list(ctx.generate(prompt, max_tokens=n, stop_at_eog=False))
-        return tokens, ctx.logits(), ctx.moe_cache_stats()
+def run(path: Path, mib: float, n: int, prompt: str, no_mailbox: bool = False, **cache) -> tuple[list[int], np.ndarray, object]:
+    import os
+
+    if no_mailbox:  # read when the context is made
+        os.environ["LLAMA_MOE_CACHE_NO_MAILBOX"] = "1"
+    try:
+        with Model(path, ModelParams(cpu_moe=True, use_mmap=False)) as model, \
+             Context(model, ContextParams(n_ctx=1024, moe_cache_mib=mib, **cache)) as ctx:
+            tokens = list(ctx.generate(prompt, max_tokens=n, stop_at_eog=False))
+            return tokens, ctx.logits(), ctx.moe_cache_stats()
+    finally:
+        os.environ.pop("LLAMA_MOE_CACHE_NO_MAILBOX", None)
 
 
 def prompt_copies(path: Path, total_mib: float, profile: Path) -> bool:
@@ -72,7 +79,9 @@ def main() -> int:
     # short windows: on the tiny model (head_dim 32, no flash attention on CUDA) a 4096-token window was the
     # suspect of a device trap in the 2026-11-29 session (tests/gpu/h200_bisect.py trace-long tells)
     profile = train_profile(path, Path(tempfile.mkdtemp()) / "train.strp", log=lambda s: None, n_ctx=512)
+    # hybrid and adaptive hand over through the mailbox on CUDA; hybrid-split through the scheduler
     modes = {"upload": {}, "hybrid": {"moe_cache_hybrid": True, "moe_cache_profile": profile},
+             "hybrid-split": {"moe_cache_hybrid": True, "moe_cache_profile": profile, "no_mailbox": True},
              "adaptive": {"moe_cache_hybrid": True, "moe_cache_adaptive": True}}
     ok = True if args.no_prompt else prompt_copies(path, total, profile)
     if args.prompt_only:
@@ -86,7 +95,7 @@ def main() -> int:
             diff = float(np.max(np.abs(logits - ref_logits)))
             rel = diff / float(np.max(np.abs(ref_logits)))
             ok &= same
-            print(f"{prompt[:30]!r:34} {mode:8} {pct:3d}%: tokens {'identical' if same else f'differ from {first}'} over {len(tokens)}, "
+            print(f"{prompt[:30]!r:34} {mode:12} {pct:3d}%: tokens {'identical' if same else f'differ from {first}'} over {len(tokens)}, "
                   f"last logits max |diff| {diff:.3g} ({rel:.2e} of max |logit|), hit rate {stats.hit_rate:.3f}, "
                   f"{stats.n_miss} misses, {stats.n_swap} swaps, {stats.n_slots} slots")
     print("EQUIVALENT" if ok else "DIFFERENT")

@@ -23,17 +23,19 @@ static constexpr double MiB = 1024.0*1024.0;
 // Where the cache lives: the model's first GPU, or the device LLAMA_MOE_CACHE_DEVICE names.
 // LLAMA_MOE_CACHE_DEVICE=CPU puts it in host memory: nothing is faster then, but every lookup, upload and
 // counter runs, which is how the cache is tested on machines without a GPU.
-static ggml_backend_buffer_type_t llama_moe_cache_pick_buft(const llama_model & model, std::string & name) {
+static ggml_backend_buffer_type_t llama_moe_cache_pick_buft(const llama_model & model, std::string & name, ggml_backend_dev_t & dev_out) {
     const char * env = getenv("LLAMA_MOE_CACHE_DEVICE");
     if (env && *env) {
         if (strcasecmp(env, "CPU") == 0) {
             name = "CPU";
+            dev_out = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
             return ggml_backend_cpu_buffer_type();
         }
         for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
             ggml_backend_dev_t dev = ggml_backend_dev_get(i);
             if (strcasecmp(ggml_backend_dev_name(dev), env) == 0) {
                 name = ggml_backend_dev_name(dev);
+                dev_out = dev;
                 return ggml_backend_dev_buffer_type(dev);
             }
         }
@@ -44,6 +46,7 @@ static ggml_backend_buffer_type_t llama_moe_cache_pick_buft(const llama_model & 
         const auto type = ggml_backend_dev_type(d.dev);
         if (type == GGML_BACKEND_DEVICE_TYPE_GPU || type == GGML_BACKEND_DEVICE_TYPE_IGPU) {
             name = ggml_backend_dev_name(d.dev);
+            dev_out = d.dev;
             return ggml_backend_dev_buffer_type(d.dev);
         }
     }
@@ -69,7 +72,8 @@ std::unique_ptr<llama_moe_cache> llama_moe_cache::create(const llama_model & mod
         return nullptr;
     }
     std::string dev_name;
-    ggml_backend_buffer_type_t buft = llama_moe_cache_pick_buft(model, dev_name);
+    ggml_backend_dev_t dev = nullptr;
+    ggml_backend_buffer_type_t buft = llama_moe_cache_pick_buft(model, dev_name, dev);
     if (buft == nullptr) {
         LLAMA_LOG_WARN("llama_moe_cache: no GPU to hold the cache; it is off (LLAMA_MOE_CACHE_DEVICE=CPU runs it in RAM, for testing)\n");
         return nullptr;
@@ -225,9 +229,10 @@ std::unique_ptr<llama_moe_cache> llama_moe_cache::create(const llama_model & mod
     // weights usage makes the scheduler run the expert matmuls where the cache is
     ggml_backend_buffer_set_usage(cache->buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
     ggml_backend_buffer_clear(cache->buf, 0); // the null slots stay zero for good
-    cache->device = ggml_backend_buft_get_device(buft);
+    cache->device = dev;
     // LLAMA_MOE_CACHE_NO_COPY=1: prompts take every expert from RAM, as without a cache (for comparing)
-    cache->copy_on = getenv("LLAMA_MOE_CACHE_NO_COPY") == nullptr;
+    const char * no_copy = getenv("LLAMA_MOE_CACHE_NO_COPY");
+    cache->copy_on = no_copy == nullptr || *no_copy == '\0' || strcmp(no_copy, "0") == 0;
     if (cache->ctx_host && ggml_get_first_tensor(cache->ctx_host) != nullptr) { // none when every layer is whole
         cache->buf_host = ggml_backend_alloc_ctx_tensors_from_buft(cache->ctx_host, ggml_backend_cpu_buffer_type());
         if (!cache->buf_host) {
@@ -242,6 +247,7 @@ std::unique_ptr<llama_moe_cache> llama_moe_cache::create(const llama_model & mod
             cache->clock_layer = (int) i;
         }
         cache->layer_of_weight[l.src[2]]     = (int) i;
+        cache->layer_of_il[l.il]             = (int) i;
         for (int j = 0; j < 3; ++j) {
             if (l.src[j]) {
                 cache->slot_of_weight[l.src[j]] = { (int) i, j };
@@ -591,11 +597,26 @@ void llama_moe_cache::on_computed(ggml_tensor * t) {
 }
 
 void llama_moe_cache::count_hybrid(llama_moe_cache_layer & l, const ggml_tensor * ids) {
-    ids_host.resize(ggml_nbytes(ids) / sizeof(int32_t) + 1);
-    ggml_backend_tensor_get(ids, ids_host.data(), 0, ggml_nbytes(ids));
+    // the ids are flat, [n_expert_used * n_tokens]
+    std::vector<int32_t> flat(ggml_nelements(ids));
+    GGML_ASSERT(ggml_is_contiguous(ids));
+    ggml_backend_tensor_get(ids, flat.data(), 0, ggml_nbytes(ids));
+    count_hybrid(l, flat.data(), (int64_t) flat.size() / std::max<int64_t>(n_expert_used, 1));
+}
+
+void llama_moe_cache::count_selected(int il, const int32_t * selected, int32_t * cpu_ids) {
+    auto & l = layers.at(layer_of_il.at(il));
+    count_hybrid(l, selected, 1);
+    std::lock_guard<std::mutex> lock(mutex);
+    for (int64_t k = 0; k < n_expert_used; ++k) {
+        GGML_ASSERT(selected[k] >= 0 && selected[k] < l.n_expert);
+        cpu_ids[k] = l.slot_of[selected[k]] >= 0 ? -1 : selected[k];
+    }
+}
+
+void llama_moe_cache::count_hybrid(llama_moe_cache_layer & l, const int32_t * ids, int64_t n_tokens) {
     std::lock_guard<std::mutex> lock(mutex);
     const uint64_t now = ++stamp;
-    const int64_t n_tokens = ggml_nelements(ids) / std::max<int64_t>(n_expert_used, 1); // the ids are flat
     if (&l == &layers[clock_layer]) {
         n_tokens_small += n_tokens;
     }
@@ -607,10 +628,11 @@ void llama_moe_cache::count_hybrid(llama_moe_cache_layer & l, const ggml_tensor 
     }
     // distinct experts per ubatch: a hit marks its slot, a miss its expert in a scratch map
     const uint64_t hit0 = l.n_hit, miss0 = l.n_miss;
-    remap_host.assign(l.n_expert, 0);
-    for (int64_t t = 0; t < ids->ne[1]; ++t) {
-        for (int64_t k = 0; k < ids->ne[0]; ++k) {
-            const int32_t e = ids_host[(t * ids->nb[1] + k * ids->nb[0]) / sizeof(int32_t)];
+    std::vector<uint8_t> & missed = missed_host;
+    missed.assign(l.n_expert, 0);
+    for (int64_t t = 0; t < n_tokens; ++t) {
+        for (int64_t k = 0; k < n_expert_used; ++k) {
+            const int32_t e = ids[t * n_expert_used + k];
             GGML_ASSERT(e >= 0 && e < l.n_expert);
             const int32_t s = l.slot_of[e];
             if (s >= 0) {
@@ -622,8 +644,8 @@ void llama_moe_cache::count_hybrid(llama_moe_cache_layer & l, const ggml_tensor 
                         l.heat[e] += 1.0;
                     }
                 }
-            } else if (!remap_host[e]) {
-                remap_host[e] = 1;
+            } else if (!missed[e]) {
+                missed[e] = 1;
                 l.n_miss++;
                 n_bytes_cpu += l.expert_bytes;
                 if (!l.heat.empty()) {

@@ -125,6 +125,13 @@ struct llama_moe_cache {
     int32_t rebalance(int32_t max_swaps);
     bool    adaptive() const { return params.adaptive && params.hybrid; }
 
+    // The mailbox's CPU side (llama-moe-mailbox.h): counts one token's selected experts of layer il like the
+    // hybrid's graph does, and gives the CPU's ids (-1 for the experts the cache holds).
+    void count_selected(int il, const int32_t * selected, int32_t * cpu_ids);
+    const std::vector<llama_moe_cache_layer> & get_layers() const { return layers; }
+    ggml_backend_dev_t get_device() const { return device; }
+    int64_t get_n_expert_used() const { return n_expert_used; }
+
     size_t buffer_size() const;
     ggml_backend_buffer_type_t buffer_type() const;
 
@@ -134,6 +141,7 @@ private:
     bool upload(llama_moe_cache_layer & layer, int32_t expert, int32_t slot);
     void lookup(llama_moe_cache_layer & layer, ggml_tensor * remap);
     void count_hybrid(llama_moe_cache_layer & layer, const ggml_tensor * ids);
+    void count_hybrid(llama_moe_cache_layer & layer, const int32_t * ids, int64_t n_tokens);
     void prefill(const std::string & path, uint32_t n_layer);
     void push_slot_map(llama_moe_cache_layer & layer);
     int32_t do_rebalance(int32_t max_swaps, int32_t max_fills);
@@ -155,6 +163,8 @@ private:
     bool copy_on = true;
     std::unordered_map<const ggml_tensor *, int> layer_of_slot_map; // a slot map tensor -> index in layers
     std::unordered_map<const ggml_tensor *, int> layer_of_cpu_map;  // a CPU map tensor -> index in layers
+    std::unordered_map<int, int> layer_of_il;                        // a model layer -> index in layers
+    std::vector<uint8_t> missed_host; // scratch of count_hybrid (under the mutex)
 
     std::vector<int32_t> ids_host;   // scratch: the selected experts of a ubatch
     std::vector<int32_t> remap_host; // scratch: their slots

@@ -1,0 +1,78 @@
+#pragma once
+
+// The mailbox: a hand-over between a device's stream and CPU threads through page-locked host memory that
+// both can read and write (with CUDA's unified addressing, the host pointer of cudaMallocHost memory is also
+// its device pointer), instead of the scheduler's synchronous copies and stream synchronization.
+//
+// One slot per user (llama_moe: per MoE layer the cache holds only in part). A step goes:
+//   1. GGML_OP_MAILBOX send, on the device: stores x and ids in the slot, then, after a system-wide fence,
+//      raises stamp_in to the step's number (the previous stamp_in + 1).
+//   2. A CPU thread, already polling stamp_in, reads x and ids, computes y, stores it and, after a fence,
+//      raises stamp_out to the same number.
+//   3. GGML_OP_MAILBOX recv, on the device (after other work it is given as a source): waits until stamp_out
+//      equals stamp_in, then copies y out.
+// A stamp is written after its payload and read before it, and a step's send cannot start before the previous
+// step's recv has returned, so neither side reads a stale or torn payload. A recv that waits longer than its
+// timeout sets error, returns zeros and lets the stream go on: the host checks error after the graph, so a
+// stuck CPU side ends in an error, never in a hang.
+
+#include "ggml.h"
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+    struct ggml_mailbox_slot {
+        volatile uint64_t stamp_in;  // the device: x and ids of step stamp_in are in
+        volatile uint64_t stamp_out; // the CPU: y of step stamp_out is in
+        volatile int32_t  error;     // the device: a recv timed out (its output was zeros)
+        int32_t n_x;                 // F32 values of x
+        int32_t n_ids;               // I32 values of ids
+        int32_t n_y;                 // F32 values of y
+        int64_t off_x;               // byte offsets of the payloads from the slot's start
+        int64_t off_ids;
+        int64_t off_y;
+    };
+
+    // bytes of a slot for n_x, n_ids and n_y values (payloads 256-byte aligned)
+    GGML_API size_t ggml_mailbox_slot_size(int64_t n_x, int64_t n_ids, int64_t n_y);
+
+    // lays a slot out in memory of ggml_mailbox_slot_size bytes (256-byte aligned), stamps at 0
+    GGML_API void   ggml_mailbox_slot_init(struct ggml_mailbox_slot * slot, int64_t n_x, int64_t n_ids, int64_t n_y);
+
+    GGML_API float   * ggml_mailbox_slot_x  (struct ggml_mailbox_slot * slot);
+    GGML_API int32_t * ggml_mailbox_slot_ids(struct ggml_mailbox_slot * slot);
+    GGML_API float   * ggml_mailbox_slot_y  (struct ggml_mailbox_slot * slot);
+
+    // send: x (F32, n_x values) and ids (I32, n_ids values) into the slot; the result is a copy of x, so that
+    // work built on it runs after the send
+    GGML_API struct ggml_tensor * ggml_mailbox_send(
+            struct ggml_context      * ctx,
+            struct ggml_tensor       * x,
+            struct ggml_tensor       * ids,
+            struct ggml_mailbox_slot * slot);
+
+    // recv: the CPU's y of the step send made, shaped [ne0, ne1, ne2] (n_y values), after `after` is computed
+    GGML_API struct ggml_tensor * ggml_mailbox_recv(
+            struct ggml_context      * ctx,
+            struct ggml_tensor       * send,
+            struct ggml_tensor       * after,
+            struct ggml_mailbox_slot * slot,
+            int64_t ne0, int64_t ne1, int64_t ne2,
+            int32_t timeout_ms);
+
+    enum ggml_mailbox_mode {
+        GGML_MAILBOX_SEND = 0,
+        GGML_MAILBOX_RECV = 1,
+    };
+
+    // for backends: the op's mode, slot and timeout
+    GGML_API enum ggml_mailbox_mode   ggml_mailbox_get_mode   (const struct ggml_tensor * op);
+    GGML_API struct ggml_mailbox_slot * ggml_mailbox_get_slot (const struct ggml_tensor * op);
+    GGML_API int32_t                  ggml_mailbox_get_timeout(const struct ggml_tensor * op);
+
+#ifdef __cplusplus
+}
+#endif

@@ -1,0 +1,286 @@
+#include "llama-moe-mailbox.h"
+
+#include "llama-impl.h"
+#include "llama-moe-cache.h"
+
+#include "ggml-alloc.h"
+#include "ggml-cpu.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cinttypes>
+#include <cstdlib>
+#include <cstring>
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+static inline void llama_moe_cpu_relax() { _mm_pause(); }
+#else
+static inline void llama_moe_cpu_relax() { std::this_thread::yield(); }
+#endif
+
+static int64_t llama_moe_now_us() {
+    return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// the CPU side keeps polling this long after its last hand-over: the next token's first layer comes soon
+static constexpr int64_t LLAMA_MOE_MAILBOX_AWAKE_US = 2000;
+
+std::unique_ptr<llama_moe_mailbox> llama_moe_mailbox::create(llama_moe_cache & cache, int n_threads) {
+    const char * off = getenv("LLAMA_MOE_CACHE_NO_MAILBOX");
+    if (off != nullptr && *off != '\0' && strcmp(off, "0") != 0) {
+        LLAMA_LOG_INFO("llama_moe_cache: mailbox off (LLAMA_MOE_CACHE_NO_MAILBOX): the hybrid hands over through the scheduler\n");
+        return nullptr;
+    }
+    ggml_backend_dev_t dev = cache.get_device();
+    if (dev == nullptr) {
+        return nullptr;
+    }
+    const char * reg = ggml_backend_reg_name(ggml_backend_dev_backend_reg(dev));
+    const bool cuda = strcmp(reg, "CUDA") == 0;
+    const bool cpu_test = ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU && getenv("LLAMA_MOE_MAILBOX_ON_CPU") != nullptr;
+    if (!cuda && !cpu_test) {
+        return nullptr; // the scheduler's path: the mailbox needs host memory the device can poll
+    }
+
+    std::unique_ptr<llama_moe_mailbox> mb(new llama_moe_mailbox());
+    mb->cache     = &cache;
+    mb->n_threads = std::max(n_threads, 1);
+    mb->n_used    = cache.get_n_expert_used();
+
+    size_t total = 256;
+    int max_il = -1;
+    for (const auto & l : cache.get_layers()) {
+        if (l.whole || l.cpu_map == nullptr) {
+            continue;
+        }
+        total += ggml_mailbox_slot_size(l.src[0]->ne[0], mb->n_used, l.src[2]->ne[1] * mb->n_used);
+        max_il = std::max(max_il, l.il);
+    }
+    if (max_il < 0) {
+        return nullptr; // every layer is held whole: nothing to hand over
+    }
+    size_t n_parts = 0;
+    for (const auto & l : cache.get_layers()) {
+        n_parts += !l.whole && l.cpu_map != nullptr;
+    }
+    const size_t ids_bytes = GGML_PAD(n_parts * mb->n_used * sizeof(int32_t), 256);
+    total += ids_bytes;
+    ggml_backend_buffer_type_t buft = cuda ? ggml_backend_dev_host_buffer_type(dev) : ggml_backend_cpu_buffer_type();
+    mb->buf = buft ? ggml_backend_buft_alloc_buffer(buft, total) : nullptr;
+    if (mb->buf == nullptr) {
+        LLAMA_LOG_WARN("llama_moe_cache: no page-locked memory for the mailbox (%zu bytes); the hybrid hands over through the scheduler\n", total);
+        return nullptr;
+    }
+    char * base = (char *) GGML_PAD((uintptr_t) ggml_backend_buffer_get_base(mb->buf), 256);
+    mb->buf_slots_cpu = ggml_backend_cpu_buffer_from_ptr(base, total - 256);
+    mb->cpu_ids_data  = (int32_t *) (base + total - 256 - ids_bytes);
+    mb->part_of_il.assign(max_il + 1, -1);
+    for (const auto & l : cache.get_layers()) {
+        if (l.whole || l.cpu_map == nullptr) {
+            continue;
+        }
+        layer_part p;
+        p.il   = l.il;
+        p.slot = (ggml_mailbox_slot *) base;
+        const int64_t n_x = l.src[0]->ne[0], n_y = l.src[2]->ne[1] * mb->n_used;
+        ggml_mailbox_slot_init(p.slot, n_x, mb->n_used, n_y);
+        base += ggml_mailbox_slot_size(n_x, mb->n_used, n_y);
+        mb->part_of_il[l.il] = (int) mb->parts.size();
+        mb->parts.push_back(p);
+    }
+    GGML_ASSERT((char *) mb->cpu_ids_data >= base);
+    if (mb->buf_slots_cpu == nullptr) {
+        return nullptr;
+    }
+
+    ggml_threadpool_params tpp = ggml_threadpool_params_default(mb->n_threads);
+    tpp.poll = 100; // the threads spin between layers: a layer's CPU part is tens of microseconds
+    mb->threadpool = ggml_threadpool_new(&tpp);
+    if (mb->threadpool == nullptr) {
+        LLAMA_LOG_WARN("llama_moe_cache: cannot start the mailbox's CPU threads; the hybrid hands over through the scheduler\n");
+        return nullptr;
+    }
+    mb->worker = std::thread(&llama_moe_mailbox::run, mb.get());
+    LLAMA_LOG_INFO("llama_moe_cache: mailbox: %zu layers hand over to %d CPU threads through %.2f MiB of %s memory\n",
+                   mb->parts.size(), mb->n_threads, total / 1024.0 / 1024.0, cuda ? "page-locked" : "host");
+    return mb;
+}
+
+llama_moe_mailbox::~llama_moe_mailbox() {
+    {
+        std::lock_guard<std::mutex> lock(mutex);
+        stop = true;
+    }
+    cv.notify_all();
+    if (worker.joinable()) {
+        worker.join();
+    }
+    const uint64_t n = n_handover.load();
+    if (n > 0) {
+        LLAMA_LOG_INFO("llama_moe_cache: mailbox: %" PRIu64 " hand-overs, the CPU's part %.1f us and its wait for the GPU %.1f us on average\n",
+                       n, (double) t_compute_us.load() / n, (double) t_wait_us.load() / n);
+    }
+    if (threadpool) {
+        ggml_threadpool_free(threadpool);
+    }
+    for (auto & p : parts) {
+        if (p.galloc) {
+            ggml_gallocr_free(p.galloc);
+        }
+    }
+    if (ctx_cpu) {
+        ggml_free(ctx_cpu);
+    }
+    if (buf_slots_cpu) {
+        ggml_backend_buffer_free(buf_slots_cpu);
+    }
+    if (buf) {
+        ggml_backend_buffer_free(buf);
+    }
+}
+
+ggml_mailbox_slot * llama_moe_mailbox::slot(int il) const {
+    if (!building || il < 0 || il >= (int) part_of_il.size() || part_of_il[il] < 0) {
+        return nullptr;
+    }
+    return parts[part_of_il[il]].slot;
+}
+
+void llama_moe_mailbox::begin_graph() {
+    std::lock_guard<std::mutex> lock(graph_mutex);
+    if (ctx_cpu) {
+        ggml_free(ctx_cpu);
+    }
+    const size_t n_nodes = 128; // per layer: a MoE FFN's expert chain is a few dozen nodes
+    ggml_init_params ip = { parts.size() * (n_nodes * ggml_tensor_overhead() + ggml_graph_overhead_custom(n_nodes, false)), nullptr, true };
+    ctx_cpu = ggml_init(ip);
+    GGML_ASSERT(ctx_cpu != nullptr);
+    for (size_t i = 0; i < parts.size(); ++i) {
+        layer_part & p = parts[i];
+        const int64_t n_out = p.slot->n_y / n_used;
+        p.x   = ggml_new_tensor_3d(ctx_cpu, GGML_TYPE_F32, p.slot->n_x, 1, 1);
+        p.ids = ggml_new_tensor_2d(ctx_cpu, GGML_TYPE_I32, n_used, 1);
+        p.y   = ggml_new_tensor_3d(ctx_cpu, GGML_TYPE_F32, n_out, n_used, 1);
+        // in the slot and in our own memory: the graph allocator leaves allocated tensors alone
+        ggml_backend_tensor_alloc(buf_slots_cpu, p.x, ggml_mailbox_slot_x(p.slot));
+        ggml_backend_tensor_alloc(buf_slots_cpu, p.ids, cpu_ids_data + i * n_used);
+        ggml_backend_tensor_alloc(buf_slots_cpu, p.y, ggml_mailbox_slot_y(p.slot));
+        p.gf    = ggml_new_graph_custom(ctx_cpu, n_nodes, false);
+        p.ready = false;
+    }
+    building = true;
+}
+
+ggml_tensor * llama_moe_mailbox::cpu_x(int il) {
+    return parts[part_of_il.at(il)].x;
+}
+
+ggml_tensor * llama_moe_mailbox::cpu_ids(int il) {
+    return parts[part_of_il.at(il)].ids;
+}
+
+void llama_moe_mailbox::set_cpu_part(int il, ggml_tensor * out) {
+    layer_part & p = parts[part_of_il.at(il)];
+    GGML_ASSERT(ggml_nelements(out) == p.slot->n_y && out->type == GGML_TYPE_F32);
+    ggml_build_forward_expand(p.gf, ggml_cpy(ctx_cpu, out, p.y));
+}
+
+void llama_moe_mailbox::end_graph() {
+    std::lock_guard<std::mutex> lock(graph_mutex);
+    building = false;
+    for (auto & p : parts) {
+        if (ggml_graph_n_nodes(p.gf) == 0) {
+            continue; // not a one-token layer in this graph
+        }
+        if (p.galloc == nullptr) {
+            p.galloc = ggml_gallocr_new(ggml_backend_cpu_buffer_type());
+        }
+        if (!ggml_gallocr_alloc_graph(p.galloc, p.gf)) {
+            // the part answers with an error: the decode fails rather than computing garbage
+            LLAMA_LOG_ERROR("llama_moe_cache: mailbox: cannot allocate the CPU's part of layer %d\n", p.il);
+            continue;
+        }
+        ggml_cplan plan = ggml_graph_plan(p.gf, n_threads, threadpool);
+        work.resize(std::max<size_t>({plan.work_size, work.size(), 1}));
+        p.ready = true;
+    }
+}
+
+void llama_moe_mailbox::begin_decode() {
+    {
+        std::lock_guard<std::mutex> lock(mutex);
+        in_decode = true;
+    }
+    cv.notify_all();
+}
+
+bool llama_moe_mailbox::end_decode() {
+    in_decode = false;
+    bool ok = !failed.exchange(false);
+    for (auto & p : parts) {
+        if (p.slot->error) {
+            LLAMA_LOG_ERROR("llama_moe_cache: mailbox: layer %d: %s; this decode's output is wrong\n", p.il,
+                            p.slot->error == 1 ? "the CPU's part did not come in time (the GPU waited its limit)"
+                                               : "the CPU's part could not be computed");
+            p.slot->error = 0;
+            ok = false;
+        }
+    }
+    return ok;
+}
+
+void llama_moe_mailbox::answer(size_t i, uint64_t step) {
+    const int64_t t0 = llama_moe_now_us();
+    std::lock_guard<std::mutex> lock(graph_mutex);
+    layer_part & p = parts[i];
+    std::atomic_thread_fence(std::memory_order_acquire); // the stamp before the payload
+    int32_t * ids = cpu_ids_data + i * n_used;
+    cache->count_selected(p.il, ggml_mailbox_slot_ids(p.slot), ids);
+    if (p.ready) {
+        ggml_cplan plan = ggml_graph_plan(p.gf, n_threads, threadpool);
+        GGML_ASSERT(plan.work_size <= work.size());
+        plan.work_data = work.data();
+        if (ggml_graph_compute(p.gf, &plan) != GGML_STATUS_SUCCESS) {
+            p.slot->error = 2;
+        }
+    } else {
+        memset(ggml_mailbox_slot_y(p.slot), 0, p.slot->n_y * sizeof(float));
+        p.slot->error = 2; // a step for a graph we do not have: fail loudly rather than answer garbage
+    }
+    std::atomic_thread_fence(std::memory_order_release); // the payload before the stamp
+    p.slot->stamp_out = step;
+    p.done = step;
+    n_handover++;
+    t_compute_us += llama_moe_now_us() - t0;
+}
+
+void llama_moe_mailbox::run() {
+    int64_t t_idle = 0;
+    while (!stop) {
+        const int64_t now = llama_moe_now_us();
+        if (!in_decode && now > wake_until_us) {
+            std::unique_lock<std::mutex> lock(mutex);
+            cv.wait(lock, [&] { return stop.load() || in_decode.load(); });
+            t_idle = 0;
+            continue;
+        }
+        bool any = false;
+        for (size_t i = 0; i < parts.size(); ++i) {
+            const uint64_t in = parts[i].slot->stamp_in;
+            if (in != parts[i].done) {
+                if (t_idle > 0) {
+                    t_wait_us += llama_moe_now_us() - t_idle;
+                }
+                answer(i, in);
+                any = true;
+                t_idle = llama_moe_now_us();
+            }
+        }
+        if (any) {
+            wake_until_us = llama_moe_now_us() + LLAMA_MOE_MAILBOX_AWAKE_US;
+        } else {
+            llama_moe_cpu_relax();
+        }
+    }
+}

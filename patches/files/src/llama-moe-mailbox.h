@@ -1,0 +1,94 @@
+#pragma once
+
+// The hybrid MoE cache's mailbox (ggml-mailbox.h): in one-token decoding, each layer the cache holds only in
+// part hands the experts it lacks to CPU threads through page-locked host memory, while the GPU computes the
+// ones it holds, instead of the scheduler's synchronous copies out and back. CUDA only (and, for tests, the
+// CPU as the cache device with LLAMA_MOE_MAILBOX_ON_CPU=1); LLAMA_MOE_CACHE_NO_MAILBOX=1 turns it off.
+
+#include "ggml.h"
+#include "ggml-backend.h"
+#include "ggml-mailbox.h"
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+struct llama_moe_cache;
+struct ggml_gallocr;
+struct ggml_threadpool;
+
+// how long the device waits for the CPU's part of one layer before it gives up (the decode then fails)
+static constexpr int32_t LLAMA_MOE_MAILBOX_TIMEOUT_MS = 10000;
+
+struct llama_moe_mailbox {
+    // nullptr, after saying why, when the mailbox cannot or should not run (not CUDA, switched off, no layer)
+    static std::unique_ptr<llama_moe_mailbox> create(llama_moe_cache & cache, int n_threads);
+
+    ~llama_moe_mailbox(); // stops the CPU side
+
+    // Graph building. A layer with a slot hands over through it; the CPU part of each such layer is built in
+    // cpu_ctx() on cpu_x/cpu_ids (by the same code as the graph's) and given back with set_cpu_part.
+    ggml_mailbox_slot * slot(int il) const; // nullptr outside begin_graph/end_graph (llama.cpp's reserve graphs)
+    void           begin_graph();
+    ggml_context * cpu_ctx() const { return ctx_cpu; }
+    ggml_tensor  * cpu_x  (int il);
+    ggml_tensor  * cpu_ids(int il);
+    void           set_cpu_part(int il, ggml_tensor * out);
+    void           end_graph();
+
+    // Decoding: the CPU side polls from begin_decode; end_decode (after the device is done) says whether every
+    // hand-over was answered in time.
+    void begin_decode();
+    bool end_decode();
+
+private:
+    llama_moe_mailbox() = default;
+    void run();                        // the CPU side's thread
+    void answer(size_t is, uint64_t step);
+
+    struct layer_part {
+        int il = -1;
+        ggml_mailbox_slot * slot = nullptr;
+        ggml_tensor * x   = nullptr;    // in the slot
+        ggml_tensor * ids = nullptr;    // the CPU's ids (-1 for the experts the cache holds)
+        ggml_tensor * y   = nullptr;    // in the slot
+        ggml_cgraph  * gf     = nullptr;  // its CPU part
+        ggml_gallocr * galloc = nullptr;  // that part's memory, kept from graph to graph
+        bool ready = false;
+        uint64_t done = 0;              // the last step answered
+    };
+
+    llama_moe_cache * cache = nullptr;
+    int n_threads = 1;
+    int64_t n_used = 0;
+
+    ggml_backend_buffer_t buf = nullptr;  // the slots, page-locked where the device has such memory
+    ggml_backend_buffer_t buf_slots_cpu = nullptr; // the same memory as the CPU graph's buffer
+    std::vector<layer_part> parts;
+    std::vector<int> part_of_il;          // model layer -> index in parts, -1 for none
+    int32_t * cpu_ids_data = nullptr;     // the ids tensors' memory, after the slots: n_used per part
+
+    // the CPU parts of the graph being decoded, a graph per layer
+    std::mutex graph_mutex;
+    ggml_context * ctx_cpu = nullptr;
+    std::vector<uint8_t> work;
+    ggml_threadpool * threadpool = nullptr;
+    bool building    = false;
+
+    std::thread worker;
+    std::mutex mutex;
+    std::condition_variable cv;
+    std::atomic<bool> stop{false};
+    std::atomic<bool>    in_decode{false}; // between begin_decode and end_decode the CPU side polls
+    std::atomic<int64_t> wake_until_us{0}; // and a little after its last answer, for the next token
+
+    // for the exit line
+    std::atomic<uint64_t> n_handover{0};
+    std::atomic<uint64_t> t_compute_us{0};
+    std::atomic<uint64_t> t_wait_us{0};
+    std::atomic<bool> failed{false};
+};

@@ -1,0 +1,101 @@
+"""The hybrid's mailbox (patch 0009, ggml-mailbox.h) on the real patched libllama, with the CPU as the cache
+device and LLAMA_MOE_MAILBOX_ON_CPU=1: in one-token decoding each layer the cache holds in part sends its input
+and selected experts to a CPU thread through the mailbox instead of a scheduler split. The protocol, the CPU
+side, the graph building and the counting are the same code as on CUDA; only the two device kernels differ."""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from llama_moe import Context, ContextParams, Model, ModelParams
+from llama_moe.experts import expert_layout
+from llama_moe.profile import Profile, write_profile
+from cache_sizes import mib_for_slots
+
+PROMPTS = ["The ship left the harbour at dawn, and the crew", "To grow tomatoes in a small garden, start with"]
+N_GEN = 48
+RAM = ModelParams(cpu_moe=True, repack=False)
+
+
+@pytest.fixture(autouse=True)
+def cache_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LLAMA_MOE_CACHE_DEVICE", "CPU")
+
+
+def _profile(path: Path, out: Path) -> Path:
+    layout = expert_layout(path)
+    ranked = [(l.il, (5 * l.il + 3 * i) % layout.n_expert) for i in range(layout.n_expert) for l in layout.layers]
+    write_profile(out, Profile(layout.n_layer, layout.n_expert, 12, tuple(ranked)))
+    return out
+
+
+def _run(model: Model, cp: ContextParams, prompt: str):
+    with Context(model, cp) as ctx:
+        tokens = list(ctx.generate(prompt, max_tokens=N_GEN, stop_at_eog=False))
+        return tokens, ctx.logits(), ctx.moe_cache_stats()
+
+
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_mailbox_gives_the_same_tokens_logits_and_counts(lib, tiny_model_path, tmp_path, monkeypatch, caplog, adaptive) -> None:
+    caplog.set_level(logging.INFO, logger="llama_moe.native")
+    profile = _profile(tiny_model_path, tmp_path / "p.strp")
+    cp = ContextParams(n_ctx=512, moe_cache_mib=mib_for_slots(tiny_model_path, 12, hybrid=True), moe_cache_profile=profile,
+                       moe_cache_hybrid=True, moe_cache_adaptive=adaptive)
+    with Model(tiny_model_path, RAM) as model:
+        for prompt in PROMPTS:
+            plain_tokens, plain_logits, _ = _run(model, ContextParams(n_ctx=512), prompt)
+            monkeypatch.delenv("LLAMA_MOE_MAILBOX_ON_CPU", raising=False)
+            split_tokens, split_logits, split_stats = _run(model, cp, prompt)
+            monkeypatch.setenv("LLAMA_MOE_MAILBOX_ON_CPU", "1")
+            caplog.clear()
+            tokens, logits, stats = _run(model, cp, prompt)
+            assert "llama_moe_cache: mailbox: 6 layers hand over" in caplog.text
+            assert tokens == split_tokens == plain_tokens
+            np.testing.assert_array_equal(logits, plain_logits)
+            np.testing.assert_array_equal(split_logits, plain_logits)
+            # the CPU side counts what the graph's split counted: the same hits, misses, bytes and swaps
+            assert (stats.n_hit, stats.n_miss, stats.n_bytes_cpu, stats.n_swap) == \
+                   (split_stats.n_hit, split_stats.n_miss, split_stats.n_bytes_cpu, split_stats.n_swap)
+            assert stats.n_miss > 0 and stats.n_hit > 0
+            # one hand-over per generated token and layer (the prompt's last layer-pass is a one-token ubatch too)
+            handovers = [line for line in caplog.text.splitlines() if "hand-overs, the CPU's part" in line]
+            assert handovers and int(handovers[-1].split("mailbox: ")[1].split()[0]) >= 6 * (N_GEN - 1)
+
+
+def test_mailbox_with_expert_biases(lib, tmp_path, monkeypatch) -> None:
+    from llama_moe.synth import synthesize
+
+    path = tmp_path / "gpt-oss-tiny.gguf"
+    synthesize(path, "gpt-oss-tiny", "mxfp4", seed=0)
+    cp = ContextParams(n_ctx=512, moe_cache_mib=mib_for_slots(path, 10, hybrid=True), moe_cache_hybrid=True,
+                       moe_cache_adaptive=True)
+    with Model(path, RAM) as model:
+        plain_tokens, plain_logits, _ = _run(model, ContextParams(n_ctx=512), PROMPTS[0])
+        monkeypatch.setenv("LLAMA_MOE_MAILBOX_ON_CPU", "1")
+        tokens, logits, stats = _run(model, cp, PROMPTS[0])
+    assert tokens == plain_tokens
+    np.testing.assert_array_equal(logits, plain_logits)
+    assert stats.n_swap > 0 and stats.n_miss > 0
+
+
+def test_mailbox_off_switch_and_lifecycles(lib, tiny_model_path, monkeypatch, caplog) -> None:
+    caplog.set_level(logging.INFO, logger="llama_moe.native")
+    monkeypatch.setenv("LLAMA_MOE_MAILBOX_ON_CPU", "1")
+    cp = ContextParams(n_ctx=256, moe_cache_mib=mib_for_slots(tiny_model_path, 8, hybrid=True), moe_cache_hybrid=True,
+                       moe_cache_adaptive=True)
+    with Model(tiny_model_path, RAM) as model:
+        # contexts come and go: the CPU side's thread starts and stops with each, mid-generation or idle
+        for i in range(5):
+            with Context(model, cp) as ctx:
+                for n, _ in enumerate(ctx.generate(PROMPTS[i % 2], max_tokens=3 * i, stop_at_eog=False)):
+                    pass
+        assert caplog.text.count("llama_moe_cache: mailbox: 6 layers hand over") == 5
+        caplog.clear()
+        monkeypatch.setenv("LLAMA_MOE_CACHE_NO_MAILBOX", "1")
+        with Context(model, cp) as ctx:
+            list(ctx.generate(PROMPTS[0], max_tokens=4, stop_at_eog=False))
+    assert "mailbox off (LLAMA_MOE_CACHE_NO_MAILBOX)" in caplog.text
+    assert "hand over" not in caplog.text
