@@ -24,7 +24,9 @@ static int64_t llama_moe_now_us() {
 }
 
 // the CPU side keeps polling this long after its last hand-over: the next token's first layer comes soon
-static constexpr int64_t LLAMA_MOE_MAILBOX_AWAKE_US = 2000;
+static constexpr int64_t LLAMA_MOE_MAILBOX_AWAKE_US  = 2000;
+// in a decode, after this long without a hand-over it stops spinning and polls every millisecond
+static constexpr int64_t LLAMA_MOE_MAILBOX_DROWSY_US = 1000000;
 
 std::unique_ptr<llama_moe_mailbox> llama_moe_mailbox::create(llama_moe_cache & cache, int n_threads) {
     const char * off = getenv("LLAMA_MOE_CACHE_NO_MAILBOX");
@@ -68,7 +70,9 @@ std::unique_ptr<llama_moe_mailbox> llama_moe_mailbox::create(llama_moe_cache & c
     total += ids_bytes;
     ggml_backend_buffer_type_t buft = cuda ? ggml_backend_dev_host_buffer_type(dev) : ggml_backend_cpu_buffer_type();
     mb->buf = buft ? ggml_backend_buft_alloc_buffer(buft, total) : nullptr;
-    if (mb->buf == nullptr) {
+    // a CUDA host buffer falls back to ordinary memory (GGML_CUDA_NO_PINNED, or no page-locked memory left),
+    // which the GPU cannot reach
+    if (mb->buf == nullptr || (cuda && strstr(ggml_backend_buffer_name(mb->buf), "Host") == nullptr)) {
         LLAMA_LOG_WARN("llama_moe_cache: no page-locked memory for the mailbox (%zu bytes); the hybrid hands over through the scheduler\n", total);
         return nullptr;
     }
@@ -118,8 +122,9 @@ llama_moe_mailbox::~llama_moe_mailbox() {
     }
     const uint64_t n = n_handover.load();
     if (n > 0) {
-        LLAMA_LOG_INFO("llama_moe_cache: mailbox: %" PRIu64 " hand-overs, the CPU's part %.1f us and its wait for the GPU %.1f us on average\n",
-                       n, (double) t_compute_us.load() / n, (double) t_wait_us.load() / n);
+        const uint64_t nw = std::max<uint64_t>(n_wait.load(), 1);
+        LLAMA_LOG_INFO("llama_moe_cache: mailbox: %" PRIu64 " hand-overs, the CPU's part %.1f us and its wait for the GPU's next layer %.1f us on average\n",
+                       n, (double) t_compute_us.load() / n, (double) t_wait_us.load() / nw);
     }
     if (threadpool) {
         ggml_threadpool_free(threadpool);
@@ -211,6 +216,7 @@ void llama_moe_mailbox::begin_decode() {
     {
         std::lock_guard<std::mutex> lock(mutex);
         in_decode = true;
+        wake_until_us = llama_moe_now_us() + LLAMA_MOE_MAILBOX_AWAKE_US;
     }
     cv.notify_all();
 }
@@ -256,7 +262,8 @@ void llama_moe_mailbox::answer(size_t i, uint64_t step) {
 }
 
 void llama_moe_mailbox::run() {
-    int64_t t_idle = 0;
+    int64_t t_idle = 0;   // when the last answer went out
+    size_t  i_last = 0;   // its layer: a later layer's hand-over is the same token's, so the gap was a wait
     while (!stop) {
         const int64_t now = llama_moe_now_us();
         if (!in_decode && now > wake_until_us) {
@@ -265,16 +272,24 @@ void llama_moe_mailbox::run() {
             t_idle = 0;
             continue;
         }
+        if (now > wake_until_us + LLAMA_MOE_MAILBOX_DROWSY_US) {
+            // a decode with nothing to hand over for a while (a long prompt, or one that ended early): poll
+            // gently, the next hand-over waits at most a millisecond
+            std::unique_lock<std::mutex> lock(mutex);
+            cv.wait_for(lock, std::chrono::milliseconds(1), [&] { return stop.load(); });
+        }
         bool any = false;
         for (size_t i = 0; i < parts.size(); ++i) {
             const uint64_t in = parts[i].slot->stamp_in;
             if (in != parts[i].done) {
-                if (t_idle > 0) {
+                if (t_idle > 0 && i > i_last) {
                     t_wait_us += llama_moe_now_us() - t_idle;
+                    n_wait++;
                 }
                 answer(i, in);
                 any = true;
                 t_idle = llama_moe_now_us();
+                i_last = i;
             }
         }
         if (any) {

@@ -90,5 +90,6 @@ private:
     std::atomic<uint64_t> n_handover{0};
     std::atomic<uint64_t> t_compute_us{0};
     std::atomic<uint64_t> t_wait_us{0};
+    std::atomic<uint64_t> n_wait{0};
     std::atomic<bool> failed{false};
 };
