@@ -1,6 +1,7 @@
-"""Traces of any size: read in chunks into compact arrays, replayed a chunk at a time, with exactly the
-results of a whole read and a whole replay; bad traces refused with the record and byte offset. No native
-library: the layouts are built here, and the one CLI check uses the synthetic tiny model's header."""
+"""Traces of any size: streamed (``TraceRoutes``) or read in chunks into compact arrays, replayed a chunk at a
+time, with exactly the results of a whole read and a whole replay (and of the code before streaming); the
+streamed tools' memory does not grow with the trace; bad traces refused with the record and byte offset. No
+native library: the layouts are built here, and the one CLI check uses the synthetic tiny model's header."""
 from __future__ import annotations
 
 import dataclasses
@@ -14,8 +15,10 @@ from hypothesis import strategies as st
 
 from llama_moe.cli import main
 from llama_moe.experts import ExpertLayout, LayerExperts
-from llama_moe.tools import (adaptive, belady, kfold, kfold_splits, load_traces, lru, make_profile, rank_pairs,
-                             read_routes, simulate_sizes, static)
+from llama_moe.tools import (TraceRoutes, adaptive, belady, kfold, kfold_splits, load_traces, lru, make_profile,
+                             plan_cache, predict_routes, rank_pairs, read_routes, run_policy, simulate_sizes, static)
+from llama_moe.tools import policies
+from llama_moe.tools.budget import MiB, cache_bytes_for_slots
 from llama_moe.tools.heldout import ranked_replay
 from llama_moe.tools.policies import _lru_loop
 from llama_moe.tools.ranking import pair_counts
@@ -149,6 +152,164 @@ def test_a_simulation_reads_the_same_in_chunks(trace) -> None:
         reports.append(simulate_sizes("m", LAYOUT, [1.0], train, test, folds=3, policies=("lru", "static")))
         assert make_profile(routes, LAYOUT).ranked == rank_pairs(routes, N_EXPERT)
     assert _asdict(reports[0]) == _asdict(reports[1])
+
+
+# -- streamed: the same results as the code before it, in memory that does not grow -------------------------
+
+GOLDEN = {  # by the code before streaming (commit 983ab33) on _routing(1200, 7): train 0..899, test 900..1199
+    '5/lru': [3381, 3819, 619, 40, 0, 0, 9635, 11965, 1737, 0.446064814815],
+    '5/static': [2966, 4234, 434, 2966, 0, 0, 8893, 12707, 1198, 0.411712962963],
+    '5/adaptive': [2972, 4228, 434, 2913, 1, 0, 8777, 12823, 1191, 0.406342592593],
+    '5/belady': [4283, 2917, 706, 0, 0, 0, 12458, 9142, 2050, 0.576759259259],
+    '5/in-sample': [8943, 1317],
+    '12/lru': [4992, 2208, 893, 184, 0, 0, 14506, 7094, 2543, 0.671574074074],
+    '12/static': [5138, 2062, 965, 5138, 0, 0, 15204, 6396, 2994, 0.703888888889],
+    '12/adaptive': [5025, 2175, 888, 4657, 19, 0, 15063, 6537, 2901, 0.697361111111],
+    '12/belady': [5999, 1201, 1150, 0, 0, 0, 17759, 3841, 3361, 0.822175925926],
+    '12/in-sample': [15296, 3046],
+    'plan/False': [0.583148148148, 0.399074074074, 0.582268518519, [0], 4, 0.509351851852, 0.583148148148,
+                   [[2, 3], [1, 1], [0, 3], [2, 1], [5, 3], [1, 3]]],
+    'plan/True': [0.610648148148, 0.45462962963, 0.61212962963, [0], 4, 0.460648148148, 0.610648148148,
+                  [[2, 3], [1, 1], [0, 3], [2, 1], [5, 3], [1, 3]]],
+    'predict': [[None, 0.350416666667, 600], [0.359583333333, 0.355, 600], [0.3525, 0.35375, 600],
+                [0.363333333333, 0.35625, 600], [0.33875, 0.344166666667, 600], [0.367916666667, 0.370833333333, 600]],
+}
+
+
+def _numbers(report, plans, prediction) -> dict:
+    """What GOLDEN holds, from a simulate report (two sizes, k-fold and test), two plans and a prediction."""
+    out = {}
+    for s in report.sizes:
+        for name in report.policies:
+            h, kf = s.heldout[name], s.kfold[name]
+            out[f"{s.slots}/{name}"] = [h.n_hit, h.n_miss, h.n_token_layers_all, h.n_hit_profile, h.n_swap, h.n_fill,
+                                        kf.pooled.n_hit, kf.pooled.n_miss, kf.pooled.n_token_layers_all,
+                                        round(kf.hit_rate.mean, 12)]
+        out[f"{s.slots}/in-sample"] = [s.in_sample.n_hit, s.in_sample.n_token_layers_all]
+    for hyb, (plan, prof) in plans.items():
+        w = plan.whole_layers
+        out[f"plan/{hyb}"] = [round(plan.hit_rate.mean, 12), round(plan.h_layer.mean, 12),
+                              round(plan.in_sample_hit_rate, 12), [x.il for x in w.layers], w.other_slots,
+                              round(w.resident_share.mean, 12), round(w.uniform_share.mean, 12),
+                              [list(p) for p in prof.ranked[:6]]]
+    out["predict"] = [[l.predictor and round(l.predictor, 12), round(l.baseline, 12), l.n_test] for l in prediction.layers]
+    return out
+
+
+def _everything(train, test, whole):
+    """simulate (every policy, two sizes, test and 4-fold), plan (upload and hybrid, whole layers) and
+    predict, as the commands run them."""
+    mibs = [cache_bytes_for_slots(LAYOUT, s, False) / MiB for s in (5, 12)]
+    report = simulate_sizes("m", LAYOUT, mibs, train, test, folds=4)
+    plans = {hyb: plan_cache("m", LAYOUT, cache_bytes_for_slots(LAYOUT, 9, hyb) / MiB, hyb, train, 5, 1)
+             for hyb in (False, True)}
+    return report, plans, predict_routes("m", whole, N_EXPERT)
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 6 * 13, None])  # under a token, odd, whole tokens, default
+def test_streamed_tools_give_the_numbers_of_the_code_before(tmp_path, chunk) -> None:
+    """simulate, plan and predict on streamed trace files (train in two files) give exactly the numbers the
+    code before streaming printed, and exactly what the same routing in memory gives, at any chunk size;
+    their progress only goes forward, to the end."""
+    ex = _routing(1200, 7)
+    a, b = _write(tmp_path / "a.bin", ex[:500]), _write(tmp_path / "b.bin", ex[500:900])
+    c, whole = _write(tmp_path / "c.bin", ex[900:]), _write(tmp_path / "all.bin", ex)
+    streamed = _everything(TraceRoutes([a, b], LAYOUT, chunk), TraceRoutes([c], LAYOUT, chunk),
+                           TraceRoutes([whole], LAYOUT, chunk))
+    assert _numbers(*streamed) == GOLDEN
+    in_memory = _everything(load_traces([a, b], LAYOUT), read_routes(c, LAYOUT), read_routes(whole, LAYOUT))
+    assert _asdict(streamed[0]) == _asdict(in_memory[0]) and _asdict(streamed[2]) == _asdict(in_memory[2])
+    for hyb in (False, True):
+        assert _asdict(streamed[1][hyb][0]) == _asdict(in_memory[1][hyb][0])
+        assert streamed[1][hyb][1].ranked == in_memory[1][hyb][1].ranked
+    seen: list[tuple[int, int]] = []
+    simulate_sizes("m", LAYOUT, [1.0], TraceRoutes([a, b], LAYOUT, chunk), TraceRoutes([c], LAYOUT, chunk), folds=3,
+                   progress=lambda d, t: seen.append((d, t)))
+    assert seen and seen[-1][0] == seen[-1][1] and all(x[0] <= y[0] for x, y in zip(seen, seen[1:]))
+
+
+@pytest.mark.parametrize("chunk", [5, 6 * 50, None])
+def test_streamed_policies_equal_in_memory(trace, chunk) -> None:
+    """Each policy, the counts and the profile over a streamed trace (and a view of its tokens) equal the
+    same over the routing in memory."""
+    path, _ = trace
+    streamed, in_memory = TraceRoutes([path], LAYOUT, chunk).tokens(100, 1300), read_routes(path, LAYOUT).tokens(100, 1300)
+    np.testing.assert_array_equal(pair_counts(streamed, N_EXPERT), pair_counts(in_memory, N_EXPERT))
+    profile = rank_pairs(in_memory.tokens(0, 600), N_EXPERT)
+    assert rank_pairs(streamed, N_EXPERT) == rank_pairs(in_memory, N_EXPERT)
+    for slots in ({il: 9 for il in range(N_LAYER)}, {il: (3 if il % 2 else 32) for il in range(N_LAYER)}):
+        for name in ("lru", "static", "adaptive", "belady"):
+            got = run_policy(name, streamed, slots, N_EXPERT, profile)
+            assert _asdict(got) == _asdict(run_policy(name, in_memory, slots, N_EXPERT, profile)), (name, slots)
+
+
+def _peak(fn) -> int:
+    """numpy's and Python's allocations at their peak while ``fn`` runs (tracemalloc), less what was there."""
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        fn()
+        return tracemalloc.get_traced_memory()[1] - before
+    finally:
+        tracemalloc.stop()
+
+
+def test_streamed_memory_does_not_grow_with_the_trace(tmp_path) -> None:
+    """Qwen3-30B-A3B-shaped traces of 1000 and 4000 tokens (3.3 and 13.2 MiB), read 100 tokens at a time (so
+    that even a tenth of the shorter one fills the chunks: a chunk's temporaries are the same at both sizes):
+    the streamed paths (reading and counting, the profile, lru, static and adaptive replays, simulate with a
+    test half and with ten folds, plan with whole layers, predict) peak at allocations that differ by less
+    than 256 KiB between them (measured: under 20 KiB), where the routing in memory would grow by 1.6 MiB and
+    the file by 9.9 MiB. What they hold is a chunk and the state: slots and heats per layer and replay,
+    counts per fold, profiles, predict's co-occurrences (n_layers x n_expert^2)."""
+    q30 = ExpertLayout(48, 128, 8, tuple(LayerExperts(il, 128, 2**20, "q8_0") for il in range(48)))
+    slots = {il: 32 for il in range(48)}
+    mib = cache_bytes_for_slots(q30, 32, False) / MiB
+    peaks: dict[str, list[int]] = {}
+    for n_tokens in (1000, 4000):
+        path = _q30_trace(tmp_path / f"q30-{n_tokens}.bin", n_tokens)
+
+        def traces() -> TraceRoutes:
+            return TraceRoutes([path], q30, chunk_records=100 * 48)
+
+        profile = make_profile(traces(), q30).ranked
+        half = n_tokens // 2
+        runs = {
+            "read, validate and count; the profile": lambda: make_profile(traces().scan(), q30),
+            "lru": lambda: lru(traces(), slots, 128, profile),
+            "static": lambda: static(traces(), slots, 128, profile),
+            "adaptive": lambda: adaptive(traces(), slots, 128, profile),
+            "simulate --test": lambda: simulate_sizes("m", q30, [mib], traces().tokens(0, half),
+                                                      traces().tokens(half, n_tokens), policies=("lru", "static")),
+            "simulate --kfold 10": lambda: simulate_sizes("m", q30, [mib], traces(), folds=10,
+                                                          policies=("lru", "static")),
+            "plan": lambda: plan_cache("m", q30, mib, False, traces(), 10, 2),
+            "predict": lambda: predict_routes("m", traces(), 128),
+        }
+        for name, fn in runs.items():
+            peaks.setdefault(name, []).append(_peak(fn))
+        path.unlink()
+    grew = {name: p[1] - p[0] for name, p in peaks.items()}
+    assert all(g < 256 * 1024 for g in grew.values()), (grew, peaks)
+    assert all(p[1] < 16 * 2**20 for p in peaks.values()), peaks
+
+
+def test_streamed_belady_holds_one_layer(tmp_path, monkeypatch) -> None:
+    """Belady needs the future: streamed, it holds the ids of a group of layers and one layer's next uses. A
+    group of one layer (the budget at its least), traces of 1000 and 4000 tokens x 24 layers: its memory grows
+    by at most 6 bytes per id of one layer (the layer's ids as read, as replayed, and their int32 next uses),
+    not by the whole routing's (24 x as many ids); the results are those of the routing in memory."""
+    monkeypatch.setattr(policies, "BELADY_GROUP_BYTES", 1)
+    layout = ExpertLayout(24, 32, 4, tuple(LayerExperts(il, 32, 2**16, "q8_0") for il in range(24)))
+    slots = {il: 8 for il in range(24)}
+    peaks, results = [], []
+    for n_tokens in (1000, 4000):
+        path = _write(tmp_path / f"b-{n_tokens}.bin", _routing(n_tokens, 2, 24, 32, 4))
+        traces = TraceRoutes([path], layout, chunk_records=100 * 24)  # a chunk's temporaries: the same at both sizes
+        peaks.append(_peak(lambda: results.append(belady(traces, slots, 32, chunk_tokens=100))))
+        assert _asdict(results[-1]) == _asdict(belady(read_routes(path, layout), slots, 32))
+    per_layer_ids = (4000 - 1000) * 4
+    assert peaks[1] - peaks[0] < 6 * per_layer_ids + 64 * 1024, peaks  # the whole routing's: 288 KiB
 
 
 # -- memory ------------------------------------------------------------------------------------------------

@@ -39,7 +39,7 @@ def add_plan_options(p: argparse.ArgumentParser) -> None:
 
 def plan_with_progress(args: argparse.Namespace, layout, mib: float, routes, budget: str):
     """plan_cache with the k-fold replays on a progress line (shared by plan and profile)."""
-    bar = progress(args, "k-fold replays")
+    bar = progress(args, "% of the k-fold replays", percent=True)
     try:
         return plan_cache(args.model, layout, mib, args.hybrid, routes, args.kfold, args.whole_layers, budget, bar)
     finally:

@@ -22,7 +22,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     layout = model_layout(args.model)
     routes = read_traces(args, args.traces, layout)
-    bar = progress(args, "layers scored")
+    bar = progress(args, "% of the tokens scored", percent=True)
     try:
         report = predict_routes(args.model, routes, layout.n_expert, args.top, bar)
     finally:

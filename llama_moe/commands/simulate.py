@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
     check_files(args.train + args.test)
     train = read_traces(args, args.train, layout)
     test = read_traces(args, args.test, layout) if args.test else None
-    bar = progress(args, "replays")
+    bar = progress(args, "% of the replays", percent=True)
     try:
         report = simulate_sizes(args.model, layout, args.cache_mib, train, test, args.kfold, args.hybrid, policies, bar)
     finally:

@@ -12,7 +12,7 @@ from ..experts import ExpertLayout, expert_layout
 from . import jsonout
 from .errors import ToolInputError
 from .progress import Progress
-from .routes import Routes, load_traces
+from .tracefiles import TraceRoutes
 
 
 def model_layout(path: str | os.PathLike[str]) -> ExpertLayout:
@@ -42,16 +42,18 @@ def add_output_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar on stderr")
 
 
-def progress(args: argparse.Namespace, what: str) -> Progress:
-    return Progress(what, enabled=not args.quiet)
+def progress(args: argparse.Namespace, what: str, percent: bool = False) -> Progress:
+    return Progress(what, enabled=not args.quiet, percent=percent)
 
 
-def read_traces(args: argparse.Namespace, paths: Sequence[str], layout: ExpertLayout) -> Routes:
-    """load_traces with a progress line in MiB (drawn only when reading takes over a second)."""
+def read_traces(args: argparse.Namespace, paths: Sequence[str], layout: ExpertLayout) -> TraceRoutes:
+    """The traces streamed (``TraceRoutes``), read through once first: every record validated (so that a bad
+    trace is refused before any replay) and the selections counted, with a progress line in MiB (drawn only
+    when reading takes over a second). Nothing of them stays in memory but the counts."""
     check_files(list(paths))
     bar = Progress("MiB of traces read", enabled=not args.quiet, delay=1.0)
     try:
-        return load_traces(paths, layout, lambda done, total: bar(-(-done >> 20), -(-total >> 20)))
+        return TraceRoutes(paths, layout).scan(lambda done, total: bar(-(-done >> 20), -(-total >> 20)))
     finally:
         bar.close()
 

@@ -1,17 +1,25 @@
 """Held-out hit rates: a profile is ranked on some routing and scored on other routing, never on its own
 (the Strata lesson: 0.6573 in-sample against 0.6447 held out). Two designs: a train trace against a test
 trace, and k-fold over one trace cut into k contiguous blocks of tokens (each block scored with a profile
-ranked on the others), reported as the mean of the folds with a Student t 95% interval."""
+ranked on the others), reported as the mean of the folds with a Student t 95% interval.
+
+Streamed: a fold's profile needs only the counts of the other folds, so one pass over trace files counts
+every fold (``fold_counts``: the train side of a fold is everything less its own block), and one more
+replays every fold at once, each with a fresh cache from its own profile (``policies.replay_jobs``); no
+token is kept."""
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
+import numpy as np
+
 from .errors import ToolInputError
 from .policies import PolicyResult, merge_results, run_policy
-from .ranking import rank_pairs
+from .ranking import pair_counts, rank_counts, rank_pairs, segment_counts
 from .routes import JoinedRoutes, Routes
+from .tracefiles import TraceRoutes
 
 # Student t 0.975 quantiles for 1..30 degrees of freedom (two-sided 95%)
 _T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
@@ -100,5 +108,49 @@ def kfold(splits: Sequence[tuple[Routes | JoinedRoutes, Routes]], replay: Callab
         results.append(replay(train, test))
         if after_fold:
             after_fold()
+    return kfold_result(results)
+
+
+def kfold_result(results: Sequence[PolicyResult]) -> KFoldResult:
+    """The folds' results as estimates, and pooled."""
     return KFoldResult(t_interval([r.hit_rate for r in results]), t_interval([r.h_layer for r in results]),
                        merge_results(results), tuple(results))
+
+
+@dataclass(frozen=True)
+class FoldCounts:
+    """Selections per (layer, expert): of each block (``test``), of everything but each block (``train``, what
+    its profile is ranked on) and of the whole routing (``total``)."""
+
+    bounds: tuple[tuple[int, int], ...]
+    test: np.ndarray         # [folds, n_layers, n_expert]
+    train: tuple[np.ndarray, ...]
+    total: np.ndarray        # [n_layers, n_expert]
+    layers: tuple[int, ...]
+
+    def profile(self) -> tuple[tuple[int, int], ...]:
+        """Every pair, ranked on the whole routing."""
+        return rank_counts(self.total, self.layers)
+
+    def fold_profiles(self) -> list[tuple[tuple[int, int], ...]]:
+        """Each fold's profile, ranked on the other folds (as ``ranked_replay`` ranks a split's train side)."""
+        return [rank_counts(c, self.layers) for c in self.train]
+
+
+def fold_counts(routes: Routes | TraceRoutes, bounds: Sequence[tuple[int, int]], n_expert: int,
+                progress: Callable[[int, int], None] | None = None) -> FoldCounts:
+    """The counts of contiguous blocks ``bounds`` (from 0 to the end), from one pass over trace files. With
+    one token per ubatch a block's train side is the total less the block; a routing in memory with larger
+    ubatches counts each train side as ``kfold_splits`` joins it (a ubatch cut by an edge is counted whole
+    on that side)."""
+    edges = [a for a, _ in bounds] + [bounds[-1][1]]
+    test = segment_counts(routes, edges, n_expert, progress)
+    if routes.one_token_ubatches:
+        total = test.sum(axis=0)
+        train = tuple(total - c for c in test)
+    else:
+        total = pair_counts(routes, n_expert)
+        n = routes.n_tokens
+        train = tuple(pair_counts(JoinedRoutes([routes.tokens(x, y) for x, y in ((0, a), (b, n)) if x < y]), n_expert)
+                      for a, b in bounds)
+    return FoldCounts(tuple(bounds), test, train, total, tuple(routes.layers))

@@ -4,16 +4,19 @@ counters) with --hybrid, lru (the upload mode) without."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
+
+import numpy as np
 
 from ..experts import ExpertLayout
 from ..profile import Profile
 from .budget import MiB, _fixed_bytes, engine_buffer_bytes, engine_slots, mib_to_bytes
 from .errors import ToolInputError
-from .heldout import Estimate, KFoldResult, kfold, kfold_splits, ranked_replay, t_interval
-from .policies import run_policy
-from .ranking import make_profile, prefill_resident
+from .heldout import Estimate, FoldCounts, KFoldResult, fold_bounds, fold_counts, kfold_result, t_interval
+from .policies import Job, _Meter, replay_jobs
+from .ranking import prefill_resident
 from .routes import Routes
+from .tracefiles import TraceRoutes
 
 
 @dataclass(frozen=True)
@@ -70,11 +73,13 @@ class Plan:
     whole_layers: WholeLayersReport | None
 
 
-def plan_cache(model: str, layout: ExpertLayout, cache_mib: float, hybrid: bool, routes: Routes | None = None,
-               folds: int = 10, whole_layers: int = 0, budget: str = "",
+def plan_cache(model: str, layout: ExpertLayout, cache_mib: float, hybrid: bool,
+               routes: Routes | TraceRoutes | None = None, folds: int = 10, whole_layers: int = 0, budget: str = "",
                progress: Callable[[int, int], None] | None = None) -> tuple[Plan, Profile | None]:
     """The plan for a cache of ``cache_mib`` and, with routing, its profile (every selected pair, hottest
-    first) scored by k-fold. ``whole_layers``: report the N layers that gain most from being held whole."""
+    first) scored by k-fold. ``whole_layers``: report the N layers that gain most from being held whole.
+    Streamed trace files are read once to count the folds (the profile is their sum), once to replay every
+    fold and the in-sample figure, and once more for the whole-layers alternative."""
     slots = engine_slots(layout, mib_to_bytes(cache_mib), hybrid)
     per_layer = next(iter(slots.values()))
     n_expert = layout.n_expert
@@ -88,58 +93,73 @@ def plan_cache(model: str, layout: ExpertLayout, cache_mib: float, hybrid: bool,
         layers = tuple(LayerPlan(il, n, il in whole, None, None) for il, n in slots.items())
         return Plan(*head, 0, 0, None, None, None, None, None, layers, None), None
 
-    profile = make_profile(routes, layout, per_layer)
+    n = routes.n_tokens
+    bounds = fold_bounds(n, folds)
+    w_count, w_replay = n // 8 + 1, 2 * n  # progress: the counts, the folds and the in-sample replay
+    meter = _Meter(w_count + w_replay * (2 if whole_layers else 1), progress)
+    counts = fold_counts(routes, bounds, n_expert, meter.part(w_count))
+    profile = Profile(layout.n_layer, layout.n_expert, per_layer, counts.profile())
     prefilled = sum(len(v) for v in prefill_resident(profile.ranked, slots, n_expert).values())
-    splits = kfold_splits(routes, folds)
-    total, done = len(splits) * (2 if whole_layers else 1) + 1, 0  # the folds, and the in-sample replay
+    fold_profiles = counts.fold_profiles()
 
-    def tick() -> None:
-        nonlocal done
-        done += 1
-        if progress:
-            progress(done, total)
+    def fold_jobs(slot_map: dict[int, int]) -> list[Job]:
+        return [Job(a, b, policy, slot_map, fp) for (a, b), fp in zip(bounds, fold_profiles)]
+
+    results = replay_jobs(routes, fold_jobs(slots) + [Job(0, n, policy, slots, profile.ranked)], n_expert,
+                          meter.part(w_replay))
+    scored, in_sample = kfold_result(results[:-1]), results[-1]
+    test_tokens = sum(b - a for a, b in bounds)
+    layers = tuple(LayerPlan(il, n_slots, il in whole, 1.0 if il in whole else scored.pooled.layer_hit_rate(il),
+                             scored.pooled.per_layer.get(il, (0, 0))[1] / test_tokens)
+                   for il, n_slots in slots.items())
 
     def replay(slot_map: dict[int, int]) -> KFoldResult:
-        return kfold(splits, ranked_replay(policy, slot_map, n_expert), tick)
+        return kfold_result(replay_jobs(routes, fold_jobs(slot_map), n_expert, meter.part(w_replay)))
 
-    scored = replay(slots)
-    in_sample = run_policy(policy, routes, slots, n_expert, profile.ranked)
-    tick()
-    test_tokens = sum(te.n_tokens for _, te in splits)
-    layers = tuple(LayerPlan(il, n, il in whole, 1.0 if il in whole else scored.pooled.layer_hit_rate(il),
-                             scored.pooled.per_layer.get(il, (0, 0))[1] / test_tokens)
-                   for il, n in slots.items())
-    report = _whole_layers(layout, splits, slots, hybrid, cache_mib, scored, whole_layers, replay) if whole_layers else None
+    report = None
+    if whole_layers:
+        lookups = _fold_lookups(routes, counts)
+        report = _whole_layers(layout, routes.layers, lookups, test_tokens, slots, hybrid, cache_mib, scored,
+                               whole_layers, replay)
     if progress:
-        progress(total, total)  # the alternative may not have been replayed: it did not fit
-    plan = Plan(*head, routes.n_tokens, folds, len(profile.ranked), prefilled, scored.hit_rate, scored.h_layer,
+        progress(meter.total, meter.total)  # the alternative may not have been replayed: it did not fit
+    plan = Plan(*head, n, folds, len(profile.ranked), prefilled, scored.hit_rate, scored.h_layer,
                 in_sample.hit_rate, layers, report)
     return plan, profile
 
 
-def _lookups(routes: Routes, j: int) -> int:
-    """Distinct experts the cache would look up in layer index j (what a whole layer serves without lookups)."""
-    d = routes.distinct[:, j]
-    return int(((d >= 0) & routes.counted[:, j][:, None]).sum())
+def _fold_lookups(routes: Routes | TraceRoutes, counts: FoldCounts) -> np.ndarray:
+    """[folds, n_layers]: distinct experts the cache would look up in each layer of each fold (what a whole
+    layer serves without lookups). One token per ubatch: every selection of a computed token, the fold's
+    counts; larger ubatches are looked up only up to 32 tokens, counted from the routing in memory."""
+    if routes.one_token_ubatches:
+        return counts.test.sum(axis=2)
+    out = np.zeros((len(counts.bounds), len(routes.layers)), dtype=np.int64)
+    for f, (a, b) in enumerate(counts.bounds):
+        test = routes.tokens(a, b)
+        for j in range(len(routes.layers)):
+            d = test.distinct[:, j]
+            out[f, j] = int(((d >= 0) & test.counted[:, j][:, None]).sum())
+    return out
 
 
-def _share(splits: list[tuple[Routes, Routes]], result: KFoldResult, slot_map: dict[int, int], n_expert: int) -> Estimate:
+def _share(lookups: np.ndarray, layers: Sequence[int], result: KFoldResult, slot_map: dict[int, int],
+           n_expert: int) -> Estimate:
     """Per fold, the share of selected experts that were resident, the whole layers' counted as resident
     (the policies do not count layers held whole: they need no lookups)."""
-    whole_js = [j for j, il in enumerate(splits[0][1].layers) if slot_map.get(il, 0) >= n_expert]
+    whole_js = [j for j, il in enumerate(layers) if slot_map.get(il, 0) >= n_expert]
     shares = []
-    for (_, test), r in zip(splits, result.folds):
-        served = sum(_lookups(test, j) for j in whole_js)
+    for f, r in enumerate(result.folds):
+        served = sum(int(lookups[f, j]) for j in whole_js)
         total = r.n_lookup + served
         shares.append((r.n_hit + served) / total if total else 1.0)
     return t_interval(shares)
 
 
-def _whole_layers(layout: ExpertLayout, splits: list[tuple[Routes, Routes]], slots: dict[int, int], hybrid: bool,
-                  cache_mib: float, scored: KFoldResult, n: int,
+def _whole_layers(layout: ExpertLayout, route_layers: Sequence[int], lookups: np.ndarray, test_tokens: int,
+                  slots: dict[int, int], hybrid: bool, cache_mib: float, scored: KFoldResult, n: int,
                   replay: Callable[[dict[int, int]], KFoldResult]) -> WholeLayersReport:
-    test_tokens = sum(te.n_tokens for _, te in splits)
-    uniform = _share(splits, scored, slots, layout.n_expert)
+    uniform = _share(lookups, route_layers, scored, slots, layout.n_expert)
     options = []
     for l in layout.layers:
         if slots[l.il] < l.n_expert:
@@ -159,4 +179,5 @@ def _whole_layers(layout: ExpertLayout, splits: list[tuple[Routes, Routes]], slo
     if left < 0 or (other_slots is not None and other_slots < 1):  # they do not fit with a slot for each other layer
         return WholeLayersReport(chosen, None, None, uniform)
     alt = {l.il: l.n_expert if l.il in whole else int(other_slots or 0) for l in layout.layers}
-    return WholeLayersReport(chosen, other_slots, _share(splits, replay(alt), alt, layout.n_expert), uniform)
+    return WholeLayersReport(chosen, other_slots, _share(lookups, route_layers, replay(alt), alt,
+                                                                  layout.n_expert), uniform)

@@ -12,12 +12,15 @@ distinct experts of each ubatch of up to 32 tokens; layers held whole need no lo
 Every policy also reports h_layer: the share of looked-up (layer, token) pairs whose k experts were all
 resident when the ubatch was looked up (the tokens that need no CPU or upload work in that layer).
 
-Memory: the routing (``Routes``, compact) and, per policy, its state (slots and heats per layer) plus
-temporaries for a chunk of ubatches (``CHUNK_TOKENS``); nothing grows with the trace. Speed: static is one
-vectorised pass; lru replays one-token ubatches (a trace file's) token by token with all layers at once in
-numpy, and larger ubatches slot by slot as the engine does; belady runs per layer in Python over numpy's
-next-use positions. Every policy takes ``progress(done, total)`` and ``chunk_tokens`` (the results do not
-depend on it).
+Every policy but belady is a ``Replay``: a state fed the routing a chunk of whole ubatches at a time, in
+order, from a ``Routes`` in memory or from trace files as they are read (``TraceRoutes``); its memory is
+its state (slots and heats per layer) and the temporaries of a chunk, whatever the routing's length, and
+``replay_jobs`` feeds many of them (sizes, policies, folds) from one pass over the files. Belady needs the
+future: it holds a layer's ids and their next uses (5 bytes per id of the layer), and reads trace files
+once per group of layers. Speed: static is vectorised over a chunk; lru replays one-token ubatches (a trace
+file's) token by token with all layers at once in numpy, and larger ubatches slot by slot as the engine
+does; belady runs per layer in Python over numpy's next-use positions. Every policy takes ``progress(done,
+total)`` and ``chunk_tokens`` (the results do not depend on it).
 """
 from __future__ import annotations
 
@@ -30,6 +33,7 @@ import numpy as np
 from ..cache_sim import MAX_UBATCH
 from .ranking import CHUNK_TOKENS, prefill_resident
 from .routes import Routes
+from .tracefiles import TraceRoutes
 
 Progress = Callable[[int, int], None]
 
@@ -89,9 +93,9 @@ def merge_results(results: Sequence[PolicyResult]) -> PolicyResult:
     return PolicyResult(results[0].policy, per_layer=per_layer, **sums)
 
 
-def _looked_up(routes: Routes, slots: dict[int, int], n_expert: int) -> list[int]:
-    """Indices into routes.layers of the layers the cache looks up: cached, and not held whole."""
-    return [j for j, il in enumerate(routes.layers) if il in slots and slots[il] < n_expert]
+def _looked_up(layers: Sequence[int], slots: dict[int, int], n_expert: int) -> list[int]:
+    """Indices into the routing's layers of the layers the cache looks up: cached, and not held whole."""
+    return [j for j, il in enumerate(layers) if il in slots and slots[il] < n_expert]
 
 
 def _columns(looked: list[int], n_layers: int) -> slice | list[int]:
@@ -114,6 +118,14 @@ def _ubatch_chunks(routes: Routes, chunk_tokens: int = CHUNK_TOKENS) -> Iterator
         u0 = u1
 
 
+def _ubatches(routes: Routes, u0: int, u1: int) -> Routes:
+    """Ubatches u0..u1-1 as routing of their own (views)."""
+    if u0 == 0 and u1 == len(routes.starts) - 1:
+        return routes
+    a, b = int(routes.starts[u0]), int(routes.starts[u1])
+    return Routes(routes.layers, routes.experts[a:b], routes.starts[u0:u1 + 1] - a)
+
+
 def _too_big(routes: Routes, looked: list[int]) -> int:
     """(ubatch, layer) pairs of over 32 tokens: llama.cpp's path, no lookup."""
     if routes.one_token_ubatches:
@@ -121,152 +133,216 @@ def _too_big(routes: Routes, looked: list[int]) -> int:
     return int((routes.layer_tokens[:, looked] > MAX_UBATCH).sum())
 
 
-def static(routes: Routes, slots: dict[int, int], n_expert: int, profile: Sequence[tuple[int, int]],
+def _chunks(routes: Routes | TraceRoutes, chunk_tokens: int,
+            progress: Progress | None) -> Iterator[Routes]:
+    """Routing a chunk of whole ubatches at a time: views of a ``Routes``, or trace files read as they go."""
+    if isinstance(routes, TraceRoutes):
+        for _, chunk in routes.chunks(progress=progress, chunk_tokens=chunk_tokens):
+            yield chunk
+        return
+    n_ub = len(routes.starts) - 1
+    for u0, u1 in _ubatch_chunks(routes, chunk_tokens):
+        yield _ubatches(routes, u0, u1)
+        if progress:
+            progress(u1, n_ub)
+
+
+class Replay:
+    """A policy's replay as a state that routing is fed to, a chunk of whole ubatches at a time, in order
+    (``feed``); ``result()`` counts what was fed. Memory: the policy's state (slots, heats per layer) and
+    the temporaries of one chunk, whatever the routing's length."""
+
+    def feed(self, chunk: Routes) -> None:
+        raise NotImplementedError
+
+    def result(self) -> PolicyResult:
+        raise NotImplementedError
+
+
+def _drive(replay: Replay, routes: Routes | TraceRoutes, chunk_tokens: int, progress: Progress | None) -> PolicyResult:
+    for chunk in _chunks(routes, chunk_tokens, progress):
+        replay.feed(chunk)
+    return replay.result()
+
+
+class StaticReplay(Replay):
+    """``static``: the residency never changes; vectorised over a chunk."""
+
+    def __init__(self, layers: Sequence[int], slots: dict[int, int], n_expert: int,
+                 profile: Sequence[tuple[int, int]]) -> None:
+        self.looked = _looked_up(layers, slots, n_expert)
+        self.cols = _columns(self.looked, len(layers))
+        self.layers = [layers[j] for j in self.looked]
+        filled = prefill_resident(profile, slots, n_expert)
+        # the last column stays False, so that the -1 padding never hits
+        self.resident = np.zeros((len(self.looked), n_expert + 1), dtype=bool)
+        for i, il in enumerate(self.layers):
+            self.resident[i, filled[il]] = True
+        self.jj = np.arange(len(self.looked))[None, :, None]
+        self.hits = np.zeros(len(self.looked), dtype=np.int64)
+        self.misses = np.zeros(len(self.looked), dtype=np.int64)
+        self.n_tokens = self.n_all_in = self.n_refused = 0
+        self.n_slots = sum(slots[il] for il in self.layers)
+
+    def feed(self, chunk: Routes) -> None:
+        cols, resident, jj = self.cols, self.resident, self.jj
+        counted = chunk.counted[:, cols]
+        d = chunk.distinct[:, cols]
+        held = resident[jj, d]
+        self.hits += (held & counted[:, :, None]).sum(axis=(0, 2))
+        self.misses += ((d >= 0) & ~held & counted[:, :, None]).sum(axis=(0, 2))
+        if chunk.one_token_ubatches:
+            tokens = counted & chunk.computed[:, cols]
+        else:
+            tokens = counted[chunk.ubatch_of_token] & chunk.computed[:, cols]
+        self.n_tokens += int(tokens.sum())
+        self.n_all_in += int((resident[jj, chunk.experts[:, cols]].all(axis=-1) & tokens).sum())
+        self.n_refused += _too_big(chunk, self.looked)
+
+    def result(self) -> PolicyResult:
+        h = int(self.hits.sum())
+        return PolicyResult("static", h, h, int(self.misses.sum()), self.n_tokens, self.n_all_in, self.n_refused,
+                            self.n_slots, int(self.resident.sum()),
+                            {il: (int(a), int(b)) for il, a, b in zip(self.layers, self.hits, self.misses)})
+
+
+def static(routes: Routes | TraceRoutes, slots: dict[int, int], n_expert: int, profile: Sequence[tuple[int, int]],
            progress: Progress | None = None, chunk_tokens: int = CHUNK_TOKENS) -> PolicyResult:
     """The hybrid without adaptation: the engine's fill from the profile, then nothing moves. Counts exactly
     like the engine's hybrid counters (n_hit, n_hit_profile = n_hit, n_miss, per layer). Vectorised: the
     residency never changes; a chunk of ubatches at a time."""
-    looked = _looked_up(routes, slots, n_expert)
-    cols = _columns(looked, len(routes.layers))
-    layers = [routes.layers[j] for j in looked]
-    filled = prefill_resident(profile, slots, n_expert)
-    # the last column stays False, so that the -1 padding never hits
-    resident = np.zeros((len(looked), n_expert + 1), dtype=bool)
-    for i, il in enumerate(layers):
-        resident[i, filled[il]] = True
-    jj = np.arange(len(looked))[None, :, None]
-    hits = np.zeros(len(looked), dtype=np.int64)
-    misses = np.zeros(len(looked), dtype=np.int64)
-    n_tokens = n_all_in = 0
-    n_ub = len(routes.starts) - 1
-    for u0, u1 in _ubatch_chunks(routes, chunk_tokens):
-        a, b = int(routes.starts[u0]), int(routes.starts[u1])
-        counted = routes.counted[u0:u1][:, cols]
-        d = routes.distinct[u0:u1][:, cols]
-        held = resident[jj, d]
-        hits += (held & counted[:, :, None]).sum(axis=(0, 2))
-        misses += ((d >= 0) & ~held & counted[:, :, None]).sum(axis=(0, 2))
-        tokens = counted[routes.ubatch_of_token[a:b] - u0] & routes.computed[a:b][:, cols]
-        n_tokens += int(tokens.sum())
-        n_all_in += int((resident[jj, routes.experts[a:b][:, cols]].all(axis=-1) & tokens).sum())
-        if progress:
-            progress(u1, n_ub)
-    return PolicyResult("static", int(hits.sum()), int(hits.sum()), int(misses.sum()), n_tokens, n_all_in,
-                        _too_big(routes, looked), sum(slots[il] for il in layers), int(resident.sum()),
-                        {il: (int(h), int(m)) for il, h, m in zip(layers, hits, misses)})
+    return _drive(StaticReplay(routes.layers, slots, n_expert, profile), routes, chunk_tokens, progress)
 
 
-def lru(routes: Routes, slots: dict[int, int], n_expert: int, profile: Sequence[tuple[int, int]] = (),
+def lru(routes: Routes | TraceRoutes, slots: dict[int, int], n_expert: int, profile: Sequence[tuple[int, int]] = (),
         progress: Progress | None = None, chunk_tokens: int = 1024) -> PolicyResult:
     """The upload mode, slot for slot as the engine runs it (victims by slot order on ties), from the
     engine's fill of the profile. One-token ubatches (a trace file's) are replayed with every layer at once
-    (``_lru_tokens``, the same counts); larger ones slot by slot."""
-    if routes.one_token_ubatches:
-        return _lru_tokens(routes, slots, n_expert, profile, progress, chunk_tokens)
-    return _lru_loop(routes, slots, n_expert, profile, progress)
+    (``LruTokensReplay``, the same counts); larger ones slot by slot."""
+    replay = (LruTokensReplay if routes.one_token_ubatches else LruLoopReplay)(routes.layers, routes.k, slots,
+                                                                               n_expert, profile)
+    return _drive(replay, routes, chunk_tokens, progress)
 
 
 def _lru_loop(routes: Routes, slots: dict[int, int], n_expert: int, profile: Sequence[tuple[int, int]],
               progress: Progress | None = None) -> PolicyResult:
     """``lru`` slot by slot, layer by layer, ubatch by ubatch: llama_moe_cache::lookup in Python."""
-    looked = _looked_up(routes, slots, n_expert)
-    filled = prefill_resident(profile, slots, n_expert)
-    hits = hits_profile = misses = refused = token_layers = all_in = n_resident = 0
-    per_layer: dict[int, tuple[int, int]] = {}
-    bounds = list(zip(routes.starts[:-1].tolist(), routes.starts[1:].tolist()))
-    for done, j in enumerate(looked):
-        il = routes.layers[j]
-        n = slots[il]
-        expert_in = filled[il] + [-1] * (n - len(filled[il]))
-        slot_of = {e: s for s, e in enumerate(filled[il])}
-        last_use = [0] * n
-        from_profile = [e >= 0 for e in expert_in]
-        counted, n_tokens = routes.counted[:, j].tolist(), routes.layer_tokens[:, j].tolist()
-        stamp = lh = lm = 0
-        for u, (a, b) in enumerate(bounds):
-            if not n_tokens[u]:
-                continue
-            # the engine looks up only ubatches whose experts all fit the slots at once
-            if not counted[u] or n_tokens[u] * routes.k > n:
-                refused += 1
-                continue
-            stamp += 1
-            rows = [row for row in routes.experts[a:b, j].tolist() if row[0] >= 0]
-            for row in rows:  # h_layer: resident before this ubatch's uploads
-                all_in += all(e in slot_of for e in row)
-            token_layers += len(rows)
-            ids = [e for row in rows for e in row]
-            for e in ids:  # hits first, distinct per ubatch
-                s = slot_of.get(e, -1)
-                if s >= 0 and last_use[s] != stamp:
-                    last_use[s] = stamp
-                    lh += 1
-                    hits_profile += from_profile[s]
-            for e in ids:
-                if e in slot_of:
+    return _drive(LruLoopReplay(routes.layers, routes.k, slots, n_expert, profile), routes, CHUNK_TOKENS, progress)
+
+
+class LruLoopReplay(Replay):
+    """``lru`` slot by slot: llama_moe_cache::lookup in Python, each layer its own slots and stamps."""
+
+    def __init__(self, layers: Sequence[int], k: int, slots: dict[int, int], n_expert: int,
+                 profile: Sequence[tuple[int, int]]) -> None:
+        self.k = k
+        self.looked = _looked_up(layers, slots, n_expert)
+        self.layers = [layers[j] for j in self.looked]
+        filled = prefill_resident(profile, slots, n_expert)
+        self.state = []  # per looked-up layer: slots, expert_in, slot_of, last_use, from_profile, [stamp, hits, misses]
+        for il in self.layers:
+            n = slots[il]
+            self.state.append((n, filled[il] + [-1] * (n - len(filled[il])), {e: s for s, e in enumerate(filled[il])},
+                               [0] * n, [e >= 0 for e in filled[il]] + [False] * (n - len(filled[il])), [0, 0, 0]))
+        self.hits_profile = self.refused = self.token_layers = self.all_in = 0
+        self.n_slots = sum(slots[il] for il in self.layers)
+
+    def feed(self, chunk: Routes) -> None:
+        bounds = list(zip(chunk.starts[:-1].tolist(), chunk.starts[1:].tolist()))
+        k = self.k
+        for j, (n, expert_in, slot_of, last_use, from_profile, acc) in zip(self.looked, self.state):
+            counted, n_tokens = chunk.counted[:, j].tolist(), chunk.layer_tokens[:, j].tolist()
+            stamp, lh, lm = acc
+            for u, (a, b) in enumerate(bounds):
+                if not n_tokens[u]:
                     continue
-                victim = -1
-                for c in range(n):  # a free slot, else the least recently used one this ubatch does not use
-                    if expert_in[c] < 0:
-                        victim = c
-                        break
-                    if last_use[c] != stamp and (victim < 0 or last_use[c] < last_use[victim]):
-                        victim = c
-                if expert_in[victim] >= 0:
-                    del slot_of[expert_in[victim]]
-                expert_in[victim], slot_of[e], from_profile[victim], last_use[victim] = e, victim, False, stamp
-                lm += 1
-        hits, misses = hits + lh, misses + lm
-        per_layer[il] = (lh, lm)
-        n_resident += len(slot_of)
-        if progress:
-            progress(done + 1, len(looked))
-    return PolicyResult("lru", hits, hits_profile, misses, token_layers, all_in, refused,
-                        sum(slots[routes.layers[j]] for j in looked), n_resident, per_layer)
+                # the engine looks up only ubatches whose experts all fit the slots at once
+                if not counted[u] or n_tokens[u] * k > n:
+                    self.refused += 1
+                    continue
+                stamp += 1
+                rows = [row for row in chunk.experts[a:b, j].tolist() if row[0] >= 0]
+                for row in rows:  # h_layer: resident before this ubatch's uploads
+                    self.all_in += all(e in slot_of for e in row)
+                self.token_layers += len(rows)
+                ids = [e for row in rows for e in row]
+                for e in ids:  # hits first, distinct per ubatch
+                    s = slot_of.get(e, -1)
+                    if s >= 0 and last_use[s] != stamp:
+                        last_use[s] = stamp
+                        lh += 1
+                        self.hits_profile += from_profile[s]
+                for e in ids:
+                    if e in slot_of:
+                        continue
+                    victim = -1
+                    for c in range(n):  # a free slot, else the least recently used one this ubatch does not use
+                        if expert_in[c] < 0:
+                            victim = c
+                            break
+                        if last_use[c] != stamp and (victim < 0 or last_use[c] < last_use[victim]):
+                            victim = c
+                    if expert_in[victim] >= 0:
+                        del slot_of[expert_in[victim]]
+                    expert_in[victim], slot_of[e], from_profile[victim], last_use[victim] = e, victim, False, stamp
+                    lm += 1
+            acc[:] = stamp, lh, lm
+
+    def result(self) -> PolicyResult:
+        per_layer = {il: (acc[1], acc[2]) for il, (*_, acc) in zip(self.layers, self.state)}
+        return PolicyResult("lru", sum(h for h, _ in per_layer.values()), self.hits_profile,
+                            sum(m for _, m in per_layer.values()), self.token_layers, self.all_in, self.refused,
+                            self.n_slots, sum(len(st[2]) for st in self.state), per_layer)
 
 
-def _lru_tokens(routes: Routes, slots: dict[int, int], n_expert: int, profile: Sequence[tuple[int, int]],
-                progress: Progress | None, chunk_tokens: int) -> PolicyResult:
+class LruTokensReplay(Replay):
     """``lru`` for one-token ubatches, every layer at once: per token, the hits of all layers in one lookup,
     then each layer's misses into its slots in key order, key = (occupied, last use, slot) among the slots
     the token does not use: exactly the victims the slot-by-slot loop picks one after another (each victim
     it takes is then used by the token and drops out). A token's lookup is refused in a layer whose slots
     are fewer than k. An id repeated within a token counts once, as in the loop."""
-    looked = _looked_up(routes, slots, n_expert)
-    cols = _columns(looked, len(routes.layers))
-    layers = [routes.layers[j] for j in looked]
-    n_l, k = len(looked), routes.k
-    filled = prefill_resident(profile, slots, n_expert)
-    n_slots = np.array([slots[il] for il in layers], dtype=np.int64)
-    width = int(n_slots.max()) if n_l else 1
-    expert_in = np.full((n_l, width), -1, dtype=np.int64)
-    slot_of = np.full((n_l, n_expert + 1), -1, dtype=np.int64)  # the last column: the -1 of an uncomputed token
-    last_use = np.zeros((n_l, width), dtype=np.int64)
-    from_profile = np.zeros((n_l, width), dtype=bool)
-    for i, il in enumerate(layers):
-        f = filled[il]
-        expert_in[i, :len(f)], slot_of[i, f], from_profile[i, :len(f)] = f, np.arange(len(f)), True
-    slot_no = np.arange(width, dtype=np.int64)
-    never = np.iinfo(np.int64).max
-    absent = slot_no[None, :] >= n_slots[:, None]  # slots a layer with fewer than the most does not have
-    fits = k <= n_slots  # else every lookup in the layer is refused: its slots cannot take a token's k experts
-    rows = np.arange(n_l)[:, None]
-    later = np.tril(np.ones((k, k), dtype=bool), -1)  # [i, j]: position j comes before position i
-    hits = np.zeros(n_l, dtype=np.int64)
-    misses = np.zeros(n_l, dtype=np.int64)
-    hits_profile = token_layers = all_in = refused = 0
-    n = routes.n_tokens
-    chunk_tokens = max(1, chunk_tokens)
-    for a in range(0, n, chunk_tokens):  # the ids of a chunk of tokens converted and checked for repeats at once
-        b = min(a + chunk_tokens, n)
-        ids = routes.experts[a:b][:, cols].astype(np.int64)  # [tokens, layers, k]
-        active = routes.computed[a:b][:, cols]
-        refused += int((active & ~fits).sum())
-        active = active & fits
-        token_layers += int(active.sum())
-        repeats = (ids[:, :, :, None] == ids[:, :, None, :]) & later
+
+    def __init__(self, layers: Sequence[int], k: int, slots: dict[int, int], n_expert: int,
+                 profile: Sequence[tuple[int, int]]) -> None:
+        self.looked = _looked_up(layers, slots, n_expert)
+        self.cols = _columns(self.looked, len(layers))
+        self.layers = [layers[j] for j in self.looked]
+        n_l, self.k = len(self.looked), k
+        filled = prefill_resident(profile, slots, n_expert)
+        self.n_slots = np.array([slots[il] for il in self.layers], dtype=np.int64)
+        width = self.width = int(self.n_slots.max()) if n_l else 1
+        self.expert_in = np.full((n_l, width), -1, dtype=np.int64)
+        self.slot_of = np.full((n_l, n_expert + 1), -1, dtype=np.int64)  # the last column: the -1 of an uncomputed token
+        self.last_use = np.zeros((n_l, width), dtype=np.int64)
+        self.from_profile = np.zeros((n_l, width), dtype=bool)
+        for i, il in enumerate(self.layers):
+            f = filled[il]
+            self.expert_in[i, :len(f)], self.slot_of[i, f], self.from_profile[i, :len(f)] = f, np.arange(len(f)), True
+        self.slot_no = np.arange(width, dtype=np.int64)
+        self.absent = self.slot_no[None, :] >= self.n_slots[:, None]  # slots a layer with fewer than the most does not have
+        self.fits = k <= self.n_slots  # else every lookup in the layer is refused: its slots cannot take a token's k experts
+        self.rows = np.arange(n_l)[:, None]
+        self.later = np.tril(np.ones((k, k), dtype=bool), -1)  # [i, j]: position j comes before position i
+        self.hits = np.zeros(n_l, dtype=np.int64)
+        self.misses = np.zeros(n_l, dtype=np.int64)
+        self.hits_profile = self.token_layers = self.all_in = self.refused = 0
+        self.fed = 0  # tokens fed: the stamps go on from there
+
+    def feed(self, chunk: Routes) -> None:
+        n_l, width = len(self.looked), self.width
+        expert_in, slot_of, last_use, from_profile = self.expert_in, self.slot_of, self.last_use, self.from_profile
+        slot_no, absent, rows, never = self.slot_no, self.absent, self.rows, np.iinfo(np.int64).max
+        ids = chunk.experts[:, self.cols].astype(np.int64)  # [tokens, layers, k], converted and checked for repeats at once
+        active = chunk.computed[:, self.cols]
+        self.refused += int((active & ~self.fits).sum())
+        active = active & self.fits
+        self.token_layers += int(active.sum())
+        repeats = (ids[:, :, :, None] == ids[:, :, None, :]) & self.later
         repeated = repeats.any(axis=3) if repeats.any() else None
-        for t in range(b - a):
+        del repeats
+        a = self.fed
+        self.fed += chunk.n_tokens
+        for t in range(chunk.n_tokens):
             act = active[t]
             if not act.any():
                 continue
@@ -274,21 +350,21 @@ def _lru_tokens(routes: Routes, slots: dict[int, int], n_expert: int, profile: S
             e = ids[t]
             s = slot_of[rows, e]
             res = s >= 0
-            all_in += int((res.all(axis=1) & act).sum())
+            self.all_in += int((res.all(axis=1) & act).sum())
             asked = act[:, None] if repeated is None else act[:, None] & ~repeated[t]
             hit = res & asked
             miss = ~res & asked
             hr, hc = np.nonzero(hit)
             if hr.size:
                 hs = s[hr, hc]
-                hits_profile += int(from_profile[hr, hs].sum())
+                self.hits_profile += int(from_profile[hr, hs].sum())
                 last_use[hr, hs] = stamp
-                hits += np.bincount(hr, minlength=n_l)
+                self.hits += np.bincount(hr, minlength=n_l)
             mr, mc = np.nonzero(miss)
             if not mr.size:
                 continue
             m = np.bincount(mr, minlength=n_l)
-            misses += m
+            self.misses += m
             lr = np.flatnonzero(m)  # the layers that miss
             lu = last_use[lr]
             key = np.where(expert_in[lr] < 0, slot_no - width, lu * width + slot_no)  # free first, then LRU
@@ -308,14 +384,77 @@ def _lru_tokens(routes: Routes, slots: dict[int, int], n_expert: int, profile: S
             new = e[mr, mc]
             expert_in[mr, victim], slot_of[mr, new] = new, victim
             from_profile[mr, victim], last_use[mr, victim] = False, stamp
-        if progress:
-            progress(b, n)
-    return PolicyResult("lru", int(hits.sum()), hits_profile, int(misses.sum()), token_layers, all_in, refused,
-                        int(n_slots.sum()), int((expert_in >= 0).sum()),
-                        {il: (int(h), int(m)) for il, h, m in zip(layers, hits, misses)})
+
+    def result(self) -> PolicyResult:
+        return PolicyResult("lru", int(self.hits.sum()), self.hits_profile, int(self.misses.sum()), self.token_layers,
+                            self.all_in, self.refused, int(self.n_slots.sum()), int((self.expert_in >= 0).sum()),
+                            {il: (int(h), int(m)) for il, h, m in zip(self.layers, self.hits, self.misses)})
 
 
-def adaptive(routes: Routes, slots: dict[int, int], n_expert: int, profile: Sequence[tuple[int, int]] = (),
+class AdaptiveReplay(Replay):
+    """``adaptive``: heats per (layer, expert), fills and swaps between ubatches."""
+
+    def __init__(self, layers: Sequence[int], slots: dict[int, int], n_expert: int, profile: Sequence[tuple[int, int]] = (),
+                 half_life: float = HALF_LIFE_TOKENS, swap_every: int = SWAP_EVERY, max_swaps: int = MAX_SWAPS,
+                 fill_every: int = FILL_EVERY, max_fills: int = MAX_FILLS) -> None:
+        self.n_expert = n_expert
+        self.looked = _looked_up(layers, slots, n_expert)
+        self.cols = _columns(self.looked, len(layers))
+        filled = prefill_resident(profile, slots, n_expert)
+        self.layers = [layers[j] for j in self.looked]
+        self.cap = np.array([slots[il] for il in self.layers], dtype=np.int64)
+        self.resident = np.zeros((len(self.looked), n_expert + 1), dtype=bool)  # the last column takes the -1 padding
+        for i, il in enumerate(self.layers):
+            self.resident[i, filled[il]] = True
+        self.from_profile = self.resident.copy()
+        self.heat = np.zeros((len(self.looked), n_expert + 1))
+        self.fade = 0.5 ** (1.0 / half_life)
+        self.swap_every, self.max_swaps, self.fill_every, self.max_fills = swap_every, max_swaps, fill_every, max_fills
+        self.jj = np.arange(len(self.looked))[:, None]
+        self.hits = np.zeros(len(self.looked), dtype=np.int64)
+        self.misses = np.zeros(len(self.looked), dtype=np.int64)
+        self.hits_profile = self.token_layers = self.all_in = self.n_swap = self.n_fill = self.generated = 0
+        self.refused = 0
+
+    def feed(self, chunk: Routes) -> None:
+        cols, jj, resident, from_profile, heat = self.cols, self.jj, self.resident, self.from_profile, self.heat
+        n_expert = self.n_expert
+        counted = chunk.counted[:, cols]
+        distinct = chunk.distinct[:, cols]
+        computed = chunk.computed[:, cols]
+        experts = chunk.experts[:, cols]
+        starts = chunk.starts.tolist()
+        sizes = np.diff(chunk.starts).tolist()
+        for i in np.flatnonzero(counted.any(axis=1)).tolist():
+            c = counted[i]
+            d = np.where(c[:, None], distinct[i], -1)  # the layers that did not look up select nothing
+            held = resident[jj, d]
+            self.hits += held.sum(axis=1)
+            self.misses += ((d >= 0) & ~held).sum(axis=1)
+            self.hits_profile += int((held & from_profile[jj, d]).sum())
+            a, b = starts[i], starts[i + 1]
+            tokens = c[None, :] & computed[a:b]
+            self.token_layers += int(tokens.sum())
+            self.all_in += int((resident[jj[None], experts[a:b]].all(axis=-1) & tokens).sum())
+            n = sizes[i] if sizes[i] <= MAX_UBATCH else 0
+            heat *= self.fade ** n
+            heat[jj, d] += 1.0
+            heat[:, n_expert] = 0.0
+            before, self.generated = self.generated, self.generated + n
+            if self.generated // self.fill_every > before // self.fill_every:
+                self.n_fill += _fill(resident, from_profile, heat, self.cap, n_expert, self.max_fills)
+            if self.generated // self.swap_every > before // self.swap_every:
+                self.n_swap += _swap(resident, from_profile, heat, n_expert, self.max_swaps)
+        self.refused += _too_big(chunk, self.looked)
+
+    def result(self) -> PolicyResult:
+        return PolicyResult("adaptive", int(self.hits.sum()), self.hits_profile, int(self.misses.sum()),
+                            self.token_layers, self.all_in, self.refused, int(self.cap.sum()), int(self.resident.sum()),
+                            {il: (int(h), int(m)) for il, h, m in zip(self.layers, self.hits, self.misses)},
+                            self.n_swap, self.n_fill)
+
+
+def adaptive(routes: Routes | TraceRoutes, slots: dict[int, int], n_expert: int, profile: Sequence[tuple[int, int]] = (),
              half_life: float = HALF_LIFE_TOKENS, swap_every: int = SWAP_EVERY, max_swaps: int = MAX_SWAPS,
              fill_every: int = FILL_EVERY, max_fills: int = MAX_FILLS,
              progress: Progress | None = None, chunk_tokens: int = CHUNK_TOKENS) -> PolicyResult:
@@ -327,55 +466,9 @@ def adaptive(routes: Routes, slots: dict[int, int], n_expert: int, profile: Sequ
     experts of all layers replace their own layer's coldest resident ones, hottest first, while
     heat(in) > 1.5 heat(out) + 2, at most ``max_swaps``. Changes apply from the next ubatch (the engine
     swaps between tokens)."""
-    looked = _looked_up(routes, slots, n_expert)
-    filled = prefill_resident(profile, slots, n_expert)
-    layers = [routes.layers[j] for j in looked]
-    cap = np.array([slots[il] for il in layers], dtype=np.int64)
-    resident = np.zeros((len(looked), n_expert + 1), dtype=bool)  # the last column takes the -1 padding
-    for i, il in enumerate(layers):
-        resident[i, filled[il]] = True
-    from_profile = resident.copy()
-    heat = np.zeros((len(looked), n_expert + 1))
-    fade = 0.5 ** (1.0 / half_life)
-    jj = np.arange(len(looked))[:, None]
-    hits = np.zeros(len(looked), dtype=np.int64)
-    misses = np.zeros(len(looked), dtype=np.int64)
-    hits_profile = token_layers = all_in = n_swap = n_fill = generated = 0
-    cols = _columns(looked, len(routes.layers))
-    n_ub = len(routes.starts) - 1
-    for u0, u1 in _ubatch_chunks(routes, chunk_tokens):  # a chunk's arrays at a time: bounded temporaries
-        t0 = int(routes.starts[u0])
-        counted = routes.counted[u0:u1][:, cols]
-        distinct = routes.distinct[u0:u1][:, cols]
-        computed = routes.computed[t0:int(routes.starts[u1])][:, cols]
-        experts = routes.experts[t0:int(routes.starts[u1])][:, cols]
-        starts = (routes.starts[u0:u1 + 1] - t0).tolist()
-        sizes = np.diff(starts).tolist()
-        for i in np.flatnonzero(counted.any(axis=1)).tolist():
-            c = counted[i]
-            d = np.where(c[:, None], distinct[i], -1)  # the layers that did not look up select nothing
-            held = resident[jj, d]
-            hits += held.sum(axis=1)
-            misses += ((d >= 0) & ~held).sum(axis=1)
-            hits_profile += int((held & from_profile[jj, d]).sum())
-            a, b = starts[i], starts[i + 1]
-            tokens = c[None, :] & computed[a:b]
-            token_layers += int(tokens.sum())
-            all_in += int((resident[jj[None], experts[a:b]].all(axis=-1) & tokens).sum())
-            n = sizes[i] if sizes[i] <= MAX_UBATCH else 0
-            heat *= fade ** n
-            heat[jj, d] += 1.0
-            heat[:, n_expert] = 0.0
-            before, generated = generated, generated + n
-            if generated // fill_every > before // fill_every:
-                n_fill += _fill(resident, from_profile, heat, cap, n_expert, max_fills)
-            if generated // swap_every > before // swap_every:
-                n_swap += _swap(resident, from_profile, heat, n_expert, max_swaps)
-        if progress:
-            progress(u1, n_ub)
-    return PolicyResult("adaptive", int(hits.sum()), hits_profile, int(misses.sum()), token_layers, all_in,
-                        _too_big(routes, looked), int(cap.sum()), int(resident.sum()),
-                        {il: (int(h), int(m)) for il, h, m in zip(layers, hits, misses)}, n_swap, n_fill)
+    replay = AdaptiveReplay(routes.layers, slots, n_expert, profile, half_life, swap_every, max_swaps, fill_every,
+                            max_fills)
+    return _drive(replay, routes, chunk_tokens, progress)
 
 
 def _hottest_missing(resident: np.ndarray, heat: np.ndarray, n_expert: int, floor: float) -> list[tuple[int, int]]:
@@ -422,7 +515,10 @@ def _swap(resident: np.ndarray, from_profile: np.ndarray, heat: np.ndarray, n_ex
     return n
 
 
-def belady(routes: Routes, slots: dict[int, int], n_expert: int, progress: Progress | None = None,
+BELADY_GROUP_BYTES = 16 << 20  # a streamed belady reads as many layers' ids per pass as fit in this (at least one)
+
+
+def belady(routes: Routes | TraceRoutes, slots: dict[int, int], n_expert: int, progress: Progress | None = None,
            chunk_tokens: int = CHUNK_TOKENS) -> PolicyResult:
     """The ceiling: per layer, Belady's rule with bypass over the lookups' distinct experts. On a miss with
     the slots full, the expert needed furthest in the future (the newcomer included: then it is not
@@ -430,17 +526,36 @@ def belady(routes: Routes, slots: dict[int, int], n_expert: int, progress: Progr
     No policy that loads an expert when it is selected (lru, static) can hit more; one that loads ahead of
     selection (adaptive's swaps) could pass it, by at most one hit per expert it loads. Knowing the future
     takes a layer's lookups at once: its ids and each one's next use (numpy, 5 bytes per id of the layer at
-    int8 ids), replayed a chunk at a time."""
-    looked = _looked_up(routes, slots, n_expert)
+    int8 ids), replayed a chunk at a time. Streamed trace files are read once per group of layers
+    (``BELADY_GROUP_BYTES`` of their ids, or one layer)."""
+    if isinstance(routes, TraceRoutes):
+        return replay_jobs(routes, [Job(0, routes.n_tokens, "belady", slots)], n_expert, progress, chunk_tokens)[0]
+    return _belady_routes(routes, slots, n_expert, progress, chunk_tokens)
+
+
+def _belady_routes(routes: Routes, slots: dict[int, int], n_expert: int, progress: Progress | None = None,
+                   chunk_tokens: int = CHUNK_TOKENS) -> PolicyResult:
+    looked = _looked_up(routes.layers, slots, n_expert)
     hits = misses = token_layers = all_in = n_resident = 0
     per_layer: dict[int, tuple[int, int]] = {}
     one_token = routes.one_token_ubatches
     for done, j in enumerate(looked):
         il, n = routes.layers[j], slots[routes.layers[j]]
-        lookups = np.flatnonzero(routes.counted[:, j])
-        d = routes.distinct[lookups, j]
+        col = routes.counted[:, j]
+        if one_token and col.all():  # every token looked up (a trace file): the column itself, no index
+            lookups, n_lookups, d = None, len(col), routes.distinct[:, j]
+        else:
+            lookups = np.flatnonzero(col)
+            n_lookups, d = len(lookups), routes.distinct[lookups, j]
+        del col
         valid = d >= 0
-        flat = d[valid]  # the layer's lookups one after another
+        if valid.all():  # every lookup has its full width: its ids are at fixed steps
+            width, ends = d.shape[1], None
+            flat = np.ascontiguousarray(d).reshape(-1)  # the layer's lookups one after another
+        else:
+            width, ends = 0, np.concatenate(([0], np.cumsum(valid.sum(axis=1))))
+            flat = d[valid]
+        del valid, d
         pos_type = np.int32 if flat.size < np.iinfo(np.int32).max else np.int64
         never = int(np.iinfo(pos_type).max)
         next_use, first_pos = _next_uses(flat, n_expert, never, pos_type, chunk_tokens * routes.k)
@@ -450,15 +565,17 @@ def belady(routes: Routes, slots: dict[int, int], n_expert: int, progress: Progr
         heap = [(-pos, e) for e, pos in when.items()]  # (-next use, expert): the one needed last on top
         heapq.heapify(heap)
         push, pop = heapq.heappush, heapq.heappop
-        ends = np.concatenate(([0], np.cumsum(valid.sum(axis=1))))
-        del valid
         lh = lm = 0
         step = max(1, chunk_tokens)
-        for c0 in range(0, len(lookups), step):  # Python lists for a chunk of lookups at a time
-            c1 = min(c0 + step, len(lookups))
-            p0, p1 = int(ends[c0]), int(ends[c1])
+        for c0 in range(0, n_lookups, step):  # Python lists for a chunk of lookups at a time
+            c1 = min(c0 + step, n_lookups)
+            if ends is None:
+                p0, p1 = c0 * width, c1 * width
+                bounds = list(range(0, p1 - p0 + 1, width))
+            else:
+                p0, p1 = int(ends[c0]), int(ends[c1])
+                bounds = (ends[c0:c1 + 1] - p0).tolist()
             ids_c, uses_c = flat[p0:p1].tolist(), next_use[p0:p1].tolist()
-            bounds = (ends[c0:c1 + 1] - p0).tolist()
             for s, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])):
                 if one_token:  # the step is the token's row: all resident before it <=> all of it hits
                     token_layers += 1
@@ -487,6 +604,7 @@ def belady(routes: Routes, slots: dict[int, int], n_expert: int, progress: Progr
                 if len(heap) > 4 * n + 64:  # drop the replaced entries: the heap stays O(slots)
                     heap = [(-pos, e) for e, pos in when.items()]
                     heapq.heapify(heap)
+        del flat, next_use
         hits, misses = hits + lh, misses + lm
         per_layer[il] = (lh, lm)
         n_resident += len(when)
@@ -520,7 +638,19 @@ def _next_uses(flat: np.ndarray, n_expert: int, never: int, pos_type: type, chun
 POLICIES = ("lru", "static", "adaptive", "belady")
 
 
-def run_policy(name: str, routes: Routes, slots: dict[int, int], n_expert: int,
+def replayer(name: str, layers: Sequence[int], k: int, one_token: bool, slots: dict[int, int], n_expert: int,
+             profile: Sequence[tuple[int, int]]) -> Replay:
+    """The ``Replay`` of one of POLICIES but belady (which needs the future), started from the profile."""
+    if name == "lru":
+        return (LruTokensReplay if one_token else LruLoopReplay)(layers, k, slots, n_expert, profile)
+    if name == "static":
+        return StaticReplay(layers, slots, n_expert, profile)
+    if name == "adaptive":
+        return AdaptiveReplay(layers, slots, n_expert, profile)
+    raise ValueError(f"unknown policy {name!r}; one of {', '.join(POLICIES)}")
+
+
+def run_policy(name: str, routes: Routes | TraceRoutes, slots: dict[int, int], n_expert: int,
                profile: Sequence[tuple[int, int]], progress: Progress | None = None) -> PolicyResult:
     """One of POLICIES by name; the profile fills lru, static and adaptive at the start (belady needs none).
     ``progress(done, total)`` as the replay goes."""
@@ -533,3 +663,94 @@ def run_policy(name: str, routes: Routes, slots: dict[int, int], n_expert: int,
     if name == "belady":
         return belady(routes, slots, n_expert, progress)
     raise ValueError(f"unknown policy {name!r}; one of {', '.join(POLICIES)}")
+
+
+@dataclass(frozen=True)
+class Job:
+    """One replay: ``policy`` over tokens ``a:b`` of a routing, with ``slots``, from ``profile``."""
+
+    a: int
+    b: int
+    policy: str
+    slots: dict[int, int]
+    profile: Sequence[tuple[int, int]] = ()
+
+
+class _Meter:
+    """Progress over steps of known weights: each step reports ``(done, total)`` of its own."""
+
+    def __init__(self, total: int, progress: Progress | None) -> None:
+        self.total, self.done, self.progress = max(1, total), 0, progress
+
+    def part(self, weight: int) -> Progress | None:
+        if self.progress is None:
+            return None
+        base, report, total = self.done, self.progress, self.total
+        self.done += weight
+        return lambda d, t: report(base + (weight * d // t if t else weight), total)
+
+
+def replay_jobs(routes: Routes | TraceRoutes, jobs: Sequence[Job], n_expert: int, progress: Progress | None = None,
+                chunk_tokens: int = CHUNK_TOKENS) -> list[PolicyResult]:
+    """Every job's result, as ``run_policy(job.policy, routes.tokens(job.a, job.b), ...)`` gives it. A routing
+    in memory replays its jobs one after another. Trace files are read once for all the jobs but belady's,
+    each fed the chunks of its tokens (the chunks are cut at every job's edges), and once per group of layers
+    for belady's (as many layers' ids of the tokens they span as fit in ``BELADY_GROUP_BYTES``, at least one).
+    Memory: the replays' states, a chunk, and for belady a group of layers and one layer's next uses."""
+    results: list[PolicyResult | None] = [None] * len(jobs)
+    feeding = [i for i, job in enumerate(jobs) if job.policy != "belady"]
+    future = [i for i, job in enumerate(jobs) if job.policy == "belady"]
+    if isinstance(routes, Routes):
+        meter = _Meter(sum(jobs[i].b - jobs[i].a for i in range(len(jobs))), progress)
+        for i, job in enumerate(jobs):
+            part = routes if (job.a, job.b) == (0, routes.n_tokens) else routes.tokens(job.a, job.b)
+            tick = meter.part(job.b - job.a)
+            if job.policy == "belady":
+                results[i] = _belady_routes(part, job.slots, n_expert, tick, chunk_tokens)
+            else:
+                replay = replayer(job.policy, part.layers, part.k, part.one_token_ubatches, job.slots, n_expert, job.profile)
+                results[i] = _drive(replay, part, chunk_tokens, tick)
+        return results  # type: ignore[return-value]
+    n_layers = len(routes.layers)
+    groups: list[list[int]] = []
+    if future:
+        lo, hi = min(jobs[i].a for i in future), max(jobs[i].b for i in future)
+        looked = sorted({j for i in future for j in _looked_up(routes.layers, jobs[i].slots, n_expert)})
+        per_layer = max(1, (hi - lo) * routes.k * routes.dtype.itemsize)
+        size = max(1, BELADY_GROUP_BYTES // per_layer)
+        groups = [looked[g:g + size] for g in range(0, len(looked), size)]
+    span = [jobs[i].b - jobs[i].a for i in range(len(jobs))]
+    # weights: a pass feeding the replays; per group of layers, reading it and replaying its layers
+    feed_weight = sum(span[i] for i in feeding)
+    group_weights = [(hi - lo) // 4 + sum(span[i] * len(g) // n_layers for i in future) for g in groups] if future else []
+    meter = _Meter(feed_weight + sum(group_weights), progress)
+    if feeding:
+        a0, b0 = min(jobs[i].a for i in feeding), max(jobs[i].b for i in feeding)
+        source = routes if (a0, b0) == (0, routes.n_tokens) else routes.tokens(a0, b0)
+        replays = {i: replayer(jobs[i].policy, routes.layers, routes.k, True, jobs[i].slots, n_expert, jobs[i].profile)
+                   for i in feeding}
+        cuts = sorted({x - a0 for i in feeding for x in (jobs[i].a, jobs[i].b)})
+        for t, chunk in source.chunks(cuts, meter.part(feed_weight), chunk_tokens):
+            t += a0
+            for i in feeding:
+                if jobs[i].a <= t < jobs[i].b:
+                    replays[i].feed(chunk)
+        for i in feeding:
+            results[i] = replays[i].result()
+    if future:
+        parts: dict[int, list[PolicyResult]] = {i: [] for i in future}
+        source = routes if (lo, hi) == (0, routes.n_tokens) else routes.tokens(lo, hi)
+        for g, weight in zip(groups, group_weights):
+            read = meter.part((hi - lo) // 4)
+            cols = source.columns(g, read)
+            for i in future:
+                job = jobs[i]
+                part = cols if (job.a, job.b) == (lo, hi) else cols.tokens(job.a - lo, job.b - lo)
+                parts[i].append(_belady_routes(part, job.slots, n_expert, meter.part(span[i] * len(g) // n_layers),
+                                               chunk_tokens))
+                del part
+            del cols
+        for i in future:
+            results[i] = (merge_results(parts[i]) if parts[i] else
+                          PolicyResult("belady", 0, 0, 0, 0, 0, 0, 0, 0, {}))
+    return results  # type: ignore[return-value]

@@ -10,6 +10,7 @@ import numpy as np
 
 from .errors import ToolInputError
 from .routes import Routes
+from .tracefiles import TraceRoutes, token_blocks
 
 _CHUNK = 2048  # tokens counted or scored at a time: [chunk, k, n_expert] scores stay a few MiB
 
@@ -52,24 +53,24 @@ def _found(guess: np.ndarray, actual: np.ndarray) -> int:
     return int((guess[:, :, None] == actual[:, None, :]).any(axis=1).sum())
 
 
-def _cooccurrence(prev: np.ndarray, cur: np.ndarray, n_expert: int) -> np.ndarray:
-    """[n_expert, n_expert]: how often expert q was selected in the layer with p in the previous one, per
-    token; counted a chunk of tokens at a time."""
-    co = np.zeros(n_expert * n_expert, dtype=np.int64)
+def _cooccur(co: np.ndarray, prev: np.ndarray, cur: np.ndarray, n_expert: int) -> None:
+    """Adds to ``co`` [n_expert * n_expert] how often expert q was selected in the layer with p in the
+    previous one, per token; a chunk of tokens at a time."""
     for a in range(0, len(prev), _CHUNK):
         p = prev[a:a + _CHUNK].astype(np.int64)
         c = cur[a:a + _CHUNK].astype(np.int64)
         co += np.bincount((p[:, :, None] * n_expert + c[:, None, :]).ravel(), minlength=n_expert * n_expert)
-    return co.reshape(n_expert, n_expert).astype(np.float64)
 
 
-def predict_routes(model: str, routes: Routes, n_expert: int, top: int | None = None,
+def predict_routes(model: str, routes: Routes | TraceRoutes, n_expert: int, top: int | None = None,
                    progress: Callable[[int, int], None] | None = None) -> PredictReport:
     """Per MoE layer: train on the first half of the tokens, score on the second. The predictor guesses the
     ``top`` experts (default k) with the highest sum, over the previous layer's selected experts p, of
     P(expert | p) counted on the train half; ties go to the more frequent expert. The baseline guesses the
-    layer's ``top`` most frequent experts. Memory: a layer's tokens at a time (two columns of the routing)
-    and chunks of them; ``progress(layers done, layers)``."""
+    layer's ``top`` most frequent experts. One pass over the tokens (trace files streamed): the train half
+    adds to counts per layer (frequencies, and co-occurrences with the previous layer: n_layers x n_expert^2
+    int64, 6 MiB at 48 x 128), which become guesses when the test half begins; nothing grows with the
+    routing's length. ``progress(done, total)`` as it reads."""
     k = routes.k
     top = k if top is None else top
     if not 1 <= top <= n_expert:
@@ -77,34 +78,50 @@ def predict_routes(model: str, routes: Routes, n_expert: int, top: int | None = 
     half = routes.n_tokens // 2
     if half < 2:
         raise ToolInputError(f"{routes.n_tokens} tokens: too few to train on one half and score the other")
-    train, test = routes.experts[:half], routes.experts[half:]
-    ok_train, ok_test = routes.computed[:half], routes.computed[half:]
+    n_layers = len(routes.layers)
+    freq = np.zeros((n_layers, n_expert), dtype=np.int64)
+    co = np.zeros((n_layers, n_expert * n_expert), dtype=np.int64)  # [j]: layer j against layer j - 1
+    popular: np.ndarray | None = None
+    cond: list[np.ndarray | None] = []
+    tie: list[np.ndarray] = []
+    found_base = np.zeros(n_layers, dtype=np.int64)
+    size_base = np.zeros(n_layers, dtype=np.int64)
+    found_pred = np.zeros(n_layers, dtype=np.int64)
+    size_pred = np.zeros(n_layers, dtype=np.int64)
+    n_test = np.zeros(n_layers, dtype=np.int64)
+    for t, block in token_blocks(routes, [half], _CHUNK, progress):
+        ok = block[:, :, 0] >= 0  # the layer computed the token
+        if t < half:
+            for j in range(n_layers):
+                freq[j] += np.bincount(block[ok[:, j], j].ravel(), minlength=n_expert)[:n_expert]
+                if j > 0:
+                    both = ok[:, j] & ok[:, j - 1]
+                    _cooccur(co[j], block[both, j - 1], block[both, j], n_expert)
+            continue
+        if popular is None:  # the train half is counted: the guesses
+            f = freq.astype(np.float64)
+            popular = np.argsort(-f, axis=1, kind="stable")[:, :top]
+            for j in range(n_layers):
+                c = co[j].reshape(n_expert, n_expert).astype(np.float64)
+                # P(expert | previous expert)
+                cond.append(c / np.maximum(c.sum(axis=1, keepdims=True), 1.0) if j > 0 else None)
+                tie.append(f[j] / (f[j].max() + 1.0) * 1e-6)  # below any real difference: only breaks ties
+            del co
+        for j in range(n_layers):
+            cur = block[ok[:, j], j]
+            found_base[j] += _found(np.broadcast_to(popular[j], (len(cur), top)), cur)
+            size_base[j] += cur.size
+            n_test[j] += int(ok[:, j].sum())
+            if j > 0:
+                both = ok[:, j] & ok[:, j - 1]
+                prev_t, cur_t = block[both, j - 1], block[both, j]
+                scores = cond[j][prev_t].sum(axis=1) + tie[j]
+                guess = np.argsort(-scores, axis=1, kind="stable")[:, :top]
+                found_pred[j] += _found(guess, cur_t)
+                size_pred[j] += cur_t.size
     layers = []
     for j, il in enumerate(routes.layers):
-        cur_train = train[ok_train[:, j], j]
-        cur_test = test[ok_test[:, j], j]
-        freq = np.bincount(cur_train.ravel(), minlength=n_expert)[:n_expert].astype(np.float64)
-        popular = np.argsort(-freq, kind="stable")[:top]
-        found = sum(_found(np.broadcast_to(popular, (len(cur_test[a:a + _CHUNK]), top)), cur_test[a:a + _CHUNK])
-                    for a in range(0, len(cur_test), _CHUNK))
-        baseline = found / max(cur_test.size, 1)
-        del cur_train, cur_test
-        predictor = None
-        if j > 0:
-            both_train = ok_train[:, j] & ok_train[:, j - 1]
-            both_test = ok_test[:, j] & ok_test[:, j - 1]
-            co = _cooccurrence(train[both_train, j - 1], train[both_train, j], n_expert)
-            cond = co / np.maximum(co.sum(axis=1, keepdims=True), 1.0)  # P(expert | previous expert)
-            tie = freq / (freq.max() + 1.0) * 1e-6  # below any real difference: only breaks ties
-            prev_t, cur_t = test[both_test, j - 1], test[both_test, j]
-            found = 0
-            for a in range(0, len(prev_t), _CHUNK):
-                scores = cond[prev_t[a:a + _CHUNK]].sum(axis=1) + tie
-                guess = np.argsort(-scores, axis=1, kind="stable")[:, :top]
-                found += _found(guess, cur_t[a:a + _CHUNK])
-            predictor = found / max(cur_t.size, 1)
-        layers.append(LayerPrediction(il, routes.layers[j - 1] if j > 0 else None, predictor, baseline,
-                                      int(ok_test[:, j].sum())))
-        if progress:
-            progress(j + 1, len(routes.layers))
+        predictor = int(found_pred[j]) / max(int(size_pred[j]), 1) if j > 0 else None
+        layers.append(LayerPrediction(il, routes.layers[j - 1] if j > 0 else None, predictor,
+                                      int(found_base[j]) / max(int(size_base[j]), 1), int(n_test[j])))
     return PredictReport(model, routes.n_tokens, half, routes.n_tokens - half, k, top, tuple(layers))

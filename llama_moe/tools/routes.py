@@ -1,25 +1,23 @@
-"""Routing as the tools use it: every token's experts in every MoE layer, in one array, with the ubatches
-the engine ran them in. Read from reference-format trace files (validated against the model) or taken
-from the engine's own records (``Context.stop_trace()``).
+"""Routing in memory: every token's experts in every MoE layer, in one array, with the ubatches the engine
+ran them in. Taken from the engine's own records (``Context.stop_trace()``), or read from trace files
+(``tracefiles.load_traces``); the tools stream trace files instead (``tracefiles.TraceRoutes``), and replay
+a ``Routes`` or a ``TraceRoutes`` alike, a chunk of ubatches at a time.
 
-Memory: a trace file is read in chunks (``trace.iter_trace_chunks``) straight into one array of expert ids
-in the smallest integer type that holds them (1 byte per id up to 128 experts, 2 up to 32768), so routing
-of n records of k experts takes about n x (k + 1) bytes (the ids, and a byte for the computed flag, which
-is also the looked-up flag when every ubatch is one token, as in a trace file): at k = 8, 9 bytes for the
-72 a record takes on disk, 12.5% of the file. Nothing holds the file, its records as objects or int32
-copies of them."""
+Memory: expert ids in the smallest integer type that holds them (1 byte per id up to 128 experts, 2 up to
+32768), so routing of n records of k experts takes about n x (k + 1) bytes (the ids, and a byte for the
+computed flag, which is also the looked-up flag when every ubatch is one token, as in a trace file): at
+k = 8, 9 bytes for the 72 a record takes on disk, 12.5% of the file."""
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Callable, Iterable, Sequence
+from typing import Iterable, Sequence
 
 import numpy as np
 
 from ..cache_sim import MAX_UBATCH
 from ..experts import ExpertLayout
-from ..trace import TRACE_CHUNK_RECORDS, RoutingRecord, TraceError, TraceHeader, iter_trace_chunks, trace_header
+from ..trace import RoutingRecord, TraceError
 
 
 def expert_dtype(n_expert: int) -> np.dtype:
@@ -191,114 +189,6 @@ def routes_from_records(records: Iterable[RoutingRecord]) -> Routes:
         blocks.append(block)
         sizes.append(n)
     return Routes(layers, np.concatenate(blocks), np.concatenate(([0], np.cumsum(sizes))).astype(np.int64))
-
-
-def read_routes(path: str | os.PathLike[str], layout: ExpertLayout | None = None,
-                progress: Callable[[int, int], None] | None = None,
-                chunk_records: int | None = None) -> Routes:
-    """Reads a reference-format trace into per-token routing (one token per ubatch) and, given the model's
-    layout, checks that it was made for that model. Read in chunks, in bounded memory (see the module)."""
-    return load_traces([path], layout, progress, chunk_records)
-
-
-def load_traces(paths: Sequence[str | os.PathLike[str]], layout: ExpertLayout | None = None,
-                progress: Callable[[int, int], None] | None = None,
-                chunk_records: int | None = None) -> Routes:
-    """Several trace files of one model, one after another, read chunk by chunk into one compact array
-    (``expert_dtype``). Within a file the i-th record of a layer is that layer's token i. Given the model's
-    layout every record is checked against it as it is read (its layer, k and expert ids), and errors name
-    the file, the record and its byte offset; without one the files are read twice (a first pass finds their
-    layers and largest expert id). ``progress(bytes read, bytes in all)`` after every chunk;
-    ``chunk_records`` (default 64Ki, rounded down to whole tokens) bounds what is read at once."""
-    if not paths:
-        raise TraceError("no trace files")
-    heads = [trace_header(p) for p in paths]
-    total = sum(h.file_bytes for h in heads) * (1 if layout is not None else 2)
-    done = 0
-
-    def reporter(base: int) -> Callable[[int], None] | None:
-        return None if progress is None else (lambda n: progress(base + n, total))
-
-    if layout is not None:
-        layers = tuple(l.il for l in layout.layers)
-        n_expert = layout.n_expert
-        for h in heads:
-            if h.k != layout.n_expert_used:
-                raise TraceError(f"{h.path}: {h.k} experts per token (record 0), but the model uses "
-                                 f"{layout.n_expert_used}: a trace of another model?")
-    else:  # a first pass: the layers every file holds and the largest expert id
-        found = []
-        n_expert = 1
-        for h in heads:
-            seen: set[int] = set()
-            for ch in iter_trace_chunks(h.path, None, chunk_records or TRACE_CHUNK_RECORDS, reporter(done)):
-                seen.update(np.unique(ch.layer).tolist())
-                n_expert = max(n_expert, int(ch.experts.max()) + 1)
-            done += h.file_bytes
-            found.append((h, tuple(sorted(seen))))
-        layers = found[0][1]
-        for h, got in found[1:]:
-            if got != layers or h.k != heads[0].k:
-                raise TraceError(f"traces disagree: {h.path} has layers {list(got)} x k={h.k} against "
-                                 f"{list(layers)} x k={heads[0].k} in {heads[0].path}")
-    if not layers:
-        raise TraceError(f"{heads[0].path}: no routing records")
-    n_layers, k = len(layers), heads[0].k
-    caps = [h.n_records // n_layers for h in heads]
-    experts = np.empty((sum(caps), n_layers, k), dtype=expert_dtype(n_expert))
-    t0 = 0
-    for h, cap in zip(heads, caps):
-        _fill(h, experts[t0:t0 + cap], layers, n_expert if layout is not None else None, layout is not None,
-              chunk_records, reporter(done))
-        done += h.file_bytes
-        t0 += cap
-    return Routes(layers, experts, np.arange(len(experts) + 1, dtype=np.int64))
-
-
-def _fill(head: TraceHeader, out: np.ndarray, layers: tuple[int, ...], n_expert: int | None, model_layers: bool,
-          chunk_records: int | None, progress: Callable[[int], None] | None) -> None:
-    """Reads one trace into ``out`` [tokens, layers, k]: the i-th record of a layer is its token i."""
-    n_layers, cap = len(layers), out.shape[0]
-    if chunk_records is None:  # whole tokens per chunk: a well-formed trace takes the reshape path below
-        chunk_records = max(n_layers, TRACE_CHUNK_RECORDS // n_layers * n_layers)
-    chunk_records = max(1, min(chunk_records, head.n_records))
-    by_layer = np.argsort(np.array(layers, dtype=np.int64), kind="stable")  # layer -> its index by binary search
-    sorted_layers = np.array(layers, dtype=np.int64)[by_layer]
-    pattern = np.tile(np.arange(n_layers), -(-chunk_records // n_layers))
-    count = np.zeros(n_layers, dtype=np.int64)
-    for ch in iter_trace_chunks(head.path, n_expert, chunk_records, progress):
-        at = np.minimum(np.searchsorted(sorted_layers, ch.layer), n_layers - 1)
-        bad = np.flatnonzero(sorted_layers[at] != ch.layer)
-        j = by_layer[at]
-        if bad.size:
-            il = int(ch.layer[bad[0]])
-            raise TraceError(f"{head.where(ch.first + int(bad[0]))} is for layer {il}, but the "
-                             f"{'model' if model_layers else 'first trace'}'s MoE layers are {_span(layers)}: "
-                             f"a trace of another model?")
-        m = len(j)
-        c0 = int(count[0])
-        if m % n_layers == 0 and c0 + m // n_layers <= cap and (count == c0).all() and np.array_equal(j, pattern[:m]):
-            out[c0:c0 + m // n_layers] = ch.experts.reshape(m // n_layers, n_layers, head.k)  # layer by layer, token by token
-            count += m // n_layers
-            continue
-        cnt = np.bincount(j, minlength=n_layers)
-        order = np.argsort(j, kind="stable")
-        js = j[order]
-        pos = count[js] + np.arange(m) - (np.cumsum(cnt) - cnt)[js]  # each record's token within its layer
-        keep = pos < cap  # past it: a layer with more records than the others, refused below
-        out[pos[keep], js[keep]] = ch.experts[order[keep]]
-        count += cnt
-    if (count == cap).all():
-        return
-    if model_layers and (count == 0).any():
-        present = tuple(il for il, c in zip(layers, count) if c)
-        raise TraceError(f"{head.path}: routing of layers {_span(present)}, but the model's MoE layers are "
-                         f"{_span(layers)}: a trace of another model?")
-    short, long = int(np.argmin(count)), int(np.argmax(count))
-    raise TraceError(f"{head.path}: layer {layers[short]} holds {int(count[short])} tokens, layer {layers[long]} "
-                     f"{int(count[long])}: the trace is truncated, mixes models, or was recorded without "
-                     f"every token's logits (llama.cpp's last layer then computes only the outputs; "
-                     f"'python -m llama_moe trace' asks for all of them)")
 
 
 def check_routes(routes: Routes, layout: ExpertLayout, source: str) -> None:

@@ -1,5 +1,6 @@
 """Cache sizes against policies: each size's engine slots, every policy replayed on held-out routing (a
-test trace, k-fold, or both), and the in-sample figure only beside them, for contrast."""
+test trace, k-fold, or both), and the in-sample figure only beside them, for contrast. Trace files are
+streamed: every size, policy and fold is replayed from shared passes over them."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -8,10 +9,10 @@ from typing import Callable, Sequence
 from ..experts import ExpertLayout
 from .budget import engine_slots, mib_to_bytes
 from .errors import ToolInputError
-from .heldout import KFoldResult, kfold, kfold_splits, ranked_replay
-from .policies import POLICIES, PolicyResult, run_policy, static
-from .ranking import rank_pairs
+from .heldout import KFoldResult, fold_bounds, fold_counts, kfold_result
+from .policies import POLICIES, Job, PolicyResult, _Meter, replay_jobs
 from .routes import Routes
+from .tracefiles import TraceRoutes
 
 
 @dataclass(frozen=True)
@@ -38,47 +39,52 @@ class SimulateReport:
     sizes: tuple[SizeResult, ...]
 
 
-def simulate_sizes(model: str, layout: ExpertLayout, sizes_mib: Sequence[float], train: Routes,
-                   test: Routes | None = None, folds: int | None = None, hybrid: bool = False,
+def simulate_sizes(model: str, layout: ExpertLayout, sizes_mib: Sequence[float], train: Routes | TraceRoutes,
+                   test: Routes | TraceRoutes | None = None, folds: int | None = None, hybrid: bool = False,
                    policies: Sequence[str] = POLICIES,
                    progress: Callable[[int, int], None] | None = None) -> SimulateReport:
     """Every size's slots as the engine computes them, and every policy on held-out routing: ``test`` (the
     profile ranked on ``train``) and/or ``folds``-fold over ``train``. Profiles fill lru, static and adaptive
-    at the start, as --moe-cache-profile does."""
+    at the start, as --moe-cache-profile does. Streamed trace files (``TraceRoutes``) are read: once to count
+    the folds' selections (profiles), once for the test replays of every size and policy, once for the
+    k-fold and in-sample replays of every size and policy, and for belady once per group of layers (test and
+    train); memory does not grow with their length but for belady's layers (``policies.replay_jobs``)."""
     if test is None and not folds:
         raise ToolInputError("a held-out hit rate needs a test trace or k-fold: an in-sample one alone misleads")
     n_expert = layout.n_expert
-    splits = kfold_splits(train, folds) if folds else []
-    profile = rank_pairs(train, n_expert)
-    # progress in hundredths of a replay: one replay of a large held-out trace takes a while
-    total = len(sizes_mib) * len(policies) * ((test is not None) + len(splits)) * 100
-    done = 0
-
-    def tick() -> None:
-        nonlocal done
-        done += 100
-        if progress:
-            progress(done, total)
-
-    def within(d: int, t: int) -> None:
-        if progress and t:
-            progress(done + min(99, 100 * d // t), total)
-
+    n = train.n_tokens
+    bounds = fold_bounds(n, folds) if folds else [(0, n)]
+    n_sizes, n_policies = len(sizes_mib), len(policies)
+    # progress: reading the counts, the test replays, the train replays (k-fold and in-sample), by tokens
+    w_count = n // 8 + 1
+    w_test = (test.n_tokens if test is not None else 0) * n_sizes * n_policies
+    w_train = n * n_sizes * ((n_policies if folds else 0) + 1)
+    meter = _Meter(w_count + w_test + w_train, progress)
+    counts = fold_counts(train, bounds, n_expert, meter.part(w_count))
+    profile = counts.profile()
+    fold_profiles = counts.fold_profiles() if folds else []
+    slot_maps = [engine_slots(layout, mib_to_bytes(mib), hybrid) for mib in sizes_mib]
+    test_results: list[PolicyResult] = []
+    if test is not None:
+        test_jobs = [Job(0, test.n_tokens, name, slots, profile) for slots in slot_maps for name in policies]
+        test_results = replay_jobs(test, test_jobs, n_expert, meter.part(w_test))
+    train_jobs = [Job(0, n, "static", slots, profile) for slots in slot_maps]  # in-sample, for contrast
+    if folds:
+        train_jobs += [Job(a, b, name, slots, fp) for slots in slot_maps for name in policies
+                       for (a, b), fp in zip(bounds, fold_profiles)]
+    train_results = replay_jobs(train, train_jobs, n_expert, meter.part(w_train))
     out = []
-    for mib in sizes_mib:
-        slots = engine_slots(layout, mib_to_bytes(mib), hybrid)
+    for i, (mib, slots) in enumerate(zip(sizes_mib, slot_maps)):
         per_layer = next(iter(slots.values()))
         heldout = kfolds = None
         if test is not None:
-            heldout = {}
-            for name in policies:
-                heldout[name] = run_policy(name, test, slots, n_expert, profile, within)
-                tick()
-        if splits:
+            heldout = dict(zip(policies, test_results[i * n_policies:(i + 1) * n_policies]))
+        if folds:
             kfolds = {}
-            for name in policies:
-                kfolds[name] = kfold(splits, ranked_replay(name, slots, n_expert), tick)
-        out.append(SizeResult(mib, per_layer, len(slots), all(n == n_expert for n in slots.values()), heldout,
-                              kfolds, static(train, slots, n_expert, profile)))
-    return SimulateReport(model, hybrid, n_expert, layout.n_expert_used, train.n_tokens,
+            for p, name in enumerate(policies):
+                at = n_sizes + (i * n_policies + p) * folds
+                kfolds[name] = kfold_result(train_results[at:at + folds])
+        out.append(SizeResult(mib, per_layer, len(slots), all(v == n_expert for v in slots.values()), heldout,
+                              kfolds, train_results[i]))
+    return SimulateReport(model, hybrid, n_expert, layout.n_expert_used, n,
                           test.n_tokens if test is not None else None, folds, tuple(policies), tuple(out))
