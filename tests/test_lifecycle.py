@@ -118,3 +118,13 @@ def test_create_and_free_models_and_contexts_in_every_cache_mode_leaks_nothing(d
     # There is no one-time leak either (upstream's registries and thread pools stay reachable). Should one
     # appear, name it here with why it is one-time, rather than loosen the test.
     assert leaked_once == (0, 0), once[2][-6000:]
+
+
+def test_the_mailbox_lifecycle_leaks_nothing(driver, tiny_model_path, profile) -> None:
+    """The same loop with the hybrid modes handing over through the mailbox (its CPU thread, thread pool,
+    graphs and page-locked buffer are made and freed with every context)."""
+    rc, out, err = run_driver(driver, tiny_model_path, profile, 1, LLAMA_MOE_MAILBOX_ON_CPU="1", LIFECYCLE_VERBOSE="1")
+    assert "ERROR: AddressSanitizer" not in err, err[-6000:]
+    assert rc == 0 and "lifecycle_loop: 1 iterations, 5 model+context cycles" in out, out + err[-3000:]
+    assert "llama_moe_cache: mailbox: 6 layers hand over" in err and "hand-overs, the CPU's part" in err, err[-3000:]
+    assert leaks(err) == (0, 0), err[-6000:]
