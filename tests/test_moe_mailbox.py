@@ -99,3 +99,23 @@ def test_mailbox_off_switch_and_lifecycles(lib, tiny_model_path, monkeypatch, ca
             list(ctx.generate(PROMPTS[0], max_tokens=4, stop_at_eog=False))
     assert "mailbox off (LLAMA_MOE_CACHE_NO_MAILBOX)" in caplog.text
     assert "hand over" not in caplog.text
+
+
+def test_a_stuck_cpu_side_fails_the_decode_with_the_layer_named_never_hangs(lib, tiny_model_path, monkeypatch) -> None:
+    """LLAMA_MOE_MAILBOX_TEST_STALL=3 makes the CPU side never answer layer 3: the device's wait ends at
+    LLAMA_MOE_MAILBOX_TIMEOUT_MS, the decode fails naming the layer, and the context still frees cleanly."""
+    import time
+
+    from llama_moe.errors import NativeCallError
+
+    monkeypatch.setenv("LLAMA_MOE_MAILBOX_ON_CPU", "1")
+    monkeypatch.setenv("LLAMA_MOE_MAILBOX_TEST_STALL", "3")
+    monkeypatch.setenv("LLAMA_MOE_MAILBOX_TIMEOUT_MS", "300")
+    cp = ContextParams(n_ctx=256, moe_cache_mib=mib_for_slots(tiny_model_path, 8, hybrid=True), moe_cache_hybrid=True,
+                       moe_cache_adaptive=True)
+    with Model(tiny_model_path, RAM) as model:
+        t0 = time.monotonic()
+        with Context(model, cp) as ctx:
+            with pytest.raises(NativeCallError, match=r"mailbox: layer 3: the CPU's part did not come within LLAMA_MOE_MAILBOX_TIMEOUT_MS"):
+                list(ctx.generate(PROMPTS[0], max_tokens=4, stop_at_eog=False))
+        assert time.monotonic() - t0 < 30

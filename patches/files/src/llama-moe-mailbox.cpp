@@ -49,6 +49,13 @@ std::unique_ptr<llama_moe_mailbox> llama_moe_mailbox::create(llama_moe_cache & c
     mb->cache     = &cache;
     mb->n_threads = std::max(n_threads, 1);
     mb->n_used    = cache.get_n_expert_used();
+    if (const char * t = getenv("LLAMA_MOE_MAILBOX_TIMEOUT_MS")) {
+        mb->timeout = std::max(1, atoi(t));
+    }
+    if (const char * t = getenv("LLAMA_MOE_MAILBOX_TEST_STALL")) {
+        mb->stall_il = atoi(t);
+        LLAMA_LOG_WARN("llama_moe_cache: mailbox: LLAMA_MOE_MAILBOX_TEST_STALL: layer %d will never be answered (a test)\n", mb->stall_il);
+    }
 
     size_t total = 256;
     int max_il = -1;
@@ -227,7 +234,7 @@ bool llama_moe_mailbox::end_decode() {
     for (auto & p : parts) {
         if (p.slot->error) {
             LLAMA_LOG_ERROR("llama_moe_cache: mailbox: layer %d: %s; this decode's output is wrong\n", p.il,
-                            p.slot->error == 1 ? "the CPU's part did not come in time (the GPU waited its limit)"
+                            p.slot->error == 1 ? "the CPU's part did not come within LLAMA_MOE_MAILBOX_TIMEOUT_MS"
                                                : "the CPU's part could not be computed");
             p.slot->error = 0;
             ok = false;
@@ -281,7 +288,7 @@ void llama_moe_mailbox::run() {
         bool any = false;
         for (size_t i = 0; i < parts.size(); ++i) {
             const uint64_t in = parts[i].slot->stamp_in;
-            if (in != parts[i].done) {
+            if (in != parts[i].done && parts[i].il != stall_il) {
                 if (t_idle > 0 && i > i_last) {
                     t_wait_us += llama_moe_now_us() - t_idle;
                     n_wait++;

@@ -21,7 +21,8 @@ struct llama_moe_cache;
 struct ggml_gallocr;
 struct ggml_threadpool;
 
-// how long the device waits for the CPU's part of one layer before it gives up (the decode then fails)
+// how long the device waits for the CPU's part of one layer before it gives up (the decode then fails);
+// LLAMA_MOE_MAILBOX_TIMEOUT_MS overrides it
 static constexpr int32_t LLAMA_MOE_MAILBOX_TIMEOUT_MS = 10000;
 
 struct llama_moe_mailbox {
@@ -33,6 +34,7 @@ struct llama_moe_mailbox {
     // Graph building. A layer with a slot hands over through it; the CPU part of each such layer is built in
     // cpu_ctx() on cpu_x/cpu_ids (by the same code as the graph's) and given back with set_cpu_part.
     ggml_mailbox_slot * slot(int il) const; // nullptr outside begin_graph/end_graph (llama.cpp's reserve graphs)
+    int32_t timeout_ms() const { return timeout; }
     void           begin_graph();
     ggml_context * cpu_ctx() const { return ctx_cpu; }
     ggml_tensor  * cpu_x  (int il);
@@ -65,6 +67,8 @@ private:
     llama_moe_cache * cache = nullptr;
     int n_threads = 1;
     int64_t n_used = 0;
+    int32_t timeout = LLAMA_MOE_MAILBOX_TIMEOUT_MS;
+    int stall_il = -1; // LLAMA_MOE_MAILBOX_TEST_STALL=il: never answer that layer (tests the device's timeout)
 
     ggml_backend_buffer_t buf = nullptr;  // the slots, page-locked where the device has such memory
     ggml_backend_buffer_t buf_slots_cpu = nullptr; // the same memory as the CPU graph's buffer
