@@ -3,6 +3,9 @@
 # llama.cpp's own split for the same VRAM and the all-in-VRAM ceiling, then where a hybrid token's time goes.
 set -u
 . tests/gpu/h200_setup.sh
+# the lifecycle loop under compute-sanitizer first (every cache mode, the hybrid through the mailbox), while
+# the big model finishes writing
+timeout 150 env ITERATIONS=1 bash tests/gpu/lifecycle_cuda.sh 2>&1 | tail -4
 while pgrep -f "llama_moe synth" > /dev/null; do sleep 2; done
 ls -la /tmp/q30.gguf
 python3 -m llama_moe bench /tmp/q30.gguf -t 16 --runs 3 -n 128 --cache-pct 25 50 75 --json $OUT/bench.json --md $OUT/bench.md \

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Call 1 on the H200: synthesize the big model in the background, build for CUDA from the bundle, then the
 # checks that need only the tiny model: equivalence of every cache mode with no cache (tokens and logits, and
-# prompts whose experts come from the cache), ggml's MUL_MAT_ID cases, the negative-id convention, the copy
-# bandwidths, and the lifecycle loop under compute-sanitizer.
+# prompts whose experts come from the cache; the hybrid with and without the mailbox), ggml's MUL_MAT_ID cases,
+# the negative-id convention and the copy bandwidths.
 set -u
 . tests/gpu/h200_setup.sh
 nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv
@@ -22,5 +22,4 @@ g++ -O1 -I/tmp/lmcache/work/cuda/llama.cpp/ggml/include tests/native/mmid_skip.c
 NOBUILD=1 timeout 200 bash tests/gpu/h200_bisect.sh 2>&1 | tail -6
 timeout 240 python3 tests/gpu/cuda_equivalence.py -n 256 2>&1 | grep -v "^/tmp\|^python3\|^/lib" | tee $OUT/equivalence.txt | tail -34
 $lib/test-backend-ops -o MUL_MAT_ID -b CUDA0 2>&1 | tail -2
-timeout 150 env ITERATIONS=1 bash tests/gpu/lifecycle_cuda.sh 2>&1 | tail -4
 tail -c 300 /tmp/synth.log; ls -la /tmp/q30.gguf 2>/dev/null
