@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Call 4 on the H200 (same machine, after h200_bench.sh and h200_serve.sh): the gpt-oss-120b-shaped model
+# Call 5 on the H200 (same machine, after the others): the gpt-oss-120b-shaped model
 # (MXFP4 experts, about 61 GB). The Qwen3-30B-A3B-shaped file goes first: the disk holds 64 GiB.
 set -u
 . tests/gpu/h200_setup.sh

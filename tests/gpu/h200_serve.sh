@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Call 3 on the H200 (same machine): the adaptive cache side by side with right and wrong profiles (issue 5),
+# Call 4 on the H200 (same machine): the adaptive cache side by side with right and wrong profiles (issue 5),
 # then serve sized to the free VRAM, answering through the official OpenAI and Anthropic clients (issue 8).
 set -u
 . tests/gpu/h200_setup.sh
