@@ -10,19 +10,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from llama_moe import Context, ContextParams, Model, ModelParams
+from llama_moe import Context, ContextParams, Model
 from llama_moe.experts import expert_layout
 from llama_moe.profile import Profile, write_profile
 from cache_sizes import mib_for_slots
+from test_moe_cache_hybrid import PROMPTS, RAM, cache_on_cpu  # noqa: F401 (cache_on_cpu: an autouse fixture)
 
-PROMPTS = ["The ship left the harbour at dawn, and the crew", "To grow tomatoes in a small garden, start with"]
 N_GEN = 48
-RAM = ModelParams(cpu_moe=True, repack=False)
-
-
-@pytest.fixture(autouse=True)
-def cache_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("LLAMA_MOE_CACHE_DEVICE", "CPU")
 
 
 def _profile(path: Path, out: Path) -> Path:
