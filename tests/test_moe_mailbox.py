@@ -113,3 +113,18 @@ def test_a_stuck_cpu_side_fails_the_decode_with_the_layer_named_never_hangs(lib,
             with pytest.raises(NativeCallError, match=r"mailbox: layer 3: the CPU's part did not come within LLAMA_MOE_MAILBOX_TIMEOUT_MS"):
                 list(ctx.generate(PROMPTS[0], max_tokens=4, stop_at_eog=False))
         assert time.monotonic() - t0 < 30
+
+
+@pytest.mark.parametrize("ubatch", [1, 4])
+def test_mailbox_with_small_ubatches_of_a_prompt(lib, tiny_model_path, monkeypatch, ubatch) -> None:
+    """Prompts cut into one-token ubatches (every layer hands over, graphs reused) or into ubatches of 4 (graphs
+    rebuilt between shapes while earlier ones hand over): the same tokens as no cache."""
+    with Model(tiny_model_path, RAM) as model:
+        plain, plain_logits, _ = _run(model, ContextParams(n_ctx=512, n_batch=ubatch, n_ubatch=ubatch), PROMPTS[1])
+        monkeypatch.setenv("LLAMA_MOE_MAILBOX_ON_CPU", "1")
+        cp = ContextParams(n_ctx=512, n_batch=ubatch, n_ubatch=ubatch, moe_cache_hybrid=True,
+                           moe_cache_mib=mib_for_slots(tiny_model_path, 12, hybrid=True), moe_cache_adaptive=True)
+        tokens, logits, stats = _run(model, cp, PROMPTS[1])
+    assert tokens == plain
+    np.testing.assert_array_equal(logits, plain_logits)
+    assert stats.n_hit + stats.n_miss > 0
