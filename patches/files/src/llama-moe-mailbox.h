@@ -46,6 +46,7 @@ struct llama_moe_mailbox {
     // hand-over was answered in time.
     void begin_decode();
     bool end_decode();
+    void idle() { in_decode = false; } // a decode that returned early: the CPU side goes back to sleep
 
 private:
     llama_moe_mailbox() = default;
