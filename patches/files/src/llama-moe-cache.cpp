@@ -597,11 +597,11 @@ void llama_moe_cache::on_computed(ggml_tensor * t) {
 }
 
 void llama_moe_cache::count_hybrid(llama_moe_cache_layer & l, const ggml_tensor * ids) {
-    // the ids are flat, [n_expert_used * n_tokens]
-    std::vector<int32_t> flat(ggml_nelements(ids));
+    // the ids are flat, [n_expert_used * n_tokens]; the scratch is the graph thread's, like lookup's
     GGML_ASSERT(ggml_is_contiguous(ids));
-    ggml_backend_tensor_get(ids, flat.data(), 0, ggml_nbytes(ids));
-    count_hybrid(l, flat.data(), (int64_t) flat.size() / std::max<int64_t>(n_expert_used, 1));
+    ids_host.resize(ggml_nelements(ids));
+    ggml_backend_tensor_get(ids, ids_host.data(), 0, ggml_nbytes(ids));
+    count_hybrid(l, ids_host.data(), ggml_nelements(ids) / std::max<int64_t>(n_expert_used, 1));
 }
 
 void llama_moe_cache::count_selected(int il, const int32_t * selected, int32_t * cpu_ids) {

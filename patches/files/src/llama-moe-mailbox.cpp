@@ -57,23 +57,22 @@ std::unique_ptr<llama_moe_mailbox> llama_moe_mailbox::create(llama_moe_cache & c
         LLAMA_LOG_WARN("llama_moe_cache: mailbox: LLAMA_MOE_MAILBOX_TEST_STALL: layer %d will never be answered (a test)\n", mb->stall_il);
     }
 
-    size_t total = 256;
+    // the layers that hand over (those the cache holds in part), each a slot: its input, ids and output
+    struct slot_shape { int il; int64_t n_x, n_y; };
+    std::vector<slot_shape> shapes;
+    size_t total = 256; // room to align the slots
     int max_il = -1;
     for (const auto & l : cache.get_layers()) {
-        if (l.whole || l.cpu_map == nullptr) {
-            continue;
+        if (!l.whole && l.cpu_map != nullptr) {
+            shapes.push_back({ l.il, l.src[0]->ne[0], l.src[2]->ne[1] * mb->n_used });
+            total += ggml_mailbox_slot_size(shapes.back().n_x, mb->n_used, shapes.back().n_y);
+            max_il = std::max(max_il, l.il);
         }
-        total += ggml_mailbox_slot_size(l.src[0]->ne[0], mb->n_used, l.src[2]->ne[1] * mb->n_used);
-        max_il = std::max(max_il, l.il);
     }
-    if (max_il < 0) {
+    if (shapes.empty()) {
         return nullptr; // every layer is held whole: nothing to hand over
     }
-    size_t n_parts = 0;
-    for (const auto & l : cache.get_layers()) {
-        n_parts += !l.whole && l.cpu_map != nullptr;
-    }
-    const size_t ids_bytes = GGML_PAD(n_parts * mb->n_used * sizeof(int32_t), 256);
+    const size_t ids_bytes = GGML_PAD(shapes.size() * mb->n_used * sizeof(int32_t), 256);
     total += ids_bytes;
     ggml_backend_buffer_type_t buft = cuda ? ggml_backend_dev_host_buffer_type(dev) : ggml_backend_cpu_buffer_type();
     mb->buf = buft ? ggml_backend_buft_alloc_buffer(buft, total) : nullptr;
@@ -85,25 +84,21 @@ std::unique_ptr<llama_moe_mailbox> llama_moe_mailbox::create(llama_moe_cache & c
     }
     char * base = (char *) GGML_PAD((uintptr_t) ggml_backend_buffer_get_base(mb->buf), 256);
     mb->buf_slots_cpu = ggml_backend_cpu_buffer_from_ptr(base, total - 256);
-    mb->cpu_ids_data  = (int32_t *) (base + total - 256 - ids_bytes);
-    mb->part_of_il.assign(max_il + 1, -1);
-    for (const auto & l : cache.get_layers()) {
-        if (l.whole || l.cpu_map == nullptr) {
-            continue;
-        }
-        layer_part p;
-        p.il   = l.il;
-        p.slot = (ggml_mailbox_slot *) base;
-        const int64_t n_x = l.src[0]->ne[0], n_y = l.src[2]->ne[1] * mb->n_used;
-        ggml_mailbox_slot_init(p.slot, n_x, mb->n_used, n_y);
-        base += ggml_mailbox_slot_size(n_x, mb->n_used, n_y);
-        mb->part_of_il[l.il] = (int) mb->parts.size();
-        mb->parts.push_back(p);
-    }
-    GGML_ASSERT((char *) mb->cpu_ids_data >= base);
     if (mb->buf_slots_cpu == nullptr) {
         return nullptr;
     }
+    mb->cpu_ids_data = (int32_t *) (base + total - 256 - ids_bytes);
+    mb->part_of_il.assign(max_il + 1, -1);
+    for (const auto & s : shapes) {
+        layer_part p;
+        p.il   = s.il;
+        p.slot = (ggml_mailbox_slot *) base;
+        ggml_mailbox_slot_init(p.slot, s.n_x, mb->n_used, s.n_y);
+        base += ggml_mailbox_slot_size(s.n_x, mb->n_used, s.n_y);
+        mb->part_of_il[s.il] = (int) mb->parts.size();
+        mb->parts.push_back(p);
+    }
+    GGML_ASSERT((char *) mb->cpu_ids_data >= base);
 
     ggml_threadpool_params tpp = ggml_threadpool_params_default(mb->n_threads);
     tpp.poll = 100; // the threads spin between layers: a layer's CPU part is tens of microseconds
