@@ -22,16 +22,14 @@ class CopyBandwidth:
 
 def gpu_copy_gbps(mib: int = 512) -> list[CopyBandwidth]:
     """Every GPU's copy bandwidths, with buffers of ``mib`` MiB; empty on a build or machine without GPUs."""
+    from .devices import devices
+
     lib = get_lib()
     out = []
     bw = ffi.new("struct llama_moe_bandwidth *")
-    for i in range(lib.ggml_backend_dev_count()):
-        dev = lib.ggml_backend_dev_get(i)
-        if int(lib.ggml_backend_dev_type(dev)) not in (1, 2):  # GPU, iGPU
-            continue
-        if lib.llama_moe_measure_bandwidth(i, mib * 2**20, bw):
-            out.append(CopyBandwidth(ffi.string(lib.ggml_backend_dev_name(dev)).decode(), bw.h2d_pageable_gbps,
-                                     bw.h2d_pinned_gbps, bw.d2d_gbps))
+    for i, dev in enumerate(devices()):  # in ggml_backend_dev_get's order
+        if dev.kind in ("gpu", "igpu") and lib.llama_moe_measure_bandwidth(i, mib * 2**20, bw):
+            out.append(CopyBandwidth(dev.name, bw.h2d_pageable_gbps, bw.h2d_pinned_gbps, bw.d2d_gbps))
     return out
 
 

@@ -285,44 +285,34 @@ def dequantize_mxfp4(data: np.ndarray | bytes, n: int | None = None) -> np.ndarr
 
 # --- generic entry points ---------------------------------------------------------------------
 
-QUANTIZABLE = (GgmlType.F32, GgmlType.F16, GgmlType.BF16, GgmlType.Q8_0, GgmlType.Q4_0, GgmlType.MXFP4)
+# type -> (float array -> raw bytes, raw bytes -> flat float32)
+_CODECS = {
+    GgmlType.F32:   (lambda x: np.ascontiguousarray(x, dtype="<f4").reshape(-1).view(np.uint8),
+                     lambda raw: raw.view("<f4").astype(np.float32)),
+    GgmlType.F16:   (lambda x: to_f16(x).reshape(-1).view(np.uint8), lambda raw: raw.view("<f2").astype(np.float32)),
+    GgmlType.BF16:  (lambda x: to_bf16(x).reshape(-1).view(np.uint8), lambda raw: from_bf16(raw.view("<u2"))),
+    GgmlType.Q8_0:  (quantize_q8_0, dequantize_q8_0),
+    GgmlType.Q4_0:  (quantize_q4_0, dequantize_q4_0),
+    GgmlType.MXFP4: (quantize_mxfp4, dequantize_mxfp4),
+}
+QUANTIZABLE = tuple(_CODECS)
 
 
 def quantize(x: np.ndarray, t: GgmlType | int | str) -> np.ndarray:
     """Float array -> the raw bytes (uint8 array) of a ggml tensor of type ``t``; row = last axis."""
     t = ggml_type(t)
-    if t == GgmlType.F32:
-        return np.ascontiguousarray(x, dtype="<f4").reshape(-1).view(np.uint8)
-    if t == GgmlType.F16:
-        return to_f16(x).reshape(-1).view(np.uint8)
-    if t == GgmlType.BF16:
-        return to_bf16(x).reshape(-1).view(np.uint8)
-    if t == GgmlType.Q8_0:
-        return quantize_q8_0(x)
-    if t == GgmlType.Q4_0:
-        return quantize_q4_0(x)
-    if t == GgmlType.MXFP4:
-        return quantize_mxfp4(x)
-    raise GgufError(f"quantizing to {t.name} is not supported (only {', '.join(q.name for q in QUANTIZABLE)})")
+    if t not in _CODECS:
+        raise GgufError(f"quantizing to {t.name} is not supported (only {', '.join(q.name for q in QUANTIZABLE)})")
+    return _CODECS[t][0](x)
 
 
 def dequantize(data: np.ndarray | bytes, t: GgmlType | int | str) -> np.ndarray:
     """Raw tensor bytes of type ``t`` -> flat float32 array."""
     t = ggml_type(t)
+    if t not in _CODECS:
+        raise GgufError(f"dequantizing {t.name} is not supported (only {', '.join(q.name for q in QUANTIZABLE)})")
     raw = np.frombuffer(data, dtype=np.uint8) if isinstance(data, (bytes, bytearray, memoryview)) else np.asarray(data).view(np.uint8).reshape(-1)
-    if t == GgmlType.F32:
-        return raw.view("<f4").astype(np.float32)
-    if t == GgmlType.F16:
-        return raw.view("<f2").astype(np.float32)
-    if t == GgmlType.BF16:
-        return from_bf16(raw.view("<u2"))
-    if t == GgmlType.Q8_0:
-        return dequantize_q8_0(raw)
-    if t == GgmlType.Q4_0:
-        return dequantize_q4_0(raw)
-    if t == GgmlType.MXFP4:
-        return dequantize_mxfp4(raw)
-    raise GgufError(f"dequantizing {t.name} is not supported (only {', '.join(q.name for q in QUANTIZABLE)})")
+    return _CODECS[t][1](raw)
 
 
 def _random_bytes(rng: np.random.Generator, n: int) -> np.ndarray:
