@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 INSTALL_HINT = "pip install 'llama_moe[bench]'"
 
 # modes drawn as lines over the cache size, in the order bench.MODES runs them; others follow in the rows' order
-_LINE_ORDER = ("n-cpu-moe", "upload", "hybrid", "hybrid-adaptive")
+_LINE_ORDER = ("n-cpu-moe", "upload", "hybrid", "hybrid-no-mailbox", "hybrid-adaptive")
 _LABELS = {
     "n-cpu-moe": "n-cpu-moe N (llama.cpp's split)",
     "cpu-moe": "cpu-moe (experts in RAM)",

@@ -2,6 +2,8 @@
 harness, not of speed (speed is measured on the GPU and quoted in docs/benchmarks.md)."""
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from llama_moe.commands.bench import MODES, run_bench, to_markdown, train_profile
@@ -12,13 +14,18 @@ def test_every_mode_runs_and_reports(lib, tiny_model_path, tmp_path, monkeypatch
     profile = train_profile(tiny_model_path, tmp_path / "train.strp", log=lambda s: None)
     rows = run_bench(tiny_model_path, [50], [2], n_gen=24, n_pp=64, runs=1, vram=True, log=lambda s: None,
                      modes=MODES, profile=profile)
-    assert [r.mode for r in rows] == ["cpu-moe", "upload", "hybrid", "hybrid-adaptive", "n-cpu-moe 3", "all-in-vram"]
+    assert [r.mode for r in rows] == ["cpu-moe", "upload", "hybrid", "hybrid-no-mailbox", "hybrid-adaptive", "n-cpu-moe 3",
+                                      "all-in-vram"]
     assert all(r.decode_tps > 0 and r.pp_tps > 0 for r in rows)
-    cached = [r for r in rows if r.mode in ("upload", "hybrid", "hybrid-adaptive")]
+    cached = [r for r in rows if r.mode in ("upload", "hybrid", "hybrid-no-mailbox", "hybrid-adaptive")]
     assert all(r.hit_rate is not None and 0 < r.hit_rate <= 1 for r in cached)
     assert all(abs(r.cache_pct - 50) < 1 for r in cached)
     # the RAM bound: every expert of a token from RAM for cpu-moe, the CPU's share for the hybrid, none in VRAM
     by_mode = {r.mode: r for r in rows}
+    # without a GPU there is no mailbox: the same hand-overs, so the same routing, hits and bytes from RAM
+    assert by_mode["hybrid-no-mailbox"].hit_rate == by_mode["hybrid"].hit_rate
+    assert by_mode["hybrid-no-mailbox"].ram_mb_per_token == by_mode["hybrid"].ram_mb_per_token
+    assert "LLAMA_MOE_CACHE_NO_MAILBOX" not in os.environ
     assert by_mode["cpu-moe"].ram_mb_per_token > by_mode["hybrid"].ram_mb_per_token > 0
     assert by_mode["all-in-vram"].bound_tps is None and by_mode["upload"].ram_mb_per_token is None
     assert 0 < by_mode["cpu-moe"].of_bound == pytest.approx(by_mode["cpu-moe"].decode_tps / by_mode["cpu-moe"].bound_tps)

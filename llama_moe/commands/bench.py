@@ -3,8 +3,10 @@ experts live in RAM, side by side in one invocation, on the same model and the s
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
+import os
 import statistics
 import sys
 import time
@@ -96,7 +98,26 @@ def _measure(model: Model, cp: ContextParams, n_gen: int, n_pp: int, runs: int, 
     return decode, pp, hit, used, cpu_bytes
 
 
-MODES = ("cpu-moe", "n-cpu-moe", "upload", "hybrid", "hybrid-adaptive", "vram")
+MODES = ("cpu-moe", "n-cpu-moe", "upload", "hybrid", "hybrid-no-mailbox", "hybrid-adaptive", "vram")
+CACHE_MODES = ("upload", "hybrid", "hybrid-no-mailbox", "hybrid-adaptive")
+
+
+@contextlib.contextmanager
+def _no_mailbox(on: bool):
+    """hybrid-no-mailbox: the hybrid's hand-overs through llama.cpp's scheduler (the mailbox's before), read by
+    the library when a context is made. The same as the hybrid where there is no mailbox (CPU builds)."""
+    if not on:
+        yield
+        return
+    old = os.environ.get("LLAMA_MOE_CACHE_NO_MAILBOX")
+    os.environ["LLAMA_MOE_CACHE_NO_MAILBOX"] = "1"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("LLAMA_MOE_CACHE_NO_MAILBOX", None)
+        else:
+            os.environ["LLAMA_MOE_CACHE_NO_MAILBOX"] = old
 
 
 def train_profile(model_path: Path, out: Path, log=print, n_ctx: int = 4096) -> Path:
@@ -161,14 +182,15 @@ def run_bench(model_path: Path, cache_pcts: list[float], threads: list[int], n_g
                 row("cpu-moe", 0.0, t, d, p, hit, used, all_experts_per_token)
             for pct in cache_pcts:
                 mib = total_mib * pct / 100
-                for mode in ("upload", "hybrid", "hybrid-adaptive"):
+                for mode in CACHE_MODES:
                     if mode not in modes:
                         continue
                     hybrid = mode != "upload"
                     cp = ContextParams(n_ctx=n_ctx, n_batch=n_pp, n_ubatch=n_pp, n_threads=t, moe_cache_mib=mib,
                                        moe_cache_hybrid=hybrid, moe_cache_adaptive=mode == "hybrid-adaptive",
                                        moe_cache_profile=profile if hybrid else None)
-                    d, p, hit, used, moved = _measure(model, cp, n_gen, n_pp, runs, seed, base_free)
+                    with _no_mailbox(mode == "hybrid-no-mailbox"):
+                        d, p, hit, used, moved = _measure(model, cp, n_gen, n_pp, runs, seed, base_free)
                     if hybrid:
                         row(mode, mib, t, d, p, hit, used, moved)
                     else:  # misses cross PCIe: bounded by the link, measurable only with a GPU
@@ -235,7 +257,7 @@ def run(args: argparse.Namespace) -> int:
     if unknown:
         raise ValueError(f"unknown --modes {', '.join(sorted(unknown))}; choose from {', '.join(MODES)}")
     profile = Path(args.profile) if args.profile else None
-    if profile is None and {"hybrid", "hybrid-adaptive"} & set(modes):
+    if profile is None and set(CACHE_MODES[1:]) & set(modes):
         import tempfile
 
         profile = train_profile(Path(args.model), Path(tempfile.mkdtemp()) / "train.strp", log)
