@@ -41,6 +41,10 @@ elif what == "trace-long":  # what train_profile does: 4096-token windows of the
     from llama_moe.commands.bench import train_profile
     train_profile(path, Path("/tmp/bisect.strp"), log=lambda s: None)
     print(f"{what}: ok", flush=True)
+elif what == "plain-u32-ctx4096":  # trace-long's context without the trace
+    decode(mmap, ContextParams(n_ctx=4096, n_batch=32, n_ubatch=32), 32, False)
+elif what == "trace-u32-ctx4096":
+    decode(mmap, ContextParams(n_ctx=4096, n_batch=32, n_ubatch=32), 32, True)
 elif what == "trace-512":
     from llama_moe.commands.bench import train_profile
     train_profile(path, Path("/tmp/bisect.strp"), log=lambda s: None, n_ctx=512)
