@@ -601,21 +601,22 @@ void llama_moe_cache::count_hybrid(llama_moe_cache_layer & l, const ggml_tensor 
     GGML_ASSERT(ggml_is_contiguous(ids));
     ids_host.resize(ggml_nelements(ids));
     ggml_backend_tensor_get(ids, ids_host.data(), 0, ggml_nbytes(ids));
-    count_hybrid(l, ids_host.data(), ggml_nelements(ids) / std::max<int64_t>(n_expert_used, 1));
+    std::lock_guard<std::mutex> lock(mutex);
+    count_hybrid_locked(l, ids_host.data(), ggml_nelements(ids) / std::max<int64_t>(n_expert_used, 1));
 }
 
 void llama_moe_cache::count_selected(int il, const int32_t * selected, int32_t * cpu_ids) {
     auto & l = layers.at(layer_of_il.at(il));
-    count_hybrid(l, selected, 1);
+    // one lock for the count and the split: a rebalance between them could move an expert just counted
     std::lock_guard<std::mutex> lock(mutex);
+    count_hybrid_locked(l, selected, 1);
     for (int64_t k = 0; k < n_expert_used; ++k) {
         GGML_ASSERT(selected[k] >= 0 && selected[k] < l.n_expert);
         cpu_ids[k] = l.slot_of[selected[k]] >= 0 ? -1 : selected[k];
     }
 }
 
-void llama_moe_cache::count_hybrid(llama_moe_cache_layer & l, const int32_t * ids, int64_t n_tokens) {
-    std::lock_guard<std::mutex> lock(mutex);
+void llama_moe_cache::count_hybrid_locked(llama_moe_cache_layer & l, const int32_t * ids, int64_t n_tokens) {
     const uint64_t now = ++stamp;
     if (&l == &layers[clock_layer]) {
         n_tokens_small += n_tokens;

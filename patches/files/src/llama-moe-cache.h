@@ -141,7 +141,7 @@ private:
     bool upload(llama_moe_cache_layer & layer, int32_t expert, int32_t slot);
     void lookup(llama_moe_cache_layer & layer, ggml_tensor * remap);
     void count_hybrid(llama_moe_cache_layer & layer, const ggml_tensor * ids);
-    void count_hybrid(llama_moe_cache_layer & layer, const int32_t * ids, int64_t n_tokens);
+    void count_hybrid_locked(llama_moe_cache_layer & layer, const int32_t * ids, int64_t n_tokens); // the caller holds mutex
     void prefill(const std::string & path, uint32_t n_layer);
     void push_slot_map(llama_moe_cache_layer & layer);
     int32_t do_rebalance(int32_t max_swaps, int32_t max_fills);
