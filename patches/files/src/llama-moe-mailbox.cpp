@@ -28,7 +28,7 @@ static constexpr int64_t LLAMA_MOE_MAILBOX_AWAKE_US  = 2000;
 // in a decode, after this long without a hand-over it stops spinning and polls every millisecond
 static constexpr int64_t LLAMA_MOE_MAILBOX_DROWSY_US = 1000000;
 
-std::unique_ptr<llama_moe_mailbox> llama_moe_mailbox::create(llama_moe_cache & cache, int n_threads) {
+std::unique_ptr<llama_moe_mailbox> llama_moe_mailbox::create(llama_moe_cache & cache, int n_threads, bool all_on_gpu) {
     const char * off = getenv("LLAMA_MOE_CACHE_NO_MAILBOX");
     if (off != nullptr && *off != '\0' && strcmp(off, "0") != 0) {
         LLAMA_LOG_INFO("llama_moe_cache: mailbox off (LLAMA_MOE_CACHE_NO_MAILBOX): the hybrid hands over through the scheduler\n");
@@ -47,7 +47,11 @@ std::unique_ptr<llama_moe_mailbox> llama_moe_mailbox::create(llama_moe_cache & c
 
     std::unique_ptr<llama_moe_mailbox> mb(new llama_moe_mailbox());
     mb->cache     = &cache;
-    mb->n_threads = std::max(n_threads, 1);
+    mb->n_threads  = std::max(n_threads - 1, 1);
+    mb->all_on_gpu = all_on_gpu;
+    if (const char * t = getenv("LLAMA_MOE_MAILBOX_THREADS")) {
+        mb->n_threads = std::max(1, atoi(t));
+    }
     mb->n_used    = cache.get_n_expert_used();
     if (const char * t = getenv("LLAMA_MOE_MAILBOX_TIMEOUT_MS")) {
         mb->timeout = std::max(1, atoi(t));
@@ -108,8 +112,9 @@ std::unique_ptr<llama_moe_mailbox> llama_moe_mailbox::create(llama_moe_cache & c
         return nullptr;
     }
     mb->worker = std::thread(&llama_moe_mailbox::run, mb.get());
-    LLAMA_LOG_INFO("llama_moe_cache: mailbox: %zu layers hand over to %d CPU threads through %.2f MiB of %s memory\n",
-                   mb->parts.size(), mb->n_threads, total / 1024.0 / 1024.0, cuda ? "page-locked" : "host");
+    LLAMA_LOG_INFO("llama_moe_cache: mailbox: %zu layers hand over to %d CPU threads through %.2f MiB of %s memory%s\n",
+                   mb->parts.size(), mb->n_threads, total / 1024.0 / 1024.0, cuda ? "page-locked" : "host",
+                   all_on_gpu ? "; the rest of a one-token graph's CPU work on 1 thread" : "");
     return mb;
 }
 

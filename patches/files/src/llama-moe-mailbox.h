@@ -26,8 +26,14 @@ struct ggml_threadpool;
 static constexpr int32_t LLAMA_MOE_MAILBOX_TIMEOUT_MS = 10000;
 
 struct llama_moe_mailbox {
-    // nullptr, after saying why, when the mailbox cannot or should not run (not CUDA, switched off, no layer)
-    static std::unique_ptr<llama_moe_mailbox> create(llama_moe_cache & cache, int n_threads);
+    // nullptr, after saying why, when the mailbox cannot or should not run (not CUDA, switched off, no layer).
+    // It takes n_threads - 1 CPU threads (LLAMA_MOE_MAILBOX_THREADS overrides), leaving a core to the thread
+    // that drives the device. all_on_gpu: every layer and the output run on the GPU, so a one-token graph's
+    // CPU work outside the mailbox is its input rows, and owns_cpu() tells the context to give it one thread:
+    // a second team of threads, spinning between its parallel regions (OpenMP's habit), would compete with the
+    // mailbox's for the same cores.
+    static std::unique_ptr<llama_moe_mailbox> create(llama_moe_cache & cache, int n_threads, bool all_on_gpu);
+    bool owns_cpu() const { return all_on_gpu; }
 
     ~llama_moe_mailbox(); // stops the CPU side
 
@@ -67,6 +73,7 @@ private:
 
     llama_moe_cache * cache = nullptr;
     int n_threads = 1;
+    bool all_on_gpu = false;
     int64_t n_used = 0;
     int32_t timeout = LLAMA_MOE_MAILBOX_TIMEOUT_MS;
     int stall_il = -1; // LLAMA_MOE_MAILBOX_TEST_STALL=il: never answer that layer (tests the device's timeout)
