@@ -13,26 +13,12 @@
 #include <cstring>
 #include <thread>
 
-#if defined(__linux__)
-#include <sched.h>
-#endif
-
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
 static inline void llama_moe_cpu_relax() { _mm_pause(); }
 #else
 static inline void llama_moe_cpu_relax() { std::this_thread::yield(); }
 #endif
-
-static int llama_moe_n_cores() {
-#if defined(__linux__)
-    cpu_set_t set;
-    if (sched_getaffinity(0, sizeof(set), &set) == 0) {
-        return std::max(1, CPU_COUNT(&set));
-    }
-#endif
-    return std::max(1u, std::thread::hardware_concurrency());
-}
 
 static int64_t llama_moe_now_us() {
     return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -62,16 +48,13 @@ std::unique_ptr<llama_moe_mailbox> llama_moe_mailbox::create(llama_moe_cache & c
 
     std::unique_ptr<llama_moe_mailbox> mb(new llama_moe_mailbox());
     mb->cache     = &cache;
-    // The mailbox's threads and the context's own share the cores: OpenMP threads spin between parallel
-    // regions and in barriers only while no more of them exist than cores (libgomp's throttling); past that
-    // every barrier sleeps, and a layer's CPU part took 100-270 us on the H200 host instead of tens.
-    const int n_cores = llama_moe_n_cores();
-    mb->n_threads      = std::max(1, std::min(n_threads, n_cores) / 2);
+    // the thread that drives the device keeps a core; on the H200 host (16 cores) a layer's CPU part took about
+    // 100 us with 12 to 15 threads and 175 us with 4 (docs/benchmarks.md)
+    mb->n_threads  = std::max(1, n_threads - 1);
     if (const char * t = getenv("LLAMA_MOE_MAILBOX_THREADS")) {
         mb->n_threads = std::max(1, atoi(t));
     }
-    mb->n_threads_main = std::max(1, n_cores - mb->n_threads);
-    mb->all_on_gpu     = all_on_gpu;
+    mb->all_on_gpu = all_on_gpu;
     mb->n_used    = cache.get_n_expert_used();
     if (const char * t = getenv("LLAMA_MOE_MAILBOX_TIMEOUT_MS")) {
         mb->timeout = std::max(1, atoi(t));
@@ -132,10 +115,9 @@ std::unique_ptr<llama_moe_mailbox> llama_moe_mailbox::create(llama_moe_cache & c
         return nullptr;
     }
     mb->worker = std::thread(&llama_moe_mailbox::run, mb.get());
-    LLAMA_LOG_INFO("llama_moe_cache: mailbox: %zu layers hand over to %d CPU threads through %.2f MiB of %s memory; "
-                   "the context's own graphs take at most %d threads (%d cores)%s\n",
+    LLAMA_LOG_INFO("llama_moe_cache: mailbox: %zu layers hand over to %d CPU threads through %.2f MiB of %s memory%s\n",
                    mb->parts.size(), mb->n_threads, total / 1024.0 / 1024.0, cuda ? "page-locked" : "host",
-                   mb->n_threads_main, n_cores, all_on_gpu ? ", a one-token graph 1" : "");
+                   all_on_gpu ? "; the rest of a one-token graph's CPU work on 1 thread" : "");
     return mb;
 }
 

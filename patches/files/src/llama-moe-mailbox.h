@@ -28,12 +28,13 @@ static constexpr int32_t LLAMA_MOE_MAILBOX_TIMEOUT_MS = 10000;
 
 struct llama_moe_mailbox {
     // nullptr, after saying why, when the mailbox cannot or should not run (not CUDA, switched off, no layer).
-    // It takes half the context's threads (at most half the cores; LLAMA_MOE_MAILBOX_THREADS overrides), and
-    // the context's own graphs take the remaining cores (context_threads). all_on_gpu: every layer and the
-    // output run on the GPU, so a one-token graph's CPU work outside the mailbox is its input rows: one thread.
+    // It takes n_threads - 1 CPU threads (LLAMA_MOE_MAILBOX_THREADS overrides). all_on_gpu: every layer and
+    // the output run on the GPU, so a one-token graph's CPU work outside the mailbox is its input rows, which
+    // context_threads gives one thread: a second team of threads, spinning between its parallel regions
+    // (OpenMP's habit), would compete with the mailbox's for the cores.
     static std::unique_ptr<llama_moe_mailbox> create(llama_moe_cache & cache, int n_threads, bool all_on_gpu);
     int context_threads(int n_threads, bool one_token) const {
-        return one_token && all_on_gpu ? 1 : std::min(n_threads, n_threads_main);
+        return one_token && all_on_gpu ? 1 : n_threads;
     }
 
     ~llama_moe_mailbox(); // stops the CPU side
@@ -73,9 +74,8 @@ private:
     };
 
     llama_moe_cache * cache = nullptr;
-    int n_threads      = 1;
-    int n_threads_main = 1;     // the most threads the context's own graphs take
-    bool all_on_gpu    = false;
+    int n_threads   = 1;
+    bool all_on_gpu = false;
     int64_t n_used = 0;
     int32_t timeout = LLAMA_MOE_MAILBOX_TIMEOUT_MS;
     int stall_il = -1; // LLAMA_MOE_MAILBOX_TEST_STALL=il: never answer that layer (tests the device's timeout)
