@@ -55,8 +55,9 @@ def test_mailbox_gives_the_same_tokens_logits_and_counts(lib, tiny_model_path, t
                    (split_stats.n_hit, split_stats.n_miss, split_stats.n_bytes_cpu, split_stats.n_swap)
             assert stats.n_miss > 0 and stats.n_hit > 0
             # one hand-over per generated token and layer (the prompt's last layer-pass is a one-token ubatch too)
-            handovers = [line for line in caplog.text.splitlines() if "hand-overs, the CPU's part" in line]
-            assert handovers and int(handovers[-1].split("mailbox: ")[1].split()[0]) >= 6 * (N_GEN - 1)
+            handovers = [line for line in caplog.text.splitlines()
+                         if "llama_moe_cache: mailbox: the CPU waited " in line and " hand-overs from the GPU" in line]
+            assert handovers and int(handovers[-1].split("for each of ")[1].split()[0]) >= 6 * (N_GEN - 1)
 
 
 def test_mailbox_with_expert_biases(lib, tmp_path, monkeypatch) -> None:

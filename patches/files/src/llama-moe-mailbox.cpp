@@ -133,8 +133,10 @@ llama_moe_mailbox::~llama_moe_mailbox() {
     const uint64_t n = n_handover.load();
     if (n > 0) {
         const uint64_t nw = std::max<uint64_t>(n_wait.load(), 1);
-        LLAMA_LOG_INFO("llama_moe_cache: mailbox: %" PRIu64 " hand-overs, the CPU's part %.1f us and its wait for the GPU's next layer %.1f us on average\n",
-                       n, (double) t_compute_us.load() / n, (double) t_wait_us.load() / nw);
+        // the reference's line, then the CPU's own part, which the GPU overlaps with the experts it holds
+        LLAMA_LOG_INFO("llama_moe_cache: mailbox: the CPU waited %.1f us on average for each of %" PRIu64 " hand-overs from the GPU; "
+                       "its part of a layer took %.1f us on average\n",
+                       (double) t_wait_us.load() / nw, n, (double) t_compute_us.load() / n);
     }
     if (threadpool) {
         ggml_threadpool_free(threadpool);
