@@ -6,6 +6,9 @@
 set -u
 . tests/gpu/h200_setup.sh
 nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv
+# the CPUs as OpenMP sees them (affinity) and as the kernel meters them (a cgroup quota): spinning threads
+# past a quota stall the whole process, which would explain the mailbox's slow, erratic CPU parts
+echo "cpus: nproc $(nproc), affinity $(python3 -c 'import os; print(len(os.sched_getaffinity(0)))'), cgroup cpu.max '$(cat /sys/fs/cgroup/cpu.max 2>/dev/null)'"
 if ! pgrep -f "llama_moe synth" > /dev/null && [ ! -f /tmp/q30.gguf ]; then
   (setsid nohup nice python3 -m llama_moe synth /tmp/q30.gguf --shape qwen3-30b-a3b --experts q4_0 --quiet > /tmp/synth.log 2>&1 &)
 fi
