@@ -1,7 +1,8 @@
 """Bounded fuzzing in every CI run: the native STRP loader under libFuzzer with ASan/UBSan, and the Python
-readers of profiles, traces and GGUF headers under hypothesis. Any crash fails the run."""
+readers of profiles, traces, GGUF headers and audit logs under hypothesis. Any crash fails the run."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -88,4 +89,60 @@ def test_gguf_reader_refuses_or_reads(tmp_path, tiny_model_path, cuts, length) -
     try:
         read_gguf(path)
     except GgufError:
+        pass
+
+
+def _good_audit_log() -> bytes:
+    from test_audit import Run
+
+    run = Run(hybrid=True)
+    lines = [run.load(), run.ready(), run.request(40, 12, 5), run.request(33, 7), run.exit()]
+    return b"".join(json.dumps(r).encode() + b"\n" for r in lines)
+
+
+GOOD_AUDIT = _good_audit_log()
+
+
+@FUZZ
+@given(st.lists(st.tuples(st.integers(0, 100_000), st.integers(0, 255)), max_size=8), st.integers(0, len(GOOD_AUDIT)))
+def test_audit_reader_and_checker_refuse_or_read(tmp_path, cuts, length) -> None:
+    """Byte flips and cuts of a valid audit log: read (strict or not), checked and summarized, or refused with
+    AuditError; never another exception."""
+    from llama_moe.audit import AuditError, check_audit, read_audit, summarize
+
+    path = tmp_path / "audit.jsonl"
+    path.write_bytes(_mutate(GOOD_AUDIT, cuts)[:length])
+    try:
+        read_audit(path, strict=True)
+    except AuditError:
+        pass
+    lenient = read_audit(path, strict=False)
+    assert all(i.line >= 0 for i in lenient.issues)
+    try:
+        check_audit(path)
+        summarize(path)
+    except AuditError:
+        pass
+
+
+ODD_VALUES = st.sampled_from([None, -1, 0, 1e300, float("nan"), "x", [], {}, True, 2**70, [{"il": -5}], {"n_layer": "6"}])
+
+
+@FUZZ
+@given(st.lists(st.tuples(st.integers(0, 4), st.integers(0, 40), ODD_VALUES), min_size=1, max_size=4))
+def test_audit_checker_refuses_or_reads_odd_fields(tmp_path, changes) -> None:
+    """A valid log whose fields take values of the wrong type or range: checked, or refused with AuditError."""
+    from llama_moe.audit import AuditError, check_audit, read_audit, summarize
+
+    records = [json.loads(line) for line in GOOD_AUDIT.decode().splitlines()]
+    for r, k, value in changes:
+        record = records[r % len(records)]
+        record[sorted(record)[k % len(record)]] = value
+    path = tmp_path / "audit.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    read_audit(path, strict=False)
+    try:
+        check_audit(path)
+        summarize(path)
+    except AuditError:
         pass
