@@ -31,3 +31,16 @@ def test_every_mode_runs_and_reports(lib, tiny_model_path, tmp_path, monkeypatch
     assert 0 < by_mode["cpu-moe"].of_bound == pytest.approx(by_mode["cpu-moe"].decode_tps / by_mode["cpu-moe"].bound_tps)
     table = to_markdown(rows, 64)
     assert table.count("\n") == len(rows) + 1 and "pp64" in table
+
+
+def test_profile_stride_traces_fewer_paragraphs(lib, tiny_model_path, tmp_path) -> None:
+    from llama_moe.profile import read_profile
+
+    logs: list[str] = []
+    train_profile(tiny_model_path, tmp_path / "all.strp", log=logs.append, n_ctx=512)
+    train_profile(tiny_model_path, tmp_path / "third.strp", log=logs.append, n_ctx=512, stride=3)
+    chars = [int(line.split()[2]) for line in logs]
+    assert 2 * chars[1] < chars[0]
+    assert read_profile(tmp_path / "third.strp", 6, 32).ranked
+    with pytest.raises(ValueError, match="stride"):
+        train_profile(tiny_model_path, tmp_path / "x.strp", stride=0)

@@ -120,9 +120,12 @@ def _no_mailbox(on: bool):
             os.environ["LLAMA_MOE_CACHE_NO_MAILBOX"] = old
 
 
-def train_profile(model_path: Path, out: Path, log=print, n_ctx: int = 4096) -> Path:
+def train_profile(model_path: Path, out: Path, log=print, n_ctx: int = 4096, stride: int = 1) -> Path:
     """A profile from the corpus's train paragraphs; the benchmark's prompts come from the whole corpus, so
-    the profile meets text it was not made from, as a user's would. The text is traced in windows of n_ctx."""
+    the profile meets text it was not made from, as a user's would. The text is traced in windows of n_ctx;
+    stride k traces every k-th paragraph of each topic (a big model traces slowly)."""
+    if stride < 1:
+        raise ValueError(f"the profile's stride must be at least 1, not {stride}")
     from ..profile import write_profile
     from ..synth.corpus import split_paragraphs
     from ..tools.ranking import make_profile
@@ -131,7 +134,7 @@ def train_profile(model_path: Path, out: Path, log=print, n_ctx: int = 4096) -> 
 
     layout = expert_layout(model_path)
     split = split_paragraphs()
-    text = "\n\n".join(p for topic in sorted(split.train) for p in split.train[topic])
+    text = "\n\n".join(p for topic in sorted(split.train) for p in split.train[topic][::stride])
     log(f"profile: tracing {len(text)} characters of train text")
     write_profile(out, make_profile(routes_from_records(trace_text(model_path, text, n_ctx=n_ctx)), layout))
     return out
@@ -241,6 +244,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--modes", default="cpu-moe,n-cpu-moe,upload,hybrid,hybrid-adaptive,vram",
                    help="comma-separated, of: " + ", ".join(MODES))
     p.add_argument("--profile", help="the hybrid modes' profile (default: made from the corpus's train paragraphs)")
+    p.add_argument("--profile-stride", type=int, default=1, metavar="K",
+                   help="without --profile: make it from every K-th train paragraph of each topic (default 1: all)")
     p.add_argument("--json", help="write the rows as JSON here")
     p.add_argument("--md", help="write a Markdown table here")
     from ..bench_plot import png_path
@@ -260,7 +265,7 @@ def run(args: argparse.Namespace) -> int:
     if profile is None and set(CACHE_MODES[1:]) & set(modes):
         import tempfile
 
-        profile = train_profile(Path(args.model), Path(tempfile.mkdtemp()) / "train.strp", log)
+        profile = train_profile(Path(args.model), Path(tempfile.mkdtemp()) / "train.strp", log, stride=args.profile_stride)
     rows = run_bench(Path(args.model), args.cache_pct, args.threads, args.n_gen, args.pp, args.runs, not args.no_vram,
                      log=log, modes=modes, profile=profile)
     table = to_markdown(rows, args.pp)
