@@ -3,7 +3,8 @@
 # then serve sized to the free VRAM, answering through the official OpenAI and Anthropic clients (issue 8).
 set -u
 . tests/gpu/h200_setup.sh
-timeout 300 python3 -m llama_moe bench-adaptive /tmp/q30.gguf -t 16 --cache-pct 50 -n 128 --runs 3 \
+# through the scheduler: the faster hybrid on this machine (docs/benchmarks.md), so the five configurations fit
+LLAMA_MOE_CACHE_NO_MAILBOX=1 timeout 340 python3 -m llama_moe bench-adaptive /tmp/q30.gguf -t 16 --cache-pct 50 -n 128 --runs 3 \
     --json $OUT/adaptive.json --md $OUT/adaptive.md 2>&1 | tee $OUT/adaptive.log | tail -24
 python3 -m llama_moe serve /tmp/q30.gguf --dry-run --api-key k3y --alias q30 --threads 16 2>&1 | tee $OUT/serve_plan.txt | tail -12
 (python3 -m llama_moe serve /tmp/q30.gguf --api-key k3y --alias q30 --threads 16 --port 8088 > $OUT/serve.log 2>&1 &)
