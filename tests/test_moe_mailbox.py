@@ -60,6 +60,7 @@ def test_mailbox_gives_the_same_tokens_logits_and_counts(lib, tiny_model_path, t
             assert handovers and int(handovers[-1].split("for each of ")[1].split()[0]) >= 6 * (N_GEN - 1)
 
 
+
 def test_mailbox_with_expert_biases(lib, tmp_path, monkeypatch) -> None:
     from llama_moe.synth import synthesize
 
@@ -147,3 +148,25 @@ def test_mailbox_thread_count_leaves_a_core_to_the_device_thread(lib, tiny_model
         monkeypatch.setenv("LLAMA_MOE_MAILBOX_THREADS", "5")
         assert _run(model, cp, PROMPTS[0])[0] == tokens
         assert "mailbox: 6 layers hand over to 5 CPU threads" in caplog.text
+
+
+def test_hand_overs_with_nothing_to_compute_skip_the_cpu_graph(lib, tiny_model_path, tmp_path, monkeypatch, caplog) -> None:
+    """With most experts cached, many tokens find all theirs in VRAM at a layer: the CPU answers zeros without
+    running its graph (what the graph would give), and the text, logits and counters stay those of no mailbox."""
+    caplog.set_level(logging.INFO, logger="llama_moe.native")
+    profile = _profile(tiny_model_path, tmp_path / "p.strp")
+    cp = ContextParams(n_ctx=512, moe_cache_mib=mib_for_slots(tiny_model_path, 28, hybrid=True), moe_cache_profile=profile,
+                       moe_cache_hybrid=True, moe_cache_adaptive=True)
+    with Model(tiny_model_path, RAM) as model:
+        plain_tokens, plain_logits, _ = _run(model, ContextParams(n_ctx=512), PROMPTS[1])
+        split_tokens, _, split_stats = _run(model, cp, PROMPTS[1])
+        monkeypatch.setenv("LLAMA_MOE_MAILBOX_ON_CPU", "1")
+        caplog.clear()
+        tokens, logits, stats = _run(model, cp, PROMPTS[1])
+    assert tokens == split_tokens == plain_tokens
+    np.testing.assert_array_equal(logits, plain_logits)
+    assert (stats.n_hit, stats.n_miss, stats.n_swap) == (split_stats.n_hit, split_stats.n_miss, split_stats.n_swap)
+    line = next(l for l in caplog.text.splitlines() if "hand-overs from the GPU" in l)
+    n = int(line.split("for each of ")[1].split()[0])
+    empty = int(line.split("on average, ")[1].split()[0])
+    assert 0 < empty < n, line

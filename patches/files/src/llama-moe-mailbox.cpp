@@ -135,8 +135,8 @@ llama_moe_mailbox::~llama_moe_mailbox() {
         const uint64_t nw = std::max<uint64_t>(n_wait.load(), 1);
         // the reference's line, then the CPU's own part, which the GPU overlaps with the experts it holds
         LLAMA_LOG_INFO("llama_moe_cache: mailbox: the CPU waited %.1f us on average for each of %" PRIu64 " hand-overs from the GPU; "
-                       "its part of a layer took %.1f us on average\n",
-                       (double) t_wait_us.load() / nw, n, (double) t_compute_us.load() / n);
+                       "its part of a layer took %.1f us on average, %" PRIu64 " of them with no expert to compute\n",
+                       (double) t_wait_us.load() / nw, n, (double) t_compute_us.load() / n, n_empty.load());
     }
     if (threadpool) {
         ggml_threadpool_free(threadpool);
@@ -255,7 +255,13 @@ void llama_moe_mailbox::answer(size_t i, uint64_t step) {
     std::atomic_thread_fence(std::memory_order_acquire); // the stamp before the payload
     int32_t * ids = cpu_ids_data + i * n_used;
     cache->count_selected(p.il, ggml_mailbox_slot_ids(p.slot), ids);
-    if (p.ready) {
+    const bool none = std::all_of(ids, ids + n_used, [](int32_t id) { return id < 0; });
+    if (p.ready && none) {
+        // the cache holds every expert the token chose here: the graph would give zeros (negative ids select
+        // nothing), and a third to nine tenths of the hand-overs are such at 50-75% caches
+        memset(ggml_mailbox_slot_y(p.slot), 0, p.slot->n_y * sizeof(float));
+        n_empty++;
+    } else if (p.ready) {
         ggml_cplan plan = ggml_graph_plan(p.gf, n_threads, threadpool);
         GGML_ASSERT(plan.work_size <= work.size());
         plan.work_data = work.data();

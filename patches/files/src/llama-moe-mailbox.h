@@ -103,6 +103,7 @@ private:
     // for the exit line
     std::atomic<uint64_t> n_handover{0};
     std::atomic<uint64_t> t_compute_us{0};
+    std::atomic<uint64_t> n_empty{0};      // hand-overs whose experts the cache all held
     std::atomic<uint64_t> t_wait_us{0};
     std::atomic<uint64_t> n_wait{0};
     std::atomic<bool> failed{false};
