@@ -44,3 +44,18 @@ def test_profile_stride_traces_fewer_paragraphs(lib, tiny_model_path, tmp_path) 
     assert read_profile(tmp_path / "third.strp", 6, 32).ranked
     with pytest.raises(ValueError, match="stride"):
         train_profile(tiny_model_path, tmp_path / "x.strp", stride=0)
+
+
+def test_the_gpu_bounds_every_mode_where_it_binds_first() -> None:
+    from llama_moe.commands.bench import BenchRow, with_gpu_ceiling
+
+    def row(mode: str, decode: float, bound: float | None, by: str | None) -> BenchRow:
+        return BenchRow(mode, 0.0, 0.0, 16, decode, 0.0, 1.0, 0.0, None, None, 1, 1.0, bound,
+                        None if bound is None else decode / bound, by)
+
+    hybrid = with_gpu_ceiling(row("hybrid", 97.4, 1152.7, "RAM"), 232.6)
+    assert (hybrid.bound_tps, hybrid.bound_by) == (232.6, "GPU") and hybrid.of_bound == pytest.approx(97.4 / 232.6)
+    cpu = row("cpu-moe", 41.9, 49.2, "RAM")
+    assert with_gpu_ceiling(cpu, 232.6) == cpu
+    vram = row("all-in-vram", 232.6, None, None)
+    assert with_gpu_ceiling(vram, 232.6) == vram

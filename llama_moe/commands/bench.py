@@ -37,7 +37,7 @@ class BenchRow:
     ram_mb_per_token: float | None = None  # expert bytes the CPU read from RAM per generated token
     bound_tps: float | None = None         # the decode rate if reading those bytes were the only cost
     of_bound: float | None = None          # decode_tps / bound_tps
-    bound_by: str | None = None            # "RAM" (the CPU reads the bytes) or "H2D" (upload mode copies them over PCIe)
+    bound_by: str | None = None            # "RAM" (the CPU reads the bytes), "H2D" (upload mode copies them over PCIe) or "GPU" (all in VRAM is slower still)
 
 
 def _prompt_tokens(model: Model, n: int, offset_paragraphs: int) -> list[int]:
@@ -215,7 +215,16 @@ def run_bench(model_path: Path, cache_pcts: list[float], threads: list[int], n_g
             cp = ContextParams(n_ctx=max(1024, n_pp + n_gen + 128), n_batch=n_pp, n_ubatch=n_pp, n_threads=threads[0])
             d, p, _, used, _ = _measure(model, cp, n_gen, n_pp, runs, seed, base_free)
             row("all-in-vram", total_mib, threads[0], d, p, None, used, 0.0)
-    return rows
+    ceiling = next((r.decode_tps for r in rows if r.mode == "all-in-vram"), None) if g else None
+    return [with_gpu_ceiling(r, ceiling) for r in rows] if ceiling else rows
+
+
+def with_gpu_ceiling(row: BenchRow, vram_tps: float) -> BenchRow:
+    """No mode decodes faster than with every expert in VRAM: the GPU's own time per token bounds it too, even
+    if the CPU's reads overlapped it perfectly. Where that binds before RAM or PCIe, the bound says "GPU"."""
+    if row.bound_tps is None or row.mode == "all-in-vram" or row.bound_tps <= vram_tps:
+        return row
+    return dataclasses.replace(row, bound_tps=vram_tps, of_bound=row.decode_tps / vram_tps, bound_by="GPU")
 
 
 def to_markdown(rows: list[BenchRow], n_pp: int) -> str:
