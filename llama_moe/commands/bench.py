@@ -53,11 +53,23 @@ def _prompt_tokens(model: Model, n: int, offset_paragraphs: int) -> list[int]:
     return tokens[:n]
 
 
-def _used_mib(before: float | None) -> float | None:
+def _free_mib() -> float | None:
     g = gpus()
-    if not g or before is None:
+    return g[0].mib_free if g else None
+
+
+def _base_free(seen: float | None) -> float | None:
+    """The GPU's free memory before a model loads: the most seen so far, so that memory another process was
+    still giving back when the benchmark started (a run killed just before) does not make "VRAM used" negative."""
+    now = _free_mib()
+    return now if seen is None or now is None else max(seen, now)
+
+
+def _used_mib(before: float | None) -> float | None:
+    now = _free_mib()
+    if now is None or before is None:
         return None
-    return before - g[0].mib_free
+    return before - now
 
 
 def _measure(model: Model, cp: ContextParams, n_gen: int, n_pp: int, runs: int, seed: int,
@@ -147,7 +159,7 @@ def run_bench(model_path: Path, cache_pcts: list[float], threads: list[int], n_g
     total_mib = layout.total_expert_bytes / 2**20
     rows: list[BenchRow] = []
     g = gpus()
-    base_free = g[0].mib_free if g else None
+    base_free = _base_free(None)
 
     # what a generated token reads when every expert is computed from RAM (k per MoE layer)
     all_experts_per_token = sum(l.bytes_per_expert for l in layout.layers) * layout.n_expert_used
@@ -176,6 +188,7 @@ def run_bench(model_path: Path, cache_pcts: list[float], threads: list[int], n_g
             f"VRAM {'-' if used is None else f'{used:.0f} MiB'}")
 
     # experts in pinned host memory (no mmap): uploads and llama.cpp's own prompt copies run at full PCIe speed
+    base_free = _base_free(base_free)
     with Model(model_path, ModelParams(cpu_moe=True, use_mmap=False, repack=False)) as model:
         for t in threads:
             n_ctx = max(1024, n_pp + n_gen + 128)
@@ -204,6 +217,7 @@ def run_bench(model_path: Path, cache_pcts: list[float], threads: list[int], n_g
         for pct in cache_pcts:
             mib = total_mib * pct / 100
             n_cpu_moe = layout.n_moe_layers - int(mib // per_layer)
+            base_free = _base_free(base_free)
             with Model(model_path, ModelParams(n_cpu_moe=n_cpu_moe, use_mmap=False, repack=False)) as split:
                 for t in threads:
                     cp = ContextParams(n_ctx=max(1024, n_pp + n_gen + 128), n_batch=n_pp, n_ubatch=n_pp, n_threads=t)
@@ -211,6 +225,7 @@ def run_bench(model_path: Path, cache_pcts: list[float], threads: list[int], n_g
                     row(f"n-cpu-moe {n_cpu_moe}", (layout.n_moe_layers - n_cpu_moe) * per_layer, t, d, p, hit, used,
                         all_experts_per_token * n_cpu_moe / max(layout.n_moe_layers, 1))
     if vram and "vram" in modes:
+        base_free = _base_free(base_free)
         with Model(model_path, ModelParams()) as model:
             cp = ContextParams(n_ctx=max(1024, n_pp + n_gen + 128), n_batch=n_pp, n_ubatch=n_pp, n_threads=threads[0])
             d, p, _, used, _ = _measure(model, cp, n_gen, n_pp, runs, seed, base_free)
