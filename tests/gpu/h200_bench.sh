@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Call 2 on the H200 (same machine as h200_build.sh): every mode side by side at 25, 50 and 75% of the experts
 # (the hybrid through the mailbox and through llama.cpp's scheduler), llama.cpp's own split for the same VRAM
-# and the all-in-VRAM ceiling. The hybrids' profile is made first, from the corpus's train paragraphs, and kept
-# in /tmp/q30.strp for the calls after this one.
+# and the all-in-VRAM ceiling. The hybrids' profile is h200_build.sh's (a third of the train paragraphs), or made
+# here from all of them, and kept in /tmp/q30.strp for the calls after this one.
 set -u
 . tests/gpu/h200_setup.sh
 while pgrep -f "llama_moe synth" > /dev/null; do sleep 2; done

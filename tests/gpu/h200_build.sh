@@ -1,20 +1,18 @@
 #!/usr/bin/env bash
-# Call 1 on the H200: synthesize the big model in the background, build for CUDA from the bundle, then the
-# checks that need only the tiny model: equivalence of every cache mode with no cache (tokens over 256 and
-# logits, prompts whose experts come from the cache, the hybrid with and without the mailbox), and the
-# 4096-token trace windows that end in a device trap on the tiny model. WITH_TESTS=1 also builds and runs test-backend-ops.
+# Call 1 on the H200 (about 9 min): synthesize the big model in the background, build for CUDA from the
+# bundle, then the checks that need only the tiny model: equivalence of every cache mode with no cache (tokens
+# over 256, teacher-forced logits where they part at a near tie, prompts whose experts come from the cache, the
+# hybrid with and without the mailbox), the 4096-token trace windows that trap on the tiny model; then on the
+# big model the hybrid with and without the mailbox at 50% and 75% (issue 9). WITH_TESTS=1 also builds and runs
+# test-backend-ops.
 set -u
-. tests/gpu/h200_setup.sh
+. tests/gpu/h200_fresh.sh
 nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv
 # the CPUs as OpenMP sees them (affinity) and as the kernel meters them (a cgroup quota): spinning threads
 # past a quota stall the whole process, which would explain the mailbox's slow, erratic CPU parts
 echo "cpus: nproc $(nproc), affinity $(python3 -c 'import os; print(len(os.sched_getaffinity(0)))'), cgroup cpu.max '$(cat /sys/fs/cgroup/cpu.max 2>/dev/null)'"
-if ! pgrep -f "llama_moe synth" > /dev/null && [ ! -f /tmp/q30.gguf ]; then
-  (setsid nohup nice python3 -m llama_moe synth /tmp/q30.gguf --shape qwen3-30b-a3b --experts q4_0 --quiet > /tmp/synth.log 2>&1 &)
-fi
-t0=$(date +%s)
-python3 build_native.py --source .bundle/llama.cpp-0c1e57098.tar.xz --cuda --cuda-arch 90-real ${WITH_TESTS:+--tests} 2>&1 | tail -4
-echo "cuda build: $(( $(date +%s) - t0 )) s"
+q30_synth
+cuda_build ${WITH_TESTS:+--tests}
 lib=$(ls -dt /tmp/lmcache/*-cuda | head -1)
 python3 -m llama_moe info | head -12
 t0=$(date +%s)
@@ -24,4 +22,8 @@ echo "equivalence: $(( $(date +%s) - t0 )) s"
 # failing kernel's function is named
 CUDA_LAUNCH_BLOCKING=1 EXPERIMENTS=trace-long VARIANTS=GGML_CUDA_DISABLE_GRAPHS=1 NOBUILD=1 timeout 90 bash tests/gpu/h200_bisect.sh 2>&1 | tail -3
 [ -x $lib/test-backend-ops ] && $lib/test-backend-ops -o MUL_MAT_ID -b CUDA0 2>&1 | tail -2
-tail -c 300 /tmp/synth.log; ls -la /tmp/q30.gguf 2>/dev/null
+q30_profile
+timeout $(left 570) python3 -m llama_moe -v bench /tmp/q30.gguf -t 16 --runs 2 -n 128 --cache-pct 50 75 --modes hybrid,hybrid-no-mailbox \
+    --no-vram --profile /tmp/q30.strp --json $OUT/bench_mailbox.json --md $OUT/bench_mailbox.md > $OUT/bench_mailbox.log 2>&1
+grep -E "hand-overs from the GPU|hybrid.* cache .* MiB" $OUT/bench_mailbox.log | sed -E 's/^ +//'
+echo "total: $(( $(date +%s) - T0 )) s"

@@ -5,6 +5,9 @@
 # logit gaps where CUDA's greedy tokens part from the reference, and the trace-window trap with blocking launches.
 set -u
 . tests/gpu/h200_fresh.sh
+q30_synth
+cuda_build
+q30_profile
 timeout $(left 450) python3 -m llama_moe -v bench /tmp/q30.gguf -t 16 --runs 2 -n 128 --cache-pct 25 50 75 --modes hybrid,hybrid-no-mailbox \
     --no-vram --profile /tmp/q30.strp --json $OUT/bench_threads.json --md $OUT/bench_threads.md > $OUT/bench_threads.log 2>&1
 grep -E "mailbox:|hybrid.* cache .* MiB" $OUT/bench_threads.log | tail -12
