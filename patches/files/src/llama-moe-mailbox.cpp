@@ -11,7 +11,6 @@
 #include <cinttypes>
 #include <cstdlib>
 #include <cstring>
-#include <thread>
 
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
@@ -47,7 +46,7 @@ std::unique_ptr<llama_moe_mailbox> llama_moe_mailbox::create(llama_moe_cache & c
     }
 
     std::unique_ptr<llama_moe_mailbox> mb(new llama_moe_mailbox());
-    mb->cache     = &cache;
+    mb->cache      = &cache;
     // the thread that drives the device keeps a core; on the H200 host (16 cores) a layer's CPU part took about
     // 100 us with 12 to 15 threads and 175 us with 4 (docs/benchmarks.md)
     mb->n_threads  = std::max(1, n_threads - 1);
@@ -55,7 +54,7 @@ std::unique_ptr<llama_moe_mailbox> llama_moe_mailbox::create(llama_moe_cache & c
         mb->n_threads = std::max(1, atoi(t));
     }
     mb->all_on_gpu = all_on_gpu;
-    mb->n_used    = cache.get_n_expert_used();
+    mb->n_used     = cache.get_n_expert_used();
     if (const char * t = getenv("LLAMA_MOE_MAILBOX_TIMEOUT_MS")) {
         mb->timeout = std::max(1, atoi(t));
     }

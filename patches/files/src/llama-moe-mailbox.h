@@ -9,7 +9,6 @@
 #include "ggml-backend.h"
 #include "ggml-mailbox.h"
 
-#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
