@@ -233,6 +233,12 @@ CLI_CASES = [
     (["serve", "{model}", "--dry-run", "--threads", "0"], "--threads must be >= 1 or auto, got 0"),
     (["serve", "{model}", "--dry-run", "--ubatch", "0"], "--ubatch must be from 1 to 65536 or auto, got 0"),
     (["serve", "{model}", "--dry-run", "--ctx", "-1"], "--ctx must be >= 256"),
+    (["bench", "{model}", "--modes", "cpu-moe,foo"], "unknown --modes foo"),
+    (["bench", "{model}", "--cache-pct", "-5", "50"], "--cache-pct must be above 0 and at most 100, got -5"),
+    (["bench", "{model}", "--cache-pct", "150"], "--cache-pct must be above 0 and at most 100, got 150"),
+    (["bench", "{model}", "-t", "0"], "-t/--threads must be >= 1, got 0"),
+    (["bench", "{model}", "--runs", "0"], "--runs must be >= 1, got 0"),
+    (["bench", "{model}", "--profile-stride", "0"], "--profile-stride must be >= 1, got 0"),
 ]
 
 

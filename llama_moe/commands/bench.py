@@ -18,7 +18,7 @@ from ..bandwidth import gpu_copy_gbps, ram_read_gbps
 from ..devices import gpus
 from ..experts import expert_layout
 from ..model import Model
-from ..params import ContextParams, ModelParams
+from ..params import ContextParams, ModelParams, ParameterError
 
 
 @dataclass(frozen=True)
@@ -137,7 +137,7 @@ def train_profile(model_path: Path, out: Path, log=print, n_ctx: int = 4096, str
     the profile meets text it was not made from, as a user's would. The text is traced in windows of n_ctx;
     stride k traces every k-th paragraph of each topic (a big model traces slowly)."""
     if stride < 1:
-        raise ValueError(f"the profile's stride must be at least 1, not {stride}")
+        raise ParameterError(f"the profile's stride must be at least 1, not {stride}")
     from ..profile import write_profile
     from ..synth.corpus import split_paragraphs
     from ..tools.ranking import make_profile
@@ -279,12 +279,24 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def _check_numbers(args: argparse.Namespace) -> None:
+    """Refuse what cannot run before loading anything (a model load can take a minute)."""
+    bad = [f"--cache-pct must be above 0 and at most 100, got {p:g}" for p in args.cache_pct if not 0 < p <= 100]
+    bad += [f"-t/--threads must be >= 1, got {t}" for t in args.threads if t < 1]
+    for name, value in (("-n/--n-gen", args.n_gen), ("--pp", args.pp), ("--runs", args.runs), ("--profile-stride", args.profile_stride)):
+        if value < 1:
+            bad.append(f"{name} must be >= 1, got {value}")
+    if bad:
+        raise ParameterError("; ".join(bad))
+
+
 def run(args: argparse.Namespace) -> int:
     log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
     modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
     unknown = set(modes) - set(MODES)
     if unknown:
-        raise ValueError(f"unknown --modes {', '.join(sorted(unknown))}; choose from {', '.join(MODES)}")
+        raise ParameterError(f"unknown --modes {', '.join(sorted(unknown))}; choose from {', '.join(MODES)}")
+    _check_numbers(args)
     profile = Path(args.profile) if args.profile else None
     if profile is None and set(CACHE_MODES[1:]) & set(modes):
         import tempfile
