@@ -239,6 +239,9 @@ CLI_CASES = [
     (["bench", "{model}", "-t", "0"], "-t/--threads must be >= 1, got 0"),
     (["bench", "{model}", "--runs", "0"], "--runs must be >= 1, got 0"),
     (["bench", "{model}", "--profile-stride", "0"], "--profile-stride must be >= 1, got 0"),
+    (["bench-adaptive", "{model}", "--cache-pct", "0"], "--cache-pct must be above 0 and at most 100, got 0"),
+    (["bench-adaptive", "{model}", "--cache-pct", "150"], "--cache-pct must be above 0 and at most 100, got 150"),
+    (["bench-adaptive", "{model}", "-t", "0"], "-t/--threads must be >= 1, got 0"),
 ]
 
 

@@ -228,6 +228,10 @@ def run_bench_adaptive(model_path: str | Path, cache_pct: float = 50, threads: i
         raise ToolInputError(f"unknown configurations {', '.join(sorted(unknown))}; choose from {', '.join(CONFIGS)}")
     if warmup < 0 or measure < 0 or window < 1 or runs < 0 or n_gen < 0:
         raise ToolInputError("warmup, measure, runs and n_gen must be >= 0 and window >= 1")
+    if not 0 < cache_pct <= 100:
+        raise ToolInputError(f"--cache-pct must be above 0 and at most 100, got {cache_pct:g}")
+    if threads < 1:
+        raise ToolInputError(f"-t/--threads must be >= 1, got {threads}")
     model_path = Path(model_path)
     layout = expert_layout(model_path)
     if not layout.layers:
