@@ -166,13 +166,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .. import _loader
     from ..devices import gpus
+    from ..server_process import server_binary
 
-    _loader.get_lib()
-    server = Path(str(_loader.library_path())).parent / "llama-server"
-    if not server.is_file():
-        raise ServePlanError(f"{server} is missing: build the tools (python -m llama_moe build, without --lib-only)")
+    server = server_binary()
     g = gpus()
     extra = tuple(getattr(args, "passthrough", ()))  # after "--" on the command line
     plan = plan_serve(Path(args.model), server, gpu_free_mib=g[0].mib_free if g else None, gpu_name=g[0].name if g else None,

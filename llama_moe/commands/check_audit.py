@@ -1,0 +1,146 @@
+"""``python -m llama_moe check-audit MODEL PROFILE [--cache-mib 256]``: a real llama-server with the hybrid cache
+and an audit log, run twice, through the mailbox and through the scheduler's copies: the same prompts must give
+the same text, and both audit logs must pass ``audit check`` (every record, every invariant between them).
+
+Without a GPU there is no mailbox: both runs then put the cache in RAM (LLAMA_MOE_CACHE_DEVICE=CPU) and the first
+runs the mailbox with the CPU as the device (LLAMA_MOE_MAILBOX_ON_CPU=1), the switches the tests use.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import requests
+
+from ..audit import check_audit
+from ..errors import LlamaMoeError
+from ..server_process import ServerStartError, server_binary, start_server
+
+PROMPTS = ("The ship left the harbour at dawn, and the crew",
+           "To grow tomatoes in a small garden, start with",
+           "The telescope was pointed at the northern sky")
+
+
+class CheckAuditError(LlamaMoeError, ValueError):
+    """The inputs cannot make the check (a missing model or profile, a size that is no size)."""
+
+
+@dataclass(frozen=True)
+class AuditRun:
+    mailbox: bool           # through the mailbox, or the scheduler's copies
+    mailbox_line: str       # what llama.cpp said about the mailbox at load ("" if nothing)
+    texts: tuple[str, ...]  # one per prompt, greedy
+    n_records: int
+    errors: tuple[str, ...]  # audit check's errors ("line N: ...")
+    warnings: int
+
+
+@dataclass(frozen=True)
+class CheckAuditResult:
+    gpu: bool
+    runs: tuple[AuditRun, ...]
+
+    @property
+    def same_text(self) -> bool:
+        return len({r.texts for r in self.runs}) == 1
+
+    @property
+    def mailbox_used(self) -> bool:
+        """The mailbox run's exit line counts hand-overs; the other run says the mailbox was off."""
+        def handovers(line: str) -> int:
+            return int(line.split("for each of ")[1].split()[0]) if "for each of " in line else 0
+
+        return any(r.mailbox and handovers(r.mailbox_line) > 0 for r in self.runs) and \
+            all("mailbox off" in r.mailbox_line for r in self.runs if not r.mailbox)
+
+    @property
+    def ok(self) -> bool:
+        return (self.same_text and self.mailbox_used and all(all(r.texts) for r in self.runs)
+                and all(not r.errors and r.n_records >= 2 + len(PROMPTS) for r in self.runs))
+
+
+def _complete(url: str, prompt: str, n_predict: int) -> str:
+    r = requests.post(url + "/completion", json={"prompt": prompt, "n_predict": n_predict, "temperature": 0, "top_k": 1,
+                                                 "seed": 0, "cache_prompt": False}, timeout=600)
+    r.raise_for_status()
+    return r.json()["content"]
+
+
+def check_audit_run(model: str | Path, profile: str | Path, cache_mib: float = 256, n_predict: int = 48,
+                    threads: int | None = None, workdir: str | Path | None = None, log=print) -> CheckAuditResult:
+    from ..devices import gpus
+
+    model, profile = Path(model), Path(profile)
+    for what, path in (("model", model), ("profile", profile)):
+        if not path.is_file():
+            raise CheckAuditError(f"the {what} {path}: no such file")
+    if not cache_mib > 0:
+        raise CheckAuditError(f"--cache-mib must be > 0, got {cache_mib:g}")
+    if n_predict < 1:
+        raise CheckAuditError(f"-n must be >= 1, got {n_predict}")
+    binary = server_binary()
+    gpu = bool(gpus())
+    work = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="check-audit-"))
+    work.mkdir(parents=True, exist_ok=True)
+    args = ["-m", str(model), "-ngl", "999", "--cpu-moe", "--moe-cache-mib", f"{cache_mib:g}", "--moe-cache-profile",
+            str(profile), "--moe-cache-hybrid", "-c", "2048", "--parallel", "1", "-v"]
+    if threads:
+        args += ["-t", str(threads)]
+    if not gpu:
+        args.append("--no-repack")  # the cache cannot slice experts out of repacked tensors
+        log("no GPU: the cache runs in RAM and the mailbox with the CPU as the device (the tests' switches)")
+    runs = []
+    for mailbox in (True, False):
+        name = "mailbox" if mailbox else "scheduler"
+        audit = work / f"audit-{name}.jsonl"
+        audit.unlink(missing_ok=True)
+        env = {} if gpu else {"LLAMA_MOE_CACHE_DEVICE": "CPU", "LLAMA_MOE_MAILBOX_ON_CPU": "1"}
+        env["LLAMA_MOE_CACHE_NO_MAILBOX"] = "0" if mailbox else "1"
+        with start_server(binary, [*args, "--moe-cache-audit", str(audit)], work / f"server-{name}.log", env=env) as server:
+            texts = tuple(_complete(server.url, p, n_predict) for p in PROMPTS)
+        said = [line[line.index("llama_moe_cache: mailbox"):] for line in
+                (work / f"server-{name}.log").read_text(errors="replace").splitlines() if "llama_moe_cache: mailbox" in line]
+        # the exit line (hand-overs counted) if there is one, else the load line
+        said = [line for line in said if "hand-overs" in line] or said
+        result = check_audit(audit)
+        runs.append(AuditRun(mailbox, said[-1].strip() if said else "", texts, result.n_records,
+                             tuple(f"line {i.line}: {i.message}" for i in result.errors),
+                             sum(1 for i in result.issues if i.severity == "warning")))
+        log(f"{name}: {len(texts)} completions, {result.n_records} audit records, {len(result.errors)} errors")
+    return CheckAuditResult(gpu, tuple(runs))
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("check-audit", help="serve with the hybrid cache and an audit log, through the mailbox and without: "
+                                           "the same text, and logs that pass audit check")
+    p.add_argument("model")
+    p.add_argument("profile")
+    p.add_argument("--cache-mib", type=float, default=256)
+    p.add_argument("-n", "--n-predict", type=int, default=48, help="tokens per completion (default 48)")
+    p.add_argument("-t", "--threads", type=int)
+    p.add_argument("--keep", metavar="DIR", help="keep the audit logs and server logs here")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
+    try:
+        result = check_audit_run(args.model, args.profile, args.cache_mib, args.n_predict, args.threads, args.keep, log)
+    except (ServerStartError, requests.RequestException) as exc:
+        raise CheckAuditError(f"the server run failed: {exc}") from exc
+    if args.json:
+        print(json.dumps(asdict(result) | {"ok": result.ok}, indent=2))
+    else:
+        for r in result.runs:
+            name = "mailbox  " if r.mailbox else "scheduler"
+            print(f"{'PASS' if not r.errors else 'FAIL'}  {name} audit log: {r.n_records} records, {len(r.errors)} errors, "
+                  f"{r.warnings} warnings{''.join(chr(10) + '      ' + e for e in r.errors[:10])}")
+        print(f"{'PASS' if result.mailbox_used else 'FAIL'}  the mailbox ran: {result.runs[0].mailbox_line or 'llama.cpp said nothing of it'}")
+        print(f"{'PASS' if result.same_text else 'FAIL'}  the same text through the mailbox and the scheduler "
+              f"({len(PROMPTS)} greedy completions)")
+    return 0 if result.ok else 1
