@@ -63,17 +63,23 @@ def start_server(binary: Path, args: list[str], log: Path, env: dict[str, str] |
                  timeout: float = 90.0) -> RunningServer:
     """Starts ``binary args --host 127.0.0.1 --port <free>`` and waits for /health."""
     port = free_port()
+    return launch([str(binary), *args, "--host", "127.0.0.1", "--port", str(port)], f"http://127.0.0.1:{port}", log,
+                  env, timeout)
+
+
+def launch(command: list[str] | tuple[str, ...], url: str, log: Path, env: dict[str, str] | None = None,
+           timeout: float = 90.0) -> RunningServer:
+    """Starts a llama-server command line that listens at url and waits for its /health."""
     # files, not pipes: a chatty server never blocks on a full pipe
     with open(log.with_suffix(".out"), "wb") as out, open(log, "wb") as err:
-        proc = subprocess.Popen([str(binary), *args, "--host", "127.0.0.1", "--port", str(port)],
-                                env={**os.environ, **(env or {})}, stdout=out, stderr=err)
-    server = RunningServer(proc, f"http://127.0.0.1:{port}", log)
+        proc = subprocess.Popen(list(command), env={**os.environ, **(env or {})}, stdout=out, stderr=err)
+    server = RunningServer(proc, url, log)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise ServerStartError(f"llama-server exited with {proc.returncode}:\n{_tail(log)}")
         try:
-            if requests.get(server.url + "/health", timeout=2).status_code == 200:
+            if requests.get(url + "/health", timeout=2).status_code == 200:
                 return server
         except requests.RequestException:
             pass

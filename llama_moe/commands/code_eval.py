@@ -1,0 +1,74 @@
+"""``python -m llama_moe code-eval MODEL [--suite smoke|hard] [--port 8099] [--max-tokens 700] [--no-server]``:
+a smoke test of a model's (or a quantization's) coding. Serves MODEL as ``serve`` would (the cache fitted to
+the GPU), or with ``--no-server`` uses the llama-server already listening on 127.0.0.1:PORT, sends six (smoke)
+or ten harder (hard) Python tasks through the OpenAI chat endpoint, and runs each answer against asserts."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+
+import requests
+
+from ..code_eval import SUITES, evaluate
+from ..errors import LlamaMoeError
+from ..server_process import ServerStartError, launch, server_binary
+
+
+class CodeEvalError(LlamaMoeError, RuntimeError):
+    """The model could not be served or asked."""
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("code-eval", help="a smoke test of a served model's coding: Python tasks run against asserts")
+    p.add_argument("model")
+    p.add_argument("--suite", choices=sorted(SUITES), default="smoke", help="smoke: six tasks; hard: ten harder ones")
+    p.add_argument("--port", type=int, default=8099)
+    p.add_argument("--max-tokens", type=int, default=700)
+    p.add_argument("--no-server", action="store_true", help="use the llama-server listening on 127.0.0.1:PORT")
+    p.add_argument("--api-key")
+    p.add_argument("--profile", help="serve with this MoE cache profile")
+    p.add_argument("--hybrid", action="store_true", help="serve with --moe-cache-hybrid (with --profile)")
+    p.add_argument("--ctx", type=int, default=4096)
+    p.add_argument("--min-pass", type=int, default=0, help="exit 1 if fewer tasks pass (default 0: report only)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
+    if args.max_tokens < 1:
+        raise CodeEvalError(f"--max-tokens must be >= 1, got {args.max_tokens}")
+    url = f"http://127.0.0.1:{args.port}"
+    tasks = SUITES[args.suite]
+    try:
+        if args.no_server:
+            result = evaluate(url, tasks, args.suite, args.max_tokens, args.api_key, log)
+        else:
+            result = _serve_and_evaluate(args, url, tasks, log)
+    except (ServerStartError, requests.RequestException) as exc:
+        raise CodeEvalError(f"{url}: {exc}") from exc
+    if args.json:
+        print(json.dumps(asdict(result) | {"n_passed": result.n_passed}, indent=2))
+    else:
+        print(f"{args.suite}: {result.n_passed} of {len(result.results)} tasks passed ({Path(args.model).name}, {url})")
+    return 0 if result.n_passed >= args.min_pass else 1
+
+
+def _serve_and_evaluate(args: argparse.Namespace, url: str, tasks, log):
+    from ..devices import gpus
+    from .serve import plan_serve
+
+    g = gpus()
+    extra = tuple(getattr(args, "passthrough", ()))
+    plan = plan_serve(Path(args.model), server_binary(), gpu_free_mib=g[0].mib_free if g else None,
+                      gpu_name=g[0].name if g else None, n_ctx=args.ctx, profile=args.profile, hybrid=args.hybrid,
+                      api_key=args.api_key, port=args.port, extra=extra)
+    log(plan.describe())
+    work = Path(tempfile.mkdtemp(prefix="code-eval-"))
+    with launch(plan.command, url, work / "server.log", timeout=600) as server:
+        log(f"serving at {server.url} (log: {server.log})")
+        return evaluate(url, tasks, args.suite, args.max_tokens, args.api_key, log)
