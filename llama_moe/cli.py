@@ -10,13 +10,13 @@ from .errors import LlamaMoeError
 
 
 def _commands() -> list[Callable[[argparse._SubParsersAction], None]]:
-    from .commands import (audit, bench, bench_adaptive, build_cmd, check_api, check_audit, code_eval, info, monitor, plan,
-                           predict, profile, serve, simulate, stats, trace)
+    from .commands import (audit, bench, bench_adaptive, build_cmd, check_all, check_api, check_audit, code_eval, info, monitor,
+                           plan, predict, profile, serve, simulate, stats, trace)
     from .synth import cli as synth_cli
 
     return [stats.register, build_cmd.register, synth_cli.register, bench.register, serve.register, check_api.register,
             info.register, audit.register, monitor.register, trace.register, profile.register, plan.register,
-            simulate.register, predict.register, bench_adaptive.register, check_audit.register, code_eval.register]
+            simulate.register, predict.register, bench_adaptive.register, check_audit.register, code_eval.register, check_all.register]
 
 
 def make_parser() -> argparse.ArgumentParser:

@@ -71,7 +71,9 @@ def _complete(url: str, prompt: str, n_predict: int) -> str:
 
 
 def check_audit_run(model: str | Path, profile: str | Path, cache_mib: float = 256, n_predict: int = 48,
-                    threads: int | None = None, workdir: str | Path | None = None, log=print) -> CheckAuditResult:
+                    threads: int | None = None, workdir: str | Path | None = None, log=print,
+                    on_cpu: bool | None = None) -> CheckAuditResult:
+    """on_cpu: the cache in RAM and the mailbox with the CPU as its device (default: when there is no GPU)."""
     from ..devices import gpus
 
     model, profile = Path(model), Path(profile)
@@ -83,7 +85,7 @@ def check_audit_run(model: str | Path, profile: str | Path, cache_mib: float = 2
     if n_predict < 1:
         raise CheckAuditError(f"-n must be >= 1, got {n_predict}")
     binary = server_binary()
-    gpu = bool(gpus())
+    gpu = bool(gpus()) if on_cpu is None else not on_cpu
     work = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="check-audit-"))
     work.mkdir(parents=True, exist_ok=True)
     args = ["-m", str(model), "-ngl", "999", "--cpu-moe", "--moe-cache-mib", f"{cache_mib:g}", "--moe-cache-profile",
@@ -92,7 +94,7 @@ def check_audit_run(model: str | Path, profile: str | Path, cache_mib: float = 2
         args += ["-t", str(threads)]
     if not gpu:
         args.append("--no-repack")  # the cache cannot slice experts out of repacked tensors
-        log("no GPU: the cache runs in RAM and the mailbox with the CPU as the device (the tests' switches)")
+        log("the cache runs in RAM and the mailbox with the CPU as the device (the tests' switches)")
     runs = []
     for mailbox in (True, False):
         name = "mailbox" if mailbox else "scheduler"

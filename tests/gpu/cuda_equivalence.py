@@ -1,7 +1,6 @@
-"""On a CUDA build: the MoE cache on the GPU against llama.cpp's own CPU path for experts in RAM.
-Greedy tokens must be identical, or part only at a near tie of the reference (its top two logits closer than
-TOLERANCE of the largest |logit|), with the logits, fed the same tokens, within TOLERANCE at every step: a
-prompt of up to 32 tokens runs its cached experts on the GPU, whose kernels round differently from the CPU's.
+"""On a CUDA build: the MoE cache on the GPU against llama.cpp's own CPU path for experts in RAM, by
+llama_moe.equivalence's rule (tokens identical, or parting only at a near tie with teacher-forced logits within
+its tolerance), and the prompt copies (bit-identical logits).
 
 python tests/gpu/cuda_equivalence.py [MODEL] [-n 256]
 """
@@ -15,41 +14,11 @@ from pathlib import Path
 import numpy as np
 
 from llama_moe import Context, ContextParams, Model, ModelParams
+from llama_moe.equivalence import compare, environment, greedy_steps
 from llama_moe.experts import expert_layout
 
 PROMPTS = ["The ship left the harbour at dawn, and the crew", "To grow tomatoes in a small garden, start with",
            "The telescope was pointed at the northern sky"]
-
-
-TOLERANCE = 1e-3  # of the largest |logit|: teacher-forced logits must agree this well, and a near tie is a gap below it
-
-
-def run(path: Path, mib: float, n: int, prompt: str, no_mailbox: bool = False, forced: list[int] | None = None,
-        **cache) -> tuple[list[int], np.ndarray, object]:
-    """Greedy decoding, one token a decode: the tokens and the logits of every step. With forced, those tokens
-    are fed instead of the argmax (teacher forcing), so that logits compare step by step after a near tie."""
-    import os
-
-    if no_mailbox:  # read when the context is made
-        os.environ["LLAMA_MOE_CACHE_NO_MAILBOX"] = "1"
-    try:
-        with Model(path, ModelParams(cpu_moe=True, use_mmap=False)) as model, \
-             Context(model, ContextParams(n_ctx=1024, moe_cache_mib=mib, **cache)) as ctx:
-            ctx.decode(model.tokenize(prompt))
-            tokens, steps = [], []
-            for i in range(n):
-                logits = ctx.logits().copy()
-                steps.append(logits)
-                tokens.append(int(np.argmax(logits)) if forced is None else forced[i])
-                ctx.decode([tokens[-1]])
-            return tokens, np.stack(steps), ctx.moe_cache_stats()
-    finally:
-        os.environ.pop("LLAMA_MOE_CACHE_NO_MAILBOX", None)
-
-
-def top_gap(logits: np.ndarray) -> float:
-    top2 = np.partition(logits, -2)[-2:]
-    return float(top2[1] - top2[0])
 
 
 def prompt_copies(path: Path, total_mib: float, profile: Path) -> bool:
@@ -105,28 +74,19 @@ def main() -> int:
     ok = True if args.no_prompt else prompt_copies(path, total, profile)
     if args.prompt_only:
         return 0 if ok else 1
-    for prompt in PROMPTS:
-        ref_tokens, ref_steps, _ = run(path, 0, args.n, prompt)
-        scale = float(np.max(np.abs(ref_steps)))
-        for mode, pct in [(m, p) for m in modes for p in (25, 50, 100)]:
-            tokens, steps, stats = run(path, total * pct / 100 + 1, args.n, prompt, **modes[mode])
-            first = next((i for i, (a, b) in enumerate(zip(tokens, ref_tokens)) if a != b), None)
-            if first is None:
-                diff = float(np.max(np.abs(steps - ref_steps)))
-                verdict = f"tokens identical over {len(tokens)}, logits max |diff| {diff:.3g} ({diff / scale:.2e} of max |logit|)"
-                good = diff / scale <= TOLERANCE
-            else:
-                # where the tokens part: a near tie of the reference, and the logits fed the same tokens agree?
-                _, forced_steps, _ = run(path, total * pct / 100 + 1, args.n, prompt, forced=ref_tokens, **modes[mode])
-                diff = float(np.max(np.abs(forced_steps - ref_steps)))
-                gap = top_gap(ref_steps[first])
-                good = gap / scale <= TOLERANCE and diff / scale <= TOLERANCE
-                verdict = (f"tokens part at {first} (the reference's top two {gap:.3g} apart, {gap / scale:.1e} of max |logit|: "
-                           f"{'a near tie' if gap / scale <= TOLERANCE else 'NOT a tie'}); teacher-forced logits max |diff| {diff:.3g} "
-                           f"({diff / scale:.2e})")
-            ok &= good
-            print(f"{prompt[:30]!r:34} {mode:12} {pct:3d}%: {verdict} -> {'ok' if good else 'WRONG'}; hit rate {stats.hit_rate:.3f}, "
-                  f"{stats.n_miss} misses, {stats.n_swap} swaps, {stats.n_slots} slots")
+    with Model(path, ModelParams(cpu_moe=True, use_mmap=False)) as model:
+        for prompt in PROMPTS:
+            ref_tokens, ref_steps, _ = greedy_steps(model, ContextParams(n_ctx=1024), prompt, args.n)
+            for mode, pct in [(m, p) for m in modes for p in (25, 50, 100)]:
+                cache = dict(modes[mode])
+                no_mailbox = cache.pop("no_mailbox", False)
+                with environment(LLAMA_MOE_CACHE_NO_MAILBOX="1" if no_mailbox else None):
+                    c = compare(model, (ref_tokens, ref_steps), ContextParams(n_ctx=1024, moe_cache_mib=total * pct / 100 + 1,
+                                                                              **cache), prompt)
+                ok &= c.ok
+                s = c.stats
+                print(f"{prompt[:30]!r:34} {mode:12} {pct:3d}%: {c.describe()} over {args.n} -> {'ok' if c.ok else 'WRONG'}; "
+                      f"hit rate {s.hit_rate:.3f}, {s.n_miss} misses, {s.n_swap} swaps, {s.n_slots} slots")
     print("EQUIVALENT" if ok else "DIFFERENT")
     return 0 if ok else 1
 

@@ -18,6 +18,9 @@ python3 -m llama_moe info | head -12
 t0=$(date +%s)
 timeout 240 python3 tests/gpu/cuda_equivalence.py -n 256 2>&1 | grep -v "^/tmp\|^python3\|^/lib" | tee $OUT/equivalence.txt | tail -40
 echo "equivalence: $(( $(date +%s) - t0 )) s"
+# the installation's own checks, the GPU ones included: decoding with the cache in VRAM, llama-server through
+# CUDA's mailbox and through the scheduler (the same text, audit logs that pass)
+timeout 150 python3 -m llama_moe check-all -n 64 2>&1 | grep -E "^(PASS|FAIL|SKIP)|passed" | tee $OUT/check_all.txt
 # the trap of 4096-token trace windows on the tiny model: without CUDA graphs, with blocking launches, the
 # failing kernel's function is named
 CUDA_LAUNCH_BLOCKING=1 EXPERIMENTS=trace-long VARIANTS=GGML_CUDA_DISABLE_GRAPHS=1 NOBUILD=1 timeout 90 bash tests/gpu/h200_bisect.sh 2>&1 | tail -3

@@ -1,0 +1,92 @@
+"""Whether a cache mode computes what no cache computes: greedy tokens over n steps must be identical, or part
+only at a near tie of the reference (its top two logits closer than ``tolerance`` of the largest |logit|), with
+the logits, fed the reference's tokens (teacher forcing), within ``tolerance`` at every step. On one device the
+hybrid and the upload cache are bit-identical to no cache; on a GPU a prompt of up to 32 tokens computes the
+cached experts with the GPU's kernels, which round differently from the CPU's, so near ties can tip."""
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+
+from .context import Context
+from .model import Model
+from .params import ContextParams
+from .stats import MoeCacheStats
+
+TOLERANCE = 1e-3
+
+
+@contextmanager
+def environment(**values: str | None) -> Iterator[None]:
+    """Variables the library reads when a context is made (None removes one), restored afterwards."""
+    old = {k: os.environ.get(k) for k in values}
+    try:
+        for k, v in values.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def greedy_steps(model: Model, cp: ContextParams, prompt: str, n: int,
+                 forced: list[int] | None = None) -> tuple[list[int], np.ndarray, MoeCacheStats | None]:
+    """Greedy decoding, one token a decode: the tokens, every step's logits and the cache's counters
+    (forced: feed those tokens instead)."""
+    with Context(model, cp) as ctx:
+        ctx.decode(model.tokenize(prompt))
+        tokens, steps = [], []
+        for i in range(n):
+            logits = ctx.logits().copy()
+            steps.append(logits)
+            tokens.append(int(np.argmax(logits)) if forced is None else forced[i])
+            ctx.decode([tokens[-1]])
+        return tokens, np.stack(steps), ctx.moe_cache_stats()
+
+
+def top_gap(logits: np.ndarray) -> float:
+    top2 = np.partition(logits, -2)[-2:]
+    return float(top2[1] - top2[0])
+
+
+@dataclass(frozen=True)
+class Comparison:
+    identical: bool                 # the same tokens over every step
+    first_part: int | None          # where they part
+    max_diff_rel: float             # logits against the reference (teacher-forced where they part), of max |logit|
+    gap_rel: float | None           # the reference's top-two gap where they part, of max |logit|
+    ok: bool
+    stats: MoeCacheStats | None     # the cache's counters after the free-running decode
+
+    def describe(self) -> str:
+        if self.identical:
+            return f"tokens identical, logits within {self.max_diff_rel:.1e} of the largest"
+        return (f"tokens part at step {self.first_part} (the reference's top two {self.gap_rel:.1e} of the largest logit "
+                f"apart{': a near tie' if self.gap_rel is not None and self.gap_rel <= TOLERANCE else ''}), "
+                f"teacher-forced logits within {self.max_diff_rel:.1e}")
+
+
+def compare(model: Model, reference: tuple[list[int], np.ndarray], cp: ContextParams, prompt: str,
+            tolerance: float = TOLERANCE) -> Comparison:
+    """cp's decoding against a reference (greedy_steps of no cache on the same model and prompt)."""
+    ref_tokens, ref_steps = reference
+    scale = float(np.max(np.abs(ref_steps))) or 1.0
+    tokens, steps, stats = greedy_steps(model, cp, prompt, len(ref_tokens))
+    first = next((i for i, (a, b) in enumerate(zip(tokens, ref_tokens)) if a != b), None)
+    if first is None:
+        diff = float(np.max(np.abs(steps - ref_steps))) / scale
+        return Comparison(True, None, diff, None, diff <= tolerance, stats)
+    _, forced, _ = greedy_steps(model, cp, prompt, len(ref_tokens), forced=ref_tokens)
+    diff = float(np.max(np.abs(forced - ref_steps))) / scale
+    gap = top_gap(ref_steps[first]) / scale
+    return Comparison(False, first, diff, gap, gap <= tolerance and diff <= tolerance, stats)
