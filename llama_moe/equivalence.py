@@ -20,23 +20,24 @@ from .stats import MoeCacheStats
 TOLERANCE = 1e-3
 
 
+def _set_env(name: str, value: str | None) -> None:
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
+
+
 @contextmanager
 def environment(**values: str | None) -> Iterator[None]:
     """Variables the library reads when a context is made (None removes one), restored afterwards."""
     old = {k: os.environ.get(k) for k in values}
     try:
         for k, v in values.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+            _set_env(k, v)
         yield
     finally:
         for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+            _set_env(k, v)
 
 
 def greedy_steps(model: Model, cp: ContextParams, prompt: str, n: int,
