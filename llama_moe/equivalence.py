@@ -5,10 +5,7 @@ hybrid and the upload cache are bit-identical to no cache; on a GPU a prompt of 
 cached experts with the GPU's kernels, which round differently from the CPU's, so near ties can tip."""
 from __future__ import annotations
 
-import os
-from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator
 
 import numpy as np
 
@@ -18,26 +15,6 @@ from .params import ContextParams
 from .stats import MoeCacheStats
 
 TOLERANCE = 1e-3
-
-
-def _set_env(name: str, value: str | None) -> None:
-    if value is None:
-        os.environ.pop(name, None)
-    else:
-        os.environ[name] = value
-
-
-@contextmanager
-def environment(**values: str | None) -> Iterator[None]:
-    """Variables the library reads when a context is made (None removes one), restored afterwards."""
-    old = {k: os.environ.get(k) for k in values}
-    try:
-        for k, v in values.items():
-            _set_env(k, v)
-        yield
-    finally:
-        for k, v in old.items():
-            _set_env(k, v)
 
 
 def greedy_steps(model: Model, cp: ContextParams, prompt: str, n: int,

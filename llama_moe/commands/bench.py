@@ -6,13 +6,13 @@ import argparse
 import contextlib
 import dataclasses
 import json
-import os
 import statistics
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from .._env import environment
 from ..context import Context, Sampling
 from ..bandwidth import gpu_copy_gbps, ram_read_gbps
 from ..devices import gpus
@@ -114,24 +114,6 @@ MODES = ("cpu-moe", "n-cpu-moe", "upload", "hybrid", "hybrid-no-mailbox", "hybri
 CACHE_MODES = ("upload", "hybrid", "hybrid-no-mailbox", "hybrid-adaptive")
 
 
-@contextlib.contextmanager
-def _no_mailbox(on: bool):
-    """hybrid-no-mailbox: the hybrid's hand-overs through llama.cpp's scheduler (the mailbox's before), read by
-    the library when a context is made. The same as the hybrid where there is no mailbox (CPU builds)."""
-    if not on:
-        yield
-        return
-    old = os.environ.get("LLAMA_MOE_CACHE_NO_MAILBOX")
-    os.environ["LLAMA_MOE_CACHE_NO_MAILBOX"] = "1"
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop("LLAMA_MOE_CACHE_NO_MAILBOX", None)
-        else:
-            os.environ["LLAMA_MOE_CACHE_NO_MAILBOX"] = old
-
-
 def train_profile(model_path: Path, out: Path, log=print, n_ctx: int = 4096, stride: int = 1) -> Path:
     """A profile from the corpus's train paragraphs; the benchmark's prompts come from the whole corpus, so
     the profile meets text it was not made from, as a user's would. The text is traced in windows of n_ctx;
@@ -205,7 +187,8 @@ def run_bench(model_path: Path, cache_pcts: list[float], threads: list[int], n_g
                     cp = ContextParams(n_ctx=n_ctx, n_batch=n_pp, n_ubatch=n_pp, n_threads=t, moe_cache_mib=mib,
                                        moe_cache_hybrid=hybrid, moe_cache_adaptive=mode == "hybrid-adaptive",
                                        moe_cache_profile=profile if hybrid else None)
-                    with _no_mailbox(mode == "hybrid-no-mailbox"):
+                    # hybrid-no-mailbox: the hand-overs through llama.cpp's scheduler (the mailbox's before)
+                    with environment(LLAMA_MOE_CACHE_NO_MAILBOX="1") if mode == "hybrid-no-mailbox" else contextlib.nullcontext():
                         d, p, hit, used, moved = _measure(model, cp, n_gen, n_pp, runs, seed, base_free)
                     if hybrid:
                         row(mode, mib, t, d, p, hit, used, moved)

@@ -17,7 +17,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
-from ..equivalence import compare, environment, greedy_steps
+from .._env import environment
+from ..equivalence import compare, greedy_steps
 from ..errors import LlamaMoeError
 
 

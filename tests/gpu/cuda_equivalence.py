@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 
 from llama_moe import Context, ContextParams, Model, ModelParams
-from llama_moe.equivalence import compare, environment, greedy_steps
+from llama_moe._env import environment
+from llama_moe.equivalence import compare, greedy_steps
 from llama_moe.experts import expert_layout
 
 PROMPTS = ["The ship left the harbour at dawn, and the crew", "To grow tomatoes in a small garden, start with",
