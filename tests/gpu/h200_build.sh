@@ -3,7 +3,8 @@
 # bundle, then the checks that need only the tiny model: equivalence of every cache mode with no cache (tokens
 # over 256, teacher-forced logits where they part at a near tie, prompts whose experts come from the cache, the
 # hybrid with and without the mailbox), check-all (its GPU checks: decoding with the cache in VRAM, llama-server
-# through CUDA's mailbox), the 4096-token trace windows that trap on the tiny model; then on the big model the hybrid with and without the mailbox at 50% and 75% (issue 9). WITH_TESTS=1 also builds and runs
+# through CUDA's mailbox), the 4096-token trace windows that trap on the tiny model; then on the big model
+# the hybrid with and without the mailbox at 50% and 75% (issue 9). WITH_TESTS=1 also builds and runs
 # test-backend-ops.
 set -u
 . tests/gpu/h200_fresh.sh
