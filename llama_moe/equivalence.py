@@ -5,16 +5,27 @@ hybrid and the upload cache are bit-identical to no cache; on a GPU a prompt of 
 cached experts with the GPU's kernels, which round differently from the CPU's, so near ties can tip."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from ._env import environment
 from .context import Context
 from .model import Model
 from .params import ContextParams
 from .stats import MoeCacheStats
 
 TOLERANCE = 1e-3
+# short prompts of real text: up to 32 tokens, they take the cache's path (on a GPU, its kernels)
+PROMPTS = ("The ship left the harbour at dawn, and the crew", "To grow tomatoes in a small garden, start with",
+           "The telescope was pointed at the northern sky")
+
+
+@dataclass(frozen=True)
+class Mode:
+    """A cache mode to compare: its ContextParams fields, and the variables read when its context is made."""
+    cache: dict = field(default_factory=dict)
+    env: dict = field(default_factory=dict)
 
 
 def greedy_steps(model: Model, cp: ContextParams, prompt: str, n: int,
@@ -68,3 +79,14 @@ def compare(model: Model, reference: tuple[list[int], np.ndarray], cp: ContextPa
     diff = float(np.max(np.abs(forced - ref_steps))) / scale
     gap = top_gap(ref_steps[first]) / scale
     return Comparison(False, first, diff, gap, gap <= tolerance and diff <= tolerance, stats)
+
+
+def reference(model: Model, prompt: str, n: int) -> tuple[list[int], np.ndarray]:
+    """No cache: the tokens and logits every mode is compared with."""
+    tokens, steps, _ = greedy_steps(model, ContextParams(n_ctx=1024), prompt, n)
+    return tokens, steps
+
+
+def compare_mode(model: Model, ref: tuple[list[int], np.ndarray], mode: Mode, cache_mib: float, prompt: str) -> Comparison:
+    with environment(**mode.env):
+        return compare(model, ref, ContextParams(n_ctx=1024, moe_cache_mib=cache_mib, **mode.cache), prompt)

@@ -17,8 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
-from .._env import environment
-from ..equivalence import compare, greedy_steps
+from ..equivalence import Mode, compare_mode, reference
 from ..errors import LlamaMoeError
 
 
@@ -46,24 +45,19 @@ def _library() -> tuple[bool, str]:
     return True, f"ABI {v.get('abi_version')}, {v.get('path')}"
 
 
-def _decoding(model_path: Path, profile: Path, n: int, modes: dict[str, dict]) -> tuple[bool, str]:
+def _decoding(model_path: Path, n: int, modes: dict[str, Mode]) -> tuple[bool, str]:
     from ..default_model import default_prompt
     from ..experts import expert_layout
     from ..model import Model
-    from ..params import ContextParams, ModelParams
+    from ..params import ModelParams
 
     half = expert_layout(model_path).total_expert_bytes / 2**20 / 2 + 1
     prompt = default_prompt()[:200]
     parts, ok = [], True
     with Model(model_path, ModelParams(cpu_moe=True, use_mmap=False, repack=False)) as model:
-        ref_tokens, ref_steps, _ = greedy_steps(model, ContextParams(n_ctx=1024), prompt, n)
-        for name, cache in modes.items():
-            cache = dict(cache)
-            env = cache.pop("env", {})
-            if cache.pop("profile", False):
-                cache["moe_cache_profile"] = profile
-            with environment(**env):
-                c = compare(model, (ref_tokens, ref_steps), ContextParams(n_ctx=1024, moe_cache_mib=half, **cache), prompt)
+        ref = reference(model, prompt, n)
+        for name, mode in modes.items():
+            c = compare_mode(model, ref, mode, half, prompt)
             ok &= c.ok and c.stats is not None and c.stats.n_hit + c.stats.n_miss > 0
             parts.append(f"{name}: {c.describe()}" + ("" if c.stats else " (no cache: it stayed off)"))
     return ok, f"{n} greedy tokens against no cache; " + "; ".join(parts)
@@ -79,8 +73,9 @@ def _server(model_path: Path, profile: Path, on_cpu: bool, work: Path) -> tuple[
     return r.ok, f"same text {r.same_text}, mailbox ran {r.mailbox_used}; audit logs: {records}"
 
 
-HYBRID_MODES = {"hybrid": {"moe_cache_hybrid": True, "profile": True},
-                "adaptive": {"moe_cache_hybrid": True, "moe_cache_adaptive": True}}
+def _modes(profile: Path, env: dict[str, str | None]) -> dict[str, Mode]:
+    return {"upload": Mode({}, env), "hybrid": Mode({"moe_cache_hybrid": True, "moe_cache_profile": profile}, env),
+            "adaptive": Mode({"moe_cache_hybrid": True, "moe_cache_adaptive": True}, env)}
 
 
 def check_all(model: str | Path | None = None, cpu_only: bool = False, n: int = 48,
@@ -101,9 +96,7 @@ def check_all(model: str | Path | None = None, cpu_only: bool = False, n: int = 
     if checks[-1].status != "PASS":
         return checks
     profile = train_profile(model_path, work / "profile.strp", log=lambda s: None, n_ctx=512, stride=3)
-    cpu = {"LLAMA_MOE_CACHE_DEVICE": "CPU"}
-    add(_timed("decoding, the cache in RAM", lambda: _decoding(
-        model_path, profile, n, {"upload": {"env": cpu}, **{k: {**v, "env": cpu} for k, v in HYBRID_MODES.items()}})))
+    add(_timed("decoding, the cache in RAM", lambda: _decoding(model_path, n, _modes(profile, {"LLAMA_MOE_CACHE_DEVICE": "CPU"}))))
     add(_timed("llama-server, the mailbox on the CPU", lambda: _server(model_path, profile, True, work / "cpu")))
     if cpu_only:
         return checks
@@ -111,10 +104,9 @@ def check_all(model: str | Path | None = None, cpu_only: bool = False, n: int = 
         for name in ("decoding, the cache in VRAM", "llama-server, the mailbox on the GPU"):
             add(Check(name, "SKIP", "no GPU", 0.0))
         return checks
-    gpu = {"LLAMA_MOE_CACHE_DEVICE": None}
-    add(_timed("decoding, the cache in VRAM", lambda: _decoding(model_path, profile, n, {
-        "upload": {"env": gpu}, **{k: {**v, "env": gpu} for k, v in HYBRID_MODES.items()},
-        "hybrid without the mailbox": {**HYBRID_MODES["hybrid"], "env": {**gpu, "LLAMA_MOE_CACHE_NO_MAILBOX": "1"}}})))
+    on_gpu = _modes(profile, {"LLAMA_MOE_CACHE_DEVICE": None})
+    on_gpu["hybrid without the mailbox"] = Mode(on_gpu["hybrid"].cache, {**on_gpu["hybrid"].env, "LLAMA_MOE_CACHE_NO_MAILBOX": "1"})
+    add(_timed("decoding, the cache in VRAM", lambda: _decoding(model_path, n, on_gpu)))
     add(_timed("llama-server, the mailbox on the GPU", lambda: _server(model_path, profile, False, work / "gpu")))
     return checks
 

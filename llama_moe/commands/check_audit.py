@@ -17,13 +17,9 @@ from pathlib import Path
 import requests
 
 from ..audit import check_audit
+from ..equivalence import PROMPTS
 from ..errors import LlamaMoeError
 from ..server_process import ServerStartError, server_binary, start_server
-
-PROMPTS = ("The ship left the harbour at dawn, and the crew",
-           "To grow tomatoes in a small garden, start with",
-           "The telescope was pointed at the northern sky")
-
 
 class CheckAuditError(LlamaMoeError, ValueError):
     """The inputs cannot make the check (a missing model or profile, a size that is no size)."""
@@ -32,7 +28,7 @@ class CheckAuditError(LlamaMoeError, ValueError):
 @dataclass(frozen=True)
 class AuditRun:
     mailbox: bool           # through the mailbox, or the scheduler's copies
-    mailbox_line: str       # what llama.cpp said about the mailbox at load ("" if nothing)
+    mailbox_line: str       # llama.cpp's last word on the mailbox: its exit line, else its load line ("" if none)
     texts: tuple[str, ...]  # one per prompt, greedy
     n_records: int
     errors: tuple[str, ...]  # audit check's errors ("line N: ...")

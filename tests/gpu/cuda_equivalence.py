@@ -14,12 +14,8 @@ from pathlib import Path
 import numpy as np
 
 from llama_moe import Context, ContextParams, Model, ModelParams
-from llama_moe._env import environment
-from llama_moe.equivalence import compare, greedy_steps
+from llama_moe.equivalence import PROMPTS, Mode, compare_mode, reference
 from llama_moe.experts import expert_layout
-
-PROMPTS = ["The ship left the harbour at dawn, and the crew", "To grow tomatoes in a small garden, start with",
-           "The telescope was pointed at the northern sky"]
 
 
 def prompt_copies(path: Path, total_mib: float, profile: Path) -> bool:
@@ -69,21 +65,18 @@ def main() -> int:
     # suspect of a device trap in the 2026-11-29 session (tests/gpu/h200_bisect.py trace-long tells)
     profile = train_profile(path, Path(tempfile.mkdtemp()) / "train.strp", log=lambda s: None, n_ctx=512)
     # hybrid and adaptive hand over through the mailbox on CUDA; hybrid-split through the scheduler
-    modes = {"upload": {}, "hybrid": {"moe_cache_hybrid": True, "moe_cache_profile": profile},
-             "hybrid-split": {"moe_cache_hybrid": True, "moe_cache_profile": profile, "no_mailbox": True},
-             "adaptive": {"moe_cache_hybrid": True, "moe_cache_adaptive": True}}
+    # hybrid and adaptive hand over through the mailbox on CUDA; hybrid-split through the scheduler
+    hybrid = {"moe_cache_hybrid": True, "moe_cache_profile": profile}
+    modes = {"upload": Mode(), "hybrid": Mode(hybrid), "hybrid-split": Mode(hybrid, {"LLAMA_MOE_CACHE_NO_MAILBOX": "1"}),
+             "adaptive": Mode({"moe_cache_hybrid": True, "moe_cache_adaptive": True})}
     ok = True if args.no_prompt else prompt_copies(path, total, profile)
     if args.prompt_only:
         return 0 if ok else 1
     with Model(path, ModelParams(cpu_moe=True, use_mmap=False)) as model:
         for prompt in PROMPTS:
-            ref_tokens, ref_steps, _ = greedy_steps(model, ContextParams(n_ctx=1024), prompt, args.n)
+            ref = reference(model, prompt, args.n)
             for mode, pct in [(m, p) for m in modes for p in (25, 50, 100)]:
-                cache = dict(modes[mode])
-                no_mailbox = cache.pop("no_mailbox", False)
-                with environment(LLAMA_MOE_CACHE_NO_MAILBOX="1" if no_mailbox else None):
-                    c = compare(model, (ref_tokens, ref_steps), ContextParams(n_ctx=1024, moe_cache_mib=total * pct / 100 + 1,
-                                                                              **cache), prompt)
+                c = compare_mode(model, ref, modes[mode], total * pct / 100 + 1, prompt)
                 ok &= c.ok
                 s = c.stats
                 print(f"{prompt[:30]!r:34} {mode:12} {pct:3d}%: {c.describe()} over {args.n} -> {'ok' if c.ok else 'WRONG'}; "
