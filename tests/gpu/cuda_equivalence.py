@@ -61,8 +61,8 @@ def main() -> int:
     total = layout.total_expert_bytes / 2**20
     from llama_moe.commands.bench import train_profile
 
-    # short windows: on the tiny model (head_dim 32, no flash attention on CUDA) a 4096-token window was the
-    # suspect of a device trap in the 2026-11-29 session (tests/gpu/h200_bisect.py trace-long tells)
+    # short windows: on the tiny model (head_dim 32, no flash attention on CUDA) tracing in 4096-token windows
+    # traps the device (tests/gpu/h200_bisect.py trace-long; its kernel is not named yet)
     profile = train_profile(path, Path(tempfile.mkdtemp()) / "train.strp", log=lambda s: None, n_ctx=512)
     # hybrid and adaptive hand over through the mailbox on CUDA; hybrid-split through the scheduler
     # hybrid and adaptive hand over through the mailbox on CUDA; hybrid-split through the scheduler

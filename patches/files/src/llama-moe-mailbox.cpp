@@ -257,7 +257,7 @@ void llama_moe_mailbox::answer(size_t i, uint64_t step) {
     const bool none = std::all_of(ids, ids + n_used, [](int32_t id) { return id < 0; });
     if (p.ready && none) {
         // the cache holds every expert the token chose here: the graph would give zeros (negative ids select
-        // nothing), and a third to nine tenths of the hand-overs are such at 50-75% caches
+        // nothing); by the H200 bench's hit rates, about 70% of the hand-overs at a 50% cache, 90% at 75%
         memset(ggml_mailbox_slot_y(p.slot), 0, p.slot->n_y * sizeof(float));
         n_empty++;
     } else if (p.ready) {
