@@ -36,6 +36,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def stop_process(proc: subprocess.Popen) -> int:
+    """One SIGTERM (a second makes llama-server exit at once, without its exit record), then a kill."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            return proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    return proc.wait(timeout=30)
+
+
 @dataclass
 class RunningServer:
     proc: subprocess.Popen
@@ -43,14 +54,7 @@ class RunningServer:
     log: Path   # llama.cpp logs to stderr; stdout goes beside it, with the suffix .out
 
     def stop(self) -> int:
-        """One SIGTERM (a second makes llama-server exit at once, without its exit record), then a kill."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                return self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-        return self.proc.wait(timeout=30)
+        return stop_process(self.proc)
 
     def __enter__(self) -> "RunningServer":
         return self

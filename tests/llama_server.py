@@ -29,6 +29,4 @@ def start_server(binary: Path, args: list[str], log: Path) -> tuple[subprocess.P
     return server.proc, server.url
 
 
-def stop_server(proc: subprocess.Popen) -> int:
-    """One SIGTERM (a second makes llama-server exit at once, without its exit record), then a kill if needed."""
-    return server_process.RunningServer(proc, "", Path()).stop()
+stop_server = server_process.stop_process
