@@ -32,9 +32,15 @@ def _run(model: Model, cp: ContextParams, prompt: str):
         return tokens, ctx.logits(), ctx.moe_cache_stats()
 
 
-@pytest.mark.parametrize("adaptive", [False, True])
-def test_mailbox_gives_the_same_tokens_logits_and_counts(lib, tiny_model_path, tmp_path, monkeypatch, caplog, adaptive) -> None:
+@pytest.mark.parametrize("adaptive,threads,chunk", [(False, "1", None), (True, "3", None), (False, "3", "0"), (False, "4", "7")])
+def test_mailbox_gives_the_same_tokens_logits_and_counts(lib, tiny_model_path, tmp_path, monkeypatch, caplog,
+                                                         adaptive, threads, chunk) -> None:
+    """The CPU's part computed by the mailbox's team (its leader alone, or with workers taking rows in chunks of
+    GGML_MMID_CHUNK, 0 = a slice each): bit for bit what ggml computes without a cache."""
     caplog.set_level(logging.INFO, logger="llama_moe.native")
+    monkeypatch.setenv("LLAMA_MOE_MAILBOX_THREADS", threads)
+    if chunk is not None:
+        monkeypatch.setenv("GGML_MMID_CHUNK", chunk)
     profile = _profile(tiny_model_path, tmp_path / "p.strp")
     cp = ContextParams(n_ctx=512, moe_cache_mib=mib_for_slots(tiny_model_path, 12, hybrid=True), moe_cache_profile=profile,
                        moe_cache_hybrid=True, moe_cache_adaptive=adaptive)
@@ -46,7 +52,8 @@ def test_mailbox_gives_the_same_tokens_logits_and_counts(lib, tiny_model_path, t
             monkeypatch.setenv("LLAMA_MOE_MAILBOX_ON_CPU", "1")
             caplog.clear()
             tokens, logits, stats = _run(model, cp, prompt)
-            assert "llama_moe_cache: mailbox: 6 layers hand over" in caplog.text
+            assert f"llama_moe_cache: mailbox: 6 layers hand over to {threads} CPU threads" in caplog.text
+            assert "CPU part runs on one thread" not in caplog.text
             assert tokens == split_tokens == plain_tokens
             np.testing.assert_array_equal(logits, plain_logits)
             np.testing.assert_array_equal(split_logits, plain_logits)
@@ -61,13 +68,15 @@ def test_mailbox_gives_the_same_tokens_logits_and_counts(lib, tiny_model_path, t
 
 
 
-def test_mailbox_with_expert_biases(lib, tmp_path, monkeypatch) -> None:
+def test_mailbox_with_expert_biases(lib, tmp_path, monkeypatch, caplog) -> None:
     from llama_moe.synth import synthesize
 
+    caplog.set_level(logging.INFO, logger="llama_moe.native")
     path = tmp_path / "gpt-oss-tiny.gguf"
     synthesize(path, "gpt-oss-tiny", "mxfp4", seed=0)
     cp = ContextParams(n_ctx=512, moe_cache_mib=mib_for_slots(path, 10, hybrid=True), moe_cache_hybrid=True,
                        moe_cache_adaptive=True)
+    monkeypatch.setenv("LLAMA_MOE_MAILBOX_THREADS", "3")
     with Model(path, RAM) as model:
         plain_tokens, plain_logits, _ = _run(model, ContextParams(n_ctx=512), PROMPTS[0])
         monkeypatch.setenv("LLAMA_MOE_MAILBOX_ON_CPU", "1")
@@ -75,6 +84,7 @@ def test_mailbox_with_expert_biases(lib, tmp_path, monkeypatch) -> None:
     assert tokens == plain_tokens
     np.testing.assert_array_equal(logits, plain_logits)
     assert stats.n_swap > 0 and stats.n_miss > 0
+    assert "hand over to 3 CPU threads" in caplog.text and "CPU part runs on one thread" not in caplog.text
 
 
 def test_mailbox_off_switch_and_lifecycles(lib, tiny_model_path, monkeypatch, caplog) -> None:

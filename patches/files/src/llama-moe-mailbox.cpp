@@ -55,6 +55,12 @@ std::unique_ptr<llama_moe_mailbox> llama_moe_mailbox::create(llama_moe_cache & c
     }
     mb->all_on_gpu = all_on_gpu;
     mb->n_used     = cache.get_n_expert_used();
+    if (mb->n_used > 64) {
+        // the slot marks the rows of y the CPU computed in 64 bits
+        LLAMA_LOG_WARN("llama_moe_cache: mailbox: %lld experts a token, more than its 64; the hybrid hands over through the scheduler\n",
+                       (long long) mb->n_used);
+        return nullptr;
+    }
     if (const char * t = getenv("LLAMA_MOE_MAILBOX_TIMEOUT_MS")) {
         mb->timeout = std::max(1, atoi(t));
     }
@@ -102,17 +108,18 @@ std::unique_ptr<llama_moe_mailbox> llama_moe_mailbox::create(llama_moe_cache & c
         ggml_mailbox_slot_init(p.slot, s.n_x, mb->n_used, s.n_y);
         base += ggml_mailbox_slot_size(s.n_x, mb->n_used, s.n_y);
         mb->part_of_il[s.il] = (int) mb->parts.size();
-        mb->parts.push_back(p);
+        mb->parts.push_back(std::move(p));
     }
     GGML_ASSERT((char *) mb->cpu_ids_data >= base);
 
-    ggml_threadpool_params tpp = ggml_threadpool_params_default(mb->n_threads);
-    tpp.poll = 100; // the threads spin between layers: a layer's CPU part is tens of microseconds
-    mb->threadpool = ggml_threadpool_new(&tpp);
-    if (mb->threadpool == nullptr) {
+    ggml_threadpool_params tpp = ggml_threadpool_params_default(1);
+    mb->tp_one = ggml_threadpool_new(&tpp);
+    if (mb->tp_one == nullptr) {
         LLAMA_LOG_WARN("llama_moe_cache: cannot start the mailbox's CPU threads; the hybrid hands over through the scheduler\n");
         return nullptr;
     }
+    // the mailbox's own thread leads the team
+    mb->team.reset(new llama_moe_cpu_team(mb->n_threads));
     mb->worker = std::thread(&llama_moe_mailbox::run, mb.get());
     LLAMA_LOG_INFO("llama_moe_cache: mailbox: %zu layers hand over to %d CPU threads through %.2f MiB of %s memory%s\n",
                    mb->parts.size(), mb->n_threads, total / 1024.0 / 1024.0, cuda ? "page-locked" : "host",
@@ -137,8 +144,9 @@ llama_moe_mailbox::~llama_moe_mailbox() {
                        "its part of a layer took %.1f us on average, %" PRIu64 " of them with no expert to compute\n",
                        (double) t_wait_us.load() / nw, n, (double) t_compute_us.load() / n, n_empty.load());
     }
-    if (threadpool) {
-        ggml_threadpool_free(threadpool);
+    team.reset();
+    if (tp_one) {
+        ggml_threadpool_free(tp_one);
     }
     for (auto & p : parts) {
         if (p.galloc) {
@@ -169,7 +177,8 @@ void llama_moe_mailbox::begin_graph() {
         ggml_free(ctx_cpu);
     }
     const size_t n_nodes = 128; // per layer: a MoE FFN's expert chain is a few dozen nodes
-    ggml_init_params ip = { parts.size() * (n_nodes * ggml_tensor_overhead() + ggml_graph_overhead_custom(n_nodes, false)), nullptr, true };
+    const size_t n_steps = 16;  // llama_moe_cpu_part's graphs of a layer: one between each two expert products
+    ggml_init_params ip = { parts.size() * (n_nodes * ggml_tensor_overhead() + (1 + n_steps) * ggml_graph_overhead_custom(n_nodes, false)), nullptr, true };
     ctx_cpu = ggml_init(ip);
     GGML_ASSERT(ctx_cpu != nullptr);
     for (size_t i = 0; i < parts.size(); ++i) {
@@ -217,8 +226,22 @@ void llama_moe_mailbox::end_graph() {
             LLAMA_LOG_ERROR("llama_moe_cache: mailbox: cannot allocate the CPU's part of layer %d\n", p.il);
             continue;
         }
-        ggml_cplan plan = ggml_graph_plan(p.gf, n_threads, threadpool);
-        work.resize(std::max<size_t>({plan.work_size, work.size(), 1}));
+        ggml_cplan plan = ggml_graph_plan(p.gf, 1, tp_one);
+        size_t work_size = plan.work_size;
+        std::string why;
+        if (!p.steps) {
+            p.steps.reset(new llama_moe_cpu_part());
+        }
+        if (p.steps->plan(ctx_cpu, p.gf, tp_one, why)) {
+            work_size = std::max(work_size, p.steps->work_size());
+        } else {
+            p.steps.reset();
+            if (!warned_slow) {
+                LLAMA_LOG_WARN("llama_moe_cache: mailbox: layer %d's CPU part runs on one thread: %s\n", p.il, why.c_str());
+                warned_slow = true;
+            }
+        }
+        work.resize(std::max<size_t>({work_size, work.size(), 1}));
         p.ready = true;
     }
 }
@@ -230,6 +253,7 @@ void llama_moe_mailbox::begin_decode() {
         wake_until_us = llama_moe_now_us() + LLAMA_MOE_MAILBOX_AWAKE_US;
     }
     cv.notify_all();
+    team->keep_awake(LLAMA_MOE_MAILBOX_AWAKE_US);
 }
 
 bool llama_moe_mailbox::end_decode() {
@@ -254,23 +278,33 @@ void llama_moe_mailbox::answer(size_t i, uint64_t step) {
     std::atomic_thread_fence(std::memory_order_acquire); // the stamp before the payload
     int32_t * ids = cpu_ids_data + i * n_used;
     cache->count_selected(p.il, ggml_mailbox_slot_ids(p.slot), ids);
-    const bool none = std::all_of(ids, ids + n_used, [](int32_t id) { return id < 0; });
-    if (p.ready && none) {
-        // the cache holds every expert the token chose here: the graph would give zeros (negative ids select
-        // nothing); by the H200 bench's hit rates, about 70% of the hand-overs at a 50% cache, 90% at 75%
-        memset(ggml_mailbox_slot_y(p.slot), 0, p.slot->n_y * sizeof(float));
+    uint64_t rows = 0; // the rows of y the CPU computes: the device reads only those
+    for (int64_t k = 0; k < n_used; ++k) {
+        rows |= (uint64_t) (ids[k] >= 0) << k;
+    }
+    if (p.ready && rows == 0) {
+        // the cache holds every expert the token chose here: nothing to compute, nothing for the device to read;
+        // by the H200 bench's hit rates, about 70% of the hand-overs at a 50% cache, 90% at 75%
         n_empty++;
     } else if (p.ready) {
-        ggml_cplan plan = ggml_graph_plan(p.gf, n_threads, threadpool);
-        GGML_ASSERT(plan.work_size <= work.size());
-        plan.work_data = work.data();
-        if (ggml_graph_compute(p.gf, &plan) != GGML_STATUS_SUCCESS) {
+        ggml_status st;
+        if (p.steps) {
+            st = p.steps->compute(*team, tp_one, work.data());
+        } else {
+            ggml_cplan plan = ggml_graph_plan(p.gf, 1, tp_one);
+            GGML_ASSERT(plan.work_size <= work.size());
+            plan.work_data = work.data();
+            st = ggml_graph_compute(p.gf, &plan);
+        }
+        if (st != GGML_STATUS_SUCCESS) {
             p.slot->error = 2;
+            rows = 0;
         }
     } else {
-        memset(ggml_mailbox_slot_y(p.slot), 0, p.slot->n_y * sizeof(float));
         p.slot->error = 2; // a step for a graph we do not have: fail loudly rather than answer garbage
+        rows = 0;
     }
+    p.slot->y_rows = rows;
     std::atomic_thread_fence(std::memory_order_release); // the payload before the stamp
     p.slot->stamp_out = step;
     p.done = step;
@@ -311,6 +345,7 @@ void llama_moe_mailbox::run() {
         }
         if (any) {
             wake_until_us = llama_moe_now_us() + LLAMA_MOE_MAILBOX_AWAKE_US;
+            team->keep_awake(LLAMA_MOE_MAILBOX_AWAKE_US);
         } else {
             llama_moe_cpu_relax();
         }

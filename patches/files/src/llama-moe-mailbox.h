@@ -8,6 +8,7 @@
 #include "ggml.h"
 #include "ggml-backend.h"
 #include "ggml-mailbox.h"
+#include "llama-moe-cpu-part.h"
 
 #include <atomic>
 #include <condition_variable>
@@ -68,6 +69,7 @@ private:
         ggml_tensor * y   = nullptr;    // in the slot
         ggml_cgraph  * gf     = nullptr;  // its CPU part
         ggml_gallocr * galloc = nullptr;  // that part's memory, kept from graph to graph
+        std::unique_ptr<llama_moe_cpu_part> steps; // gf cut for the team, or nullptr: gf whole on one thread
         bool ready = false;
         uint64_t done = 0;              // the last step answered
     };
@@ -89,8 +91,10 @@ private:
     std::mutex graph_mutex;
     ggml_context * ctx_cpu = nullptr;
     std::vector<uint8_t> work;
-    ggml_threadpool * threadpool = nullptr;
+    std::unique_ptr<llama_moe_cpu_team> team; // computes the parts' expert products
+    ggml_threadpool * tp_one = nullptr;       // ggml's nodes of the parts, on the team's first thread
     bool building    = false;
+    bool warned_slow = false;
 
     std::thread worker;
     std::mutex mutex;

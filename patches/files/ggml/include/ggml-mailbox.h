@@ -7,10 +7,12 @@
 // One slot per user (llama_moe: per MoE layer the cache holds only in part). A step goes:
 //   1. GGML_OP_MAILBOX send, on the device: stores x and ids in the slot, then, after a system-wide fence,
 //      raises stamp_in to the step's number (the previous stamp_in + 1).
-//   2. A CPU thread, already polling stamp_in, reads x and ids, computes y, stores it and, after a fence,
-//      raises stamp_out to the same number.
+//   2. A CPU thread, already polling stamp_in, reads x and ids, computes the rows of y it has work for, marks
+//      them in y_rows and, after a fence, raises stamp_out to the same number.
 //   3. GGML_OP_MAILBOX recv, on the device (after other work it is given as a source): waits until stamp_out
-//      equals stamp_in, then copies y out.
+//      equals stamp_in, then copies out the rows of y marked in y_rows and zeros for the others. Reading host
+//      memory from the device is a round trip over the bus per load: a step whose rows are all zero (the
+//      cache held every expert) reads nothing but the stamps.
 // A stamp is written after its payload and read before it, and a step's send cannot start before the previous
 // step's recv has returned, so neither side reads a stale or torn payload. A recv that waits longer than its
 // timeout sets error, returns zeros and lets the stream go on: the host checks error after the graph, so a
@@ -27,6 +29,7 @@ extern "C" {
     struct ggml_mailbox_slot {
         volatile uint64_t stamp_in;  // the device: x and ids of step stamp_in are in
         volatile uint64_t stamp_out; // the CPU: y of step stamp_out is in
+        volatile uint64_t y_rows;    // the CPU: bit i: row i of y (of n_ids rows) holds values; the others are zero
         volatile int32_t  error;     // the device: a recv timed out (its output was zeros)
         int32_t n_x;                 // F32 values of x
         int32_t n_ids;               // I32 values of ids
@@ -36,7 +39,7 @@ extern "C" {
         int64_t off_y;
     };
 
-    // bytes of a slot for n_x, n_ids and n_y values (payloads 256-byte aligned)
+    // bytes of a slot for n_x, n_ids (at most 64) and n_y values (payloads 256-byte aligned)
     GGML_API size_t ggml_mailbox_slot_size(int64_t n_x, int64_t n_ids, int64_t n_y);
 
     // lays a slot out in memory of ggml_mailbox_slot_size bytes (256-byte aligned), stamps at 0

@@ -3,8 +3,9 @@
 #include "ggml-mailbox.h"
 
 // The slot lives in page-locked host memory: with unified addressing its host pointer is its device pointer.
-// Stamps are read and written through volatile pointers, so that each access goes to memory, and ordered
-// against the payloads with system-wide fences.
+// Every load from it is a round trip over the bus, so the shapes come as kernel arguments (the host reads them
+// when it launches), stamps are read through volatile pointers, the payload through loads that bypass the
+// caches, each ordered against the stamps with system-wide fences.
 
 static __device__ __forceinline__ uint64_t ggml_mailbox_now_ns() {
     uint64_t t;
@@ -13,15 +14,14 @@ static __device__ __forceinline__ uint64_t ggml_mailbox_now_ns() {
 }
 
 // one block: the payload, a fence, then the stamp
-static __global__ void k_mailbox_send(ggml_mailbox_slot * slot, const float * x, const int32_t * ids, float * x_out) {
-    float   * mx   = (float   *) ((char *) slot + slot->off_x);
-    int32_t * mids = (int32_t *) ((char *) slot + slot->off_ids);
-    for (int i = threadIdx.x; i < slot->n_x; i += blockDim.x) {
+static __global__ void k_mailbox_send(ggml_mailbox_slot * slot, float * mx, int32_t * mids, const int n_x, const int n_ids,
+                                      const float * x, const int32_t * ids, float * x_out) {
+    for (int i = threadIdx.x; i < n_x; i += blockDim.x) {
         const float v = x[i];
         mx[i]    = v;
         x_out[i] = v;
     }
-    for (int i = threadIdx.x; i < slot->n_ids; i += blockDim.x) {
+    for (int i = threadIdx.x; i < n_ids; i += blockDim.x) {
         mids[i] = ids[i];
     }
     __threadfence_system();
@@ -33,30 +33,45 @@ static __global__ void k_mailbox_send(ggml_mailbox_slot * slot, const float * x,
     }
 }
 
-// one block: thread 0 polls the CPU's stamp (at most timeout_ns), then all copy the result
-static __global__ void k_mailbox_recv(ggml_mailbox_slot * slot, float * y_out, const uint64_t timeout_ns) {
-    __shared__ int ok;
+// one block: thread 0 polls the CPU's stamp (at most timeout_ns), then all copy the rows the CPU computed
+static __global__ void k_mailbox_recv(ggml_mailbox_slot * slot, const float * my, const int n_ids, const int n_row,
+                                      float * y_out, const uint64_t timeout_ns) {
+    __shared__ uint64_t rows;
     if (threadIdx.x == 0) {
         volatile uint64_t * stamp_in  = &slot->stamp_in;
         volatile uint64_t * stamp_out = &slot->stamp_out;
         const uint64_t step = *stamp_in;
         const uint64_t t_end = ggml_mailbox_now_ns() + timeout_ns;
-        ok = 1;
+        bool ok = true;
         while (*stamp_out != step) {
             if (ggml_mailbox_now_ns() > t_end) {
                 volatile int32_t * error = &slot->error;
                 *error = 1;
-                ok = 0;
+                ok = false;
                 break;
             }
             __nanosleep(100);
         }
         __threadfence_system();
+        rows = ok ? *(volatile uint64_t *) &slot->y_rows : 0;
+        __threadfence_system();
     }
     __syncthreads();
-    const volatile float * my = (const volatile float *) ((const char *) slot + slot->off_y);
-    for (int i = threadIdx.x; i < slot->n_y; i += blockDim.x) {
-        y_out[i] = ok ? my[i] : 0.0f;
+    const bool vec = n_row % 4 == 0;
+    for (int r = 0; r < n_ids; ++r) {
+        float * out = y_out + (int64_t) r*n_row;
+        const bool has = rows >> r & 1;
+        if (vec) {
+            const float4 * in4 = (const float4 *) (my + (int64_t) r*n_row);
+            float4 * out4 = (float4 *) out;
+            for (int i = threadIdx.x; i < n_row/4; i += blockDim.x) {
+                out4[i] = has ? __ldcv(in4 + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            }
+        } else {
+            for (int i = threadIdx.x; i < n_row; i += blockDim.x) {
+                out[i] = has ? __ldcv(my + (int64_t) r*n_row + i) : 0.0f;
+            }
+        }
     }
 }
 
@@ -67,11 +82,16 @@ void ggml_cuda_op_mailbox(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
         const ggml_tensor * x   = dst->src[0];
         const ggml_tensor * ids = dst->src[1];
         GGML_ASSERT(ggml_is_contiguous(x) && ggml_is_contiguous(ids));
-        k_mailbox_send<<<1, 256, 0, stream>>>(slot, (const float *) x->data, (const int32_t *) ids->data, (float *) dst->data);
+        k_mailbox_send<<<1, 256, 0, stream>>>(slot, ggml_mailbox_slot_x(slot), ggml_mailbox_slot_ids(slot), slot->n_x, slot->n_ids,
+                                              (const float *) x->data, (const int32_t *) ids->data, (float *) dst->data);
     } else {
         GGML_ASSERT(ggml_is_contiguous(dst));
+        GGML_ASSERT(slot->n_y % slot->n_ids == 0);
         const uint64_t timeout_ns = (uint64_t) ggml_mailbox_get_timeout(dst) * 1000000ull;
-        k_mailbox_recv<<<1, 512, 0, stream>>>(slot, (float *) dst->data, timeout_ns);
+        // the payload's address is 256-byte aligned (ggml_mailbox_slot_init), so rows of a multiple of 4 floats
+        // go as float4
+        k_mailbox_recv<<<1, 512, 0, stream>>>(slot, ggml_mailbox_slot_y(slot), slot->n_ids, slot->n_y / slot->n_ids,
+                                              (float *) dst->data, timeout_ns);
     }
     CUDA_CHECK(cudaGetLastError());
 }

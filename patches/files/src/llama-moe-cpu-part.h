@@ -1,0 +1,97 @@
+#pragma once
+
+// The CPU's part of one hybrid layer in one-token decoding, as the mailbox computes it (llama-moe-mailbox.h).
+//
+// Through ggml_graph_compute, a part of a few microseconds of arithmetic cost about 100 us on the H200's host:
+// each node ends in an OpenMP barrier, and the team's threads, spinning little while another team (the
+// decode's) exists, sleep in the kernel between nodes and must be woken. Here the expert products (the
+// MUL_MAT_IDs, nearly all of the work) run on a team of threads that spin while a decode goes on, rows in
+// chunks taken as they come (GGML_MMID_CHUNK), only for the experts the CPU computes; the other nodes
+// (activation, biases, the copy out) run through ggml on the team's first thread. Each row is ggml's own
+// vec_dot on ggml's own quantization of the input, so the result is the bits ggml_graph_compute gives.
+
+#include "ggml.h"
+#include "ggml-cpu.h"
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+// threads that spin on a generation counter between jobs; the caller is thread 0
+struct llama_moe_cpu_team {
+    explicit llama_moe_cpu_team(int n_threads);
+    ~llama_moe_cpu_team();
+
+    int size() const { return (int) workers.size() + 1; }
+
+    // fn(arg, ith, nth) on every thread; returns when all have returned
+    void run(void (*fn)(void * arg, int ith, int nth), void * arg);
+
+    // the workers spin (rather than sleep) until this long from now: a decode's next layer comes soon
+    void keep_awake(int64_t us);
+
+private:
+    void work(int ith);
+
+    std::vector<std::thread> workers;
+    void (*job_fn)(void *, int, int) = nullptr;
+    void * job_arg = nullptr;
+    std::atomic<uint64_t> generation{0};
+    std::atomic<int>      n_running{0};
+    std::atomic<int64_t>  awake_until_us{0};
+    std::atomic<int>      n_sleeping{0};
+    std::atomic<bool>     stop{false};
+    std::mutex mutex;
+    std::condition_variable cv;
+};
+
+// one layer's CPU graph, cut into steps: groups of MUL_MAT_IDs for the team, the rest for ggml on one thread
+struct llama_moe_cpu_part {
+    // false, with why, when a node does not fit the fast path (the caller then computes the graph whole)
+    bool plan(ggml_context * ctx, ggml_cgraph * gf, ggml_threadpool * tp_one, std::string & why);
+
+    // bytes of ggml work memory the one-thread steps need
+    size_t work_size() const { return work_bytes; }
+
+    ggml_status compute(llama_moe_cpu_team & team, ggml_threadpool * tp_one, uint8_t * work);
+
+private:
+    struct mmid {
+        ggml_tensor * node = nullptr;
+        int src1_q = -1;     // its quantized input among inputs, or -1 when src1 is read as it is
+    };
+    struct input {           // an F32 input of MUL_MAT_IDs, quantized to their vec_dot type
+        ggml_tensor * src = nullptr;
+        ggml_type type = GGML_TYPE_F32;
+        size_t offset = 0;   // in qbuf
+        size_t row_bytes = 0;
+        std::vector<uint8_t> ready; // per row, in the step being computed
+    };
+    struct step {
+        ggml_cgraph * gf = nullptr; // ggml's nodes, or
+        std::vector<mmid> mmids;    // expert products that do not depend on each other
+    };
+    struct chunk {
+        const mmid * m;
+        int32_t k;       // the row of ids
+        int32_t expert;
+        int64_t r0, r1;  // output rows
+    };
+
+    static void run_chunks(void * arg, int ith, int nth);
+    bool prepare(const step & s);
+
+    std::vector<step>    steps;
+    std::vector<input>   inputs;
+    std::vector<uint8_t> qbuf;
+    size_t work_bytes = 0;
+    int64_t chunk_rows = 32; // GGML_MMID_CHUNK; 0: a slice per thread
+    int     team_size  = 1;
+
+    std::vector<chunk>   chunks;  // of the step being computed
+    std::atomic<size_t>  next_chunk{0};
+};
