@@ -65,6 +65,9 @@ def test_mailbox_gives_the_same_tokens_logits_and_counts(lib, tiny_model_path, t
             handovers = [line for line in caplog.text.splitlines()
                          if "llama_moe_cache: mailbox: the CPU waited " in line and " hand-overs from the GPU" in line]
             assert handovers and int(handovers[-1].split("for each of ")[1].split()[0]) >= 6 * (N_GEN - 1)
+            # and where the parts with experts to compute spent their time
+            parts = [line for line in caplog.text.splitlines() if "mailbox: a part with experts to compute took" in line]
+            assert parts and f"on {threads} threads" in parts[-1] and " MB (" in parts[-1]
 
 
 

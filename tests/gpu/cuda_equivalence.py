@@ -1,6 +1,7 @@
 """On a CUDA build: the MoE cache on the GPU against llama.cpp's own CPU path for experts in RAM, by
 llama_moe.equivalence's rule (tokens identical, or parting only at a near tie with teacher-forced logits within
-its tolerance), and the prompt copies (bit-identical logits).
+its tolerance), the hybrid through the mailbox against the hybrid through the scheduler (the same kernels on
+both sides: bit-identical tokens and logits), and the prompt copies (bit-identical logits).
 
 python tests/gpu/cuda_equivalence.py [MODEL] [-n 256]
 """
@@ -14,7 +15,8 @@ from pathlib import Path
 import numpy as np
 
 from llama_moe import Context, ContextParams, Model, ModelParams
-from llama_moe.equivalence import PROMPTS, Mode, compare_mode, reference
+from llama_moe._env import environment
+from llama_moe.equivalence import PROMPTS, Mode, compare_mode, greedy_steps, reference
 from llama_moe.experts import expert_layout
 
 
@@ -81,6 +83,16 @@ def main() -> int:
                 s = c.stats
                 print(f"{prompt[:30]!r:34} {mode:12} {pct:3d}%: {c.describe()} over {args.n} -> {'ok' if c.ok else 'WRONG'}; "
                       f"hit rate {s.hit_rate:.3f}, {s.n_miss} misses, {s.n_swap} swaps, {s.n_slots} slots")
+            # the mailbox changes where the CPU's experts are computed and how they come back, nothing else
+            for pct in (25, 50):
+                cp = ContextParams(n_ctx=1024, moe_cache_mib=total * pct / 100 + 1, **hybrid)
+                mailbox = greedy_steps(model, cp, prompt, args.n)
+                with environment(LLAMA_MOE_CACHE_NO_MAILBOX="1"):
+                    split = greedy_steps(model, cp, prompt, args.n)
+                same = mailbox[0] == split[0] and np.array_equal(mailbox[1], split[1])
+                ok &= same
+                print(f"{prompt[:30]!r:34} mailbox against the scheduler {pct:3d}%: tokens and logits over {args.n} "
+                      f"{'bit-identical' if same else 'DIFFERENT'}; {mailbox[2].n_miss} misses -> {'ok' if same else 'WRONG'}")
     print("EQUIVALENT" if ok else "DIFFERENT")
     return 0 if ok else 1
 

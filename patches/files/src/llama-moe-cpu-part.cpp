@@ -248,6 +248,8 @@ void llama_moe_cpu_part::run_chunks(void * arg, int /*ith*/, int /*nth*/) {
 
 ggml_status llama_moe_cpu_part::compute(llama_moe_cpu_team & team, ggml_threadpool * tp_one, uint8_t * work) {
     team_size = team.size();
+    t_products_us    = 0;
+    n_products_bytes = 0;
     for (const step & s : steps) {
         if (s.gf) {
             ggml_cplan plan = ggml_graph_plan(s.gf, 1, tp_one);
@@ -262,7 +264,12 @@ ggml_status llama_moe_cpu_part::compute(llama_moe_cpu_team & team, ggml_threadpo
             return GGML_STATUS_FAILED; // an expert id past the layer's experts: no answer rather than garbage
         }
         if (!chunks.empty()) {
+            const int64_t t0 = llama_moe_team_now_us();
             team.run(run_chunks, this);
+            t_products_us += llama_moe_team_now_us() - t0;
+            for (const chunk & c : chunks) {
+                n_products_bytes += (c.r1 - c.r0) * c.m->node->src[0]->nb[1];
+            }
         }
     }
     return GGML_STATUS_SUCCESS;

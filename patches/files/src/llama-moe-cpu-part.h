@@ -59,6 +59,10 @@ struct llama_moe_cpu_part {
 
     ggml_status compute(llama_moe_cpu_team & team, ggml_threadpool * tp_one, uint8_t * work);
 
+    // the last compute's expert products: microseconds on the team, bytes of expert rows read
+    int64_t products_us() const { return t_products_us; }
+    size_t  products_bytes() const { return n_products_bytes; }
+
 private:
     struct mmid {
         ggml_tensor * node = nullptr;
@@ -91,6 +95,9 @@ private:
     size_t work_bytes = 0;
     int64_t chunk_rows = 32; // GGML_MMID_CHUNK; 0: a slice per thread
     int     team_size  = 1;
+
+    int64_t t_products_us    = 0;
+    size_t  n_products_bytes = 0;
 
     std::vector<chunk>   chunks;  // of the step being computed
     std::atomic<size_t>  next_chunk{0};

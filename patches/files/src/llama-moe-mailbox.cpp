@@ -143,6 +143,14 @@ llama_moe_mailbox::~llama_moe_mailbox() {
         LLAMA_LOG_INFO("llama_moe_cache: mailbox: the CPU waited %.1f us on average for each of %" PRIu64 " hand-overs from the GPU; "
                        "its part of a layer took %.1f us on average, %" PRIu64 " of them with no expert to compute\n",
                        (double) t_wait_us.load() / nw, n, (double) t_compute_us.load() / n, n_empty.load());
+        const uint64_t n_busy = n - n_empty.load();
+        if (n_busy > 0 && t_products_us.load() > 0) {
+            // where the others' time goes: the products read the experts from RAM, the rest is serial
+            LLAMA_LOG_INFO("llama_moe_cache: mailbox: a part with experts to compute took %.1f us, its expert products %.1f us "
+                           "reading %.2f MB (%.1f GB/s) on %d threads\n",
+                           (double) t_busy_us.load() / n_busy, (double) t_products_us.load() / n_busy,
+                           n_products_bytes.load() / 1e6 / n_busy, n_products_bytes.load() / 1e3 / t_products_us.load(), n_threads);
+        }
     }
     team.reset();
     if (tp_one) {
@@ -290,6 +298,8 @@ void llama_moe_mailbox::answer(size_t i, uint64_t step) {
         ggml_status st;
         if (p.steps) {
             st = p.steps->compute(*team, tp_one, work.data());
+            t_products_us    += p.steps->products_us();
+            n_products_bytes += p.steps->products_bytes();
         } else {
             ggml_cplan plan = ggml_graph_plan(p.gf, 1, tp_one);
             GGML_ASSERT(plan.work_size <= work.size());
@@ -309,7 +319,11 @@ void llama_moe_mailbox::answer(size_t i, uint64_t step) {
     p.slot->stamp_out = step;
     p.done = step;
     n_handover++;
-    t_compute_us += llama_moe_now_us() - t0;
+    const int64_t dt = llama_moe_now_us() - t0;
+    t_compute_us += dt;
+    if (rows != 0) {
+        t_busy_us += dt;
+    }
 }
 
 void llama_moe_mailbox::run() {

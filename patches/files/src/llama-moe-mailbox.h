@@ -107,6 +107,9 @@ private:
     std::atomic<uint64_t> n_handover{0};
     std::atomic<uint64_t> t_compute_us{0};
     std::atomic<uint64_t> n_empty{0};      // hand-overs whose experts the cache all held
+    std::atomic<uint64_t> t_busy_us{0};    // the others: their whole part
+    std::atomic<uint64_t> t_products_us{0}; // and their expert products on the team
+    std::atomic<uint64_t> n_products_bytes{0};
     std::atomic<uint64_t> t_wait_us{0};
     std::atomic<uint64_t> n_wait{0};
     std::atomic<bool> failed{false};
