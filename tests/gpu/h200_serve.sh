@@ -5,9 +5,9 @@
 # NO_ADAPTIVE=1 leaves the adaptive comparison out, NO_SERVE=1 serve.
 set -u
 . tests/gpu/h200_setup.sh
-[ -n "${LIFECYCLE:-}" ] && timeout 150 env ITERATIONS=1 bash tests/gpu/lifecycle_cuda.sh 2>&1 | tail -4
+[ -n "${LIFECYCLE:-}" ] && timeout 120 env ITERATIONS=1 bash tests/gpu/lifecycle_cuda.sh 2>&1 | tail -4
 # the hybrid through the mailbox (NO_MAILBOX=1: through the scheduler)
-[ -z "${NO_ADAPTIVE:-}" ] && env ${NO_MAILBOX:+LLAMA_MOE_CACHE_NO_MAILBOX=1} timeout 340 python3 -m llama_moe bench-adaptive /tmp/q30.gguf -t 16 --cache-pct 50 -n 128 --runs 3 \
+[ -z "${NO_ADAPTIVE:-}" ] && env ${NO_MAILBOX:+LLAMA_MOE_CACHE_NO_MAILBOX=1} timeout 450 python3 -m llama_moe bench-adaptive /tmp/q30.gguf -t 16 --cache-pct 50 -n 128 --runs 3 \
     --json $OUT/adaptive.json --md $OUT/adaptive.md 2>&1 | tee $OUT/adaptive.log | tail -24
 [ -n "${NO_SERVE:-}" ] && exit 0
 python3 -m llama_moe serve /tmp/q30.gguf --dry-run --api-key k3y --alias q30 --threads 16 2>&1 | tee $OUT/serve_plan.txt | tail -12
