@@ -101,6 +101,9 @@ void llama_moe_cpu_team::work(int ith) {
 // llama_moe_cpu_part
 //
 
+// bytes of expert rows a thread prefetches ahead of its products
+static constexpr int64_t LLAMA_MOE_CPU_PART_PREFETCH = 4096;
+
 static bool llama_moe_cpu_part_is_in(const std::vector<ggml_tensor *> & group, const ggml_tensor * t) {
     for (; t != nullptr; t = t->view_src) {
         if (std::find(group.begin(), group.end(), t) != group.end()) {
@@ -124,6 +127,10 @@ bool llama_moe_cpu_part::plan(ggml_context * ctx, ggml_cgraph * gf, ggml_threadp
         ggml_tensor * node = ggml_graph_node(gf, i);
         if (node->op != GGML_OP_MUL_MAT_ID) {
             if (steps.empty() || steps.back().gf == nullptr) {
+                if (ggml_get_mem_size(ctx) - ggml_used_mem(ctx) < ggml_graph_overhead_custom(n_nodes, false)) {
+                    why = "its graph has more steps than the mailbox made room for";
+                    return false;
+                }
                 steps.emplace_back();
                 steps.back().gf = ggml_new_graph_custom(ctx, n_nodes, false);
             }
@@ -240,7 +247,21 @@ void llama_moe_cpu_part::run_chunks(void * arg, int /*ith*/, int /*nth*/) {
         const char * w = (const char *) src0->data + c.expert * src0->nb[2] + c.r0 * src0->nb[1];
         float * out = (float *) ((char *) dst->data + c.k * dst->nb[1]);
         const ggml_vec_dot_t vec_dot = ggml_get_type_traits_cpu(src0->type)->vec_dot;
-        for (int64_t r = c.r0; r < c.r1; ++r, w += src0->nb[1]) {
+        // rows ahead of the one being computed are prefetched: the cores' own prefetchers stop at each 4 KiB
+        // page, and a chunk spans several, so a lone thread would wait on memory at every page
+        const size_t  row   = src0->nb[1];
+        const int64_t ahead = std::max<int64_t>(1, LLAMA_MOE_CPU_PART_PREFETCH / (int64_t) row);
+        const char * end = w + (c.r1 - c.r0) * row;
+        for (const char * p = w; p < std::min(end, w + ahead * row); p += 64) {
+            __builtin_prefetch(p);
+        }
+        for (int64_t r = c.r0; r < c.r1; ++r, w += row) {
+            const char * next = w + ahead * row;
+            if (next < end) {
+                for (size_t o = 0; o < row; o += 64) {
+                    __builtin_prefetch(next + o);
+                }
+            }
             vec_dot((int) src0->ne[0], out + r, 0, w, 0, y, 0, 1);
         }
     }
