@@ -16,6 +16,9 @@ from .params import ContextParams
 from .stats import MoeCacheStats
 
 TOLERANCE = 1e-3
+# another device's kernels against the CPU's: on an H200 the logits of every layer held whole on the GPU (no
+# CPU part at all) were 1.5-1.7e-3 of the largest from no cache's; an expert computed wrongly moves them far more
+DEVICE_TOLERANCE = 5e-3
 # short prompts of real text: up to 32 tokens, they take the cache's path (on a GPU, its kernels)
 PROMPTS = ("The ship left the harbour at dawn, and the crew", "To grow tomatoes in a small garden, start with",
            "The telescope was pointed at the northern sky")
@@ -87,6 +90,7 @@ def reference(model: Model, prompt: str, n: int) -> tuple[list[int], np.ndarray]
     return tokens, steps
 
 
-def compare_mode(model: Model, ref: tuple[list[int], np.ndarray], mode: Mode, cache_mib: float, prompt: str) -> Comparison:
+def compare_mode(model: Model, ref: tuple[list[int], np.ndarray], mode: Mode, cache_mib: float, prompt: str,
+                 tolerance: float = TOLERANCE) -> Comparison:
     with environment(**mode.env):
-        return compare(model, ref, ContextParams(n_ctx=1024, moe_cache_mib=cache_mib, **mode.cache), prompt)
+        return compare(model, ref, ContextParams(n_ctx=1024, moe_cache_mib=cache_mib, **mode.cache), prompt, tolerance)

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
-from ..equivalence import Mode, compare_mode, reference
+from ..equivalence import DEVICE_TOLERANCE, TOLERANCE, Mode, compare_mode, reference
 from ..errors import LlamaMoeError
 
 
@@ -45,7 +45,7 @@ def _library() -> tuple[bool, str]:
     return True, f"ABI {v.get('abi_version')}, {v.get('path')}"
 
 
-def _decoding(model_path: Path, n: int, modes: dict[str, Mode]) -> tuple[bool, str]:
+def _decoding(model_path: Path, n: int, modes: dict[str, Mode], tolerance: float = TOLERANCE) -> tuple[bool, str]:
     from ..default_model import default_prompt
     from ..experts import expert_layout
     from ..model import Model
@@ -57,7 +57,7 @@ def _decoding(model_path: Path, n: int, modes: dict[str, Mode]) -> tuple[bool, s
     with Model(model_path, ModelParams(cpu_moe=True, use_mmap=False, repack=False)) as model:
         ref = reference(model, prompt, n)
         for name, mode in modes.items():
-            c = compare_mode(model, ref, mode, half, prompt)
+            c = compare_mode(model, ref, mode, half, prompt, tolerance)
             ok &= c.ok and c.stats is not None and c.stats.n_hit + c.stats.n_miss > 0
             parts.append(f"{name}: {c.describe()}" + ("" if c.stats else " (no cache: it stayed off)"))
     return ok, f"{n} greedy tokens against no cache; " + "; ".join(parts)
@@ -106,7 +106,7 @@ def check_all(model: str | Path | None = None, cpu_only: bool = False, n: int = 
         return checks
     on_gpu = _modes(profile, {"LLAMA_MOE_CACHE_DEVICE": None})
     on_gpu["hybrid without the mailbox"] = Mode(on_gpu["hybrid"].cache, {**on_gpu["hybrid"].env, "LLAMA_MOE_CACHE_NO_MAILBOX": "1"})
-    add(_timed("decoding, the cache in VRAM", lambda: _decoding(model_path, n, on_gpu)))
+    add(_timed("decoding, the cache in VRAM", lambda: _decoding(model_path, n, on_gpu, DEVICE_TOLERANCE)))
     add(_timed("llama-server, the mailbox on the GPU", lambda: _server(model_path, profile, False, work / "gpu")))
     return checks
 
