@@ -32,15 +32,19 @@ def _run(model: Model, cp: ContextParams, prompt: str):
         return tokens, ctx.logits(), ctx.moe_cache_stats()
 
 
-@pytest.mark.parametrize("adaptive,threads,chunk", [(False, "1", None), (True, "3", None), (False, "3", "0"), (False, "4", "7")])
+@pytest.mark.parametrize("adaptive,threads,chunk,prefetch", [(False, "1", None, None), (True, "3", None, None),
+                                                             (False, "3", "0", "0"), (False, "4", "7", "100000")])
 def test_mailbox_gives_the_same_tokens_logits_and_counts(lib, tiny_model_path, tmp_path, monkeypatch, caplog,
-                                                         adaptive, threads, chunk) -> None:
+                                                         adaptive, threads, chunk, prefetch) -> None:
     """The CPU's part computed by the mailbox's team (its leader alone, or with workers taking rows in chunks of
-    GGML_MMID_CHUNK, 0 = a slice each): bit for bit what ggml computes without a cache."""
+    GGML_MMID_CHUNK, 0 = a slice each; prefetching rows ahead or not): bit for bit what ggml computes without
+    a cache."""
     caplog.set_level(logging.INFO, logger="llama_moe.native")
     monkeypatch.setenv("LLAMA_MOE_MAILBOX_THREADS", threads)
     if chunk is not None:
         monkeypatch.setenv("GGML_MMID_CHUNK", chunk)
+    if prefetch is not None:
+        monkeypatch.setenv("LLAMA_MOE_MAILBOX_PREFETCH", prefetch)
     profile = _profile(tiny_model_path, tmp_path / "p.strp")
     cp = ContextParams(n_ctx=512, moe_cache_mib=mib_for_slots(tiny_model_path, 12, hybrid=True), moe_cache_profile=profile,
                        moe_cache_hybrid=True, moe_cache_adaptive=adaptive)

@@ -101,7 +101,7 @@ void llama_moe_cpu_team::work(int ith) {
 // llama_moe_cpu_part
 //
 
-// bytes of expert rows a thread prefetches ahead of its products
+// bytes of expert rows a thread prefetches ahead of its products (LLAMA_MOE_MAILBOX_PREFETCH overrides, 0: none)
 static constexpr int64_t LLAMA_MOE_CPU_PART_PREFETCH = 4096;
 
 static bool llama_moe_cpu_part_is_in(const std::vector<ggml_tensor *> & group, const ggml_tensor * t) {
@@ -119,6 +119,10 @@ bool llama_moe_cpu_part::plan(ggml_context * ctx, ggml_cgraph * gf, ggml_threadp
     work_bytes = 0;
     if (const char * env = getenv("GGML_MMID_CHUNK")) {
         chunk_rows = std::max(0, atoi(env));
+    }
+    prefetch_bytes = LLAMA_MOE_CPU_PART_PREFETCH;
+    if (const char * env = getenv("LLAMA_MOE_MAILBOX_PREFETCH")) {
+        prefetch_bytes = std::max(0, atoi(env));
     }
 
     const int n_nodes = ggml_graph_n_nodes(gf);
@@ -183,6 +187,12 @@ bool llama_moe_cpu_part::plan(ggml_context * ctx, ggml_cgraph * gf, ggml_threadp
         group.push_back(node);
     }
     qbuf.resize(inputs.empty() ? 1 : inputs.back().offset + inputs.back().row_bytes * inputs.back().src->ne[1]);
+    // the products' rows start as zeros: a row no expert writes must hold finite values
+    for (const auto & s : steps) {
+        for (const mmid & m : s.mmids) {
+            memset(m.node->data, 0, ggml_nbytes(m.node));
+        }
+    }
     for (const auto & s : steps) {
         if (s.gf) {
             work_bytes = std::max(work_bytes, ggml_graph_plan(s.gf, 1, tp_one).work_size);
@@ -209,8 +219,9 @@ bool llama_moe_cpu_part::prepare(const step & s) {
         for (int64_t k = 0; k < n_ids; ++k) {
             const int32_t e = ids[k];
             if (e < 0) {
-                // a negative id selects nothing, as in ggml's mul_mat_id: the row is zero
-                memset((char *) dst->data + k * dst->nb[1], 0, nr0 * sizeof(float));
+                // a negative id selects nothing. ggml's mul_mat_id zeroes the row; here it keeps what it held (zeros
+                // from plan, or an earlier step's values), which only rows of the same k read, down to the
+                // result, whose row the device does not read (y_rows)
                 continue;
             }
             if (e >= n_as) {
@@ -250,8 +261,8 @@ void llama_moe_cpu_part::run_chunks(void * arg, int /*ith*/, int /*nth*/) {
         // rows ahead of the one being computed are prefetched: the cores' own prefetchers stop at each 4 KiB
         // page, and a chunk spans several, so a lone thread would wait on memory at every page
         const size_t  row   = src0->nb[1];
-        const int64_t ahead = std::max<int64_t>(1, LLAMA_MOE_CPU_PART_PREFETCH / (int64_t) row);
-        const char * end = w + (c.r1 - c.r0) * row;
+        const int64_t ahead = self->prefetch_bytes > 0 ? std::max<int64_t>(1, self->prefetch_bytes / (int64_t) row) : 0;
+        const char * end = ahead > 0 ? w + (c.r1 - c.r0) * row : w;
         for (const char * p = w; p < std::min(end, w + ahead * row); p += 64) {
             __builtin_prefetch(p);
         }

@@ -8,7 +8,8 @@
 // MUL_MAT_IDs, nearly all of the work) run on a team of threads that spin while a decode goes on, rows in
 // chunks taken as they come (GGML_MMID_CHUNK), only for the experts the CPU computes; the other nodes
 // (activation, biases, the copy out) run through ggml on the team's first thread. Each row is ggml's own
-// vec_dot on ggml's own quantization of the input, so the result is the bits ggml_graph_compute gives.
+// vec_dot on ggml's own quantization of the input, so the rows of the experts the CPU computes are the bits
+// ggml_graph_compute gives; the others are not zeroed on every step (the mailbox's y_rows leaves them out).
 
 #include "ggml.h"
 #include "ggml-cpu.h"
@@ -95,6 +96,7 @@ private:
     size_t work_bytes = 0;
     int64_t chunk_rows = 32; // GGML_MMID_CHUNK; 0: a slice per thread
     int     team_size  = 1;
+    int64_t prefetch_bytes = 0; // ahead of each thread's products
 
     int64_t t_products_us    = 0;
     size_t  n_products_bytes = 0;

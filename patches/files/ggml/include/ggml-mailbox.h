@@ -29,7 +29,7 @@ extern "C" {
     struct ggml_mailbox_slot {
         volatile uint64_t stamp_in;  // the device: x and ids of step stamp_in are in
         volatile uint64_t stamp_out; // the CPU: y of step stamp_out is in
-        volatile uint64_t y_rows;    // the CPU: bit i: row i of y (of n_ids rows) holds values; the others are zero
+        volatile uint64_t y_rows;    // the CPU: bit i: row i of y (of n_ids rows) holds values; the others read as zeros
         volatile int32_t  error;     // the device: a recv timed out (its output was zeros)
         int32_t n_x;                 // F32 values of x
         int32_t n_ids;               // I32 values of ids
