@@ -216,6 +216,12 @@ ggml_tensor * llama_moe_mailbox::cpu_ids(int il) {
 void llama_moe_mailbox::set_cpu_part(int il, ggml_tensor * out) {
     layer_part & p = parts[part_of_il.at(il)];
     GGML_ASSERT(ggml_nelements(out) == p.slot->n_y && out->type == GGML_TYPE_F32);
+    if (out->view_src == nullptr && out->data == nullptr && ggml_is_contiguous(out) && ggml_are_same_shape(out, p.y)) {
+        // the last node writes the result into the slot itself: no copy of every row after it
+        ggml_backend_tensor_alloc(buf_slots_cpu, out, ggml_mailbox_slot_y(p.slot));
+        ggml_build_forward_expand(p.gf, out);
+        return;
+    }
     ggml_build_forward_expand(p.gf, ggml_cpy(ctx_cpu, out, p.y));
 }
 
