@@ -7,7 +7,8 @@
 // decode's) exists, sleep in the kernel between nodes and must be woken. Here the expert products (the
 // MUL_MAT_IDs, nearly all of the work) run on a team of threads that spin while a decode goes on, rows in
 // chunks taken as they come (GGML_MMID_CHUNK), only for the experts the CPU computes; the other nodes
-// (activation, biases, the copy out) run through ggml on the team's first thread. Each row is ggml's own
+// (activation, biases, a copy into the mailbox where the last node cannot write there itself) run through
+// ggml on the team's first thread. Each row is ggml's own
 // vec_dot on ggml's own quantization of the input, so the rows of the experts the CPU computes are the bits
 // ggml_graph_compute gives; the others are not zeroed on every step (the mailbox's y_rows leaves them out).
 
