@@ -47,8 +47,8 @@ std::unique_ptr<llama_moe_mailbox> llama_moe_mailbox::create(llama_moe_cache & c
 
     std::unique_ptr<llama_moe_mailbox> mb(new llama_moe_mailbox());
     mb->cache      = &cache;
-    // the thread that drives the device keeps a core; on the H200 host (16 cores) a layer's CPU part took about
-    // 100 us with 12 to 15 threads and 175 us with 4 (docs/benchmarks.md)
+    // the thread that drives the device keeps a core; on the H200 host (16 cores) a part with experts to
+    // compute took 114 us with 15 threads, 141 with 12 and 168 with 8 (docs/benchmarks.md)
     mb->n_threads  = std::max(1, n_threads - 1);
     if (const char * t = getenv("LLAMA_MOE_MAILBOX_THREADS")) {
         mb->n_threads = std::max(1, atoi(t));
