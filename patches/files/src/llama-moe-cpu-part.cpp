@@ -1,20 +1,8 @@
 #include "llama-moe-cpu-part.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cstdlib>
 #include <cstring>
-
-#if defined(__x86_64__) || defined(_M_X64)
-#include <immintrin.h>
-static inline void llama_moe_team_relax() { _mm_pause(); }
-#else
-static inline void llama_moe_team_relax() { std::this_thread::yield(); }
-#endif
-
-static int64_t llama_moe_team_now_us() {
-    return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 //
 // llama_moe_cpu_team
@@ -38,7 +26,7 @@ llama_moe_cpu_team::~llama_moe_cpu_team() {
 }
 
 void llama_moe_cpu_team::keep_awake(int64_t us) {
-    const int64_t until = llama_moe_team_now_us() + us;
+    const int64_t until = llama_moe_now_us() + us;
     if (awake_until_us.load(std::memory_order_relaxed) < until) {
         awake_until_us = until;
     }
@@ -62,7 +50,7 @@ void llama_moe_cpu_team::run(void (*fn)(void *, int, int), void * arg) {
     }
     fn(arg, 0, nth);
     while (n_running.load(std::memory_order_acquire) > 0) {
-        llama_moe_team_relax();
+        llama_moe_cpu_relax();
     }
 }
 
@@ -72,11 +60,11 @@ void llama_moe_cpu_team::work(int ith) {
         int spins = 0;
         while (generation.load(std::memory_order_acquire) == seen && !stop.load(std::memory_order_relaxed)) {
             if (++spins < 256) {
-                llama_moe_team_relax();
+                llama_moe_cpu_relax();
                 continue;
             }
             spins = 0;
-            if (llama_moe_team_now_us() < awake_until_us.load(std::memory_order_relaxed)) {
+            if (llama_moe_now_us() < awake_until_us.load(std::memory_order_relaxed)) {
                 continue;
             }
             // idle: sleep until a job or keep_awake. n_sleeping is raised before generation is read again
@@ -84,7 +72,7 @@ void llama_moe_cpu_team::work(int ith) {
             std::unique_lock<std::mutex> lock(mutex);
             n_sleeping++;
             cv.wait(lock, [&] {
-                return stop.load() || generation.load() != seen || llama_moe_team_now_us() < awake_until_us.load();
+                return stop.load() || generation.load() != seen || llama_moe_now_us() < awake_until_us.load();
             });
             n_sleeping--;
         }
@@ -201,8 +189,8 @@ bool llama_moe_cpu_part::plan(ggml_context * ctx, ggml_cgraph * gf, ggml_threadp
     return true;
 }
 
-// the leader: the rows of experts the CPU does not compute zeroed, the inputs the others read quantized, their
-// rows listed in chunks; false for an expert id past the layer's experts
+// the leader: the inputs of the experts the CPU computes quantized, their rows listed in chunks; false for an
+// expert id past the layer's experts
 bool llama_moe_cpu_part::prepare(const step & s) {
     chunks.clear();
     for (auto & in : inputs) {
@@ -237,6 +225,7 @@ bool llama_moe_cpu_part::prepare(const step & s) {
             for (int64_t r0 = 0; r0 < nr0; r0 += rows) {
                 chunks.push_back({ &m, (int32_t) k, e, r0, std::min(nr0, r0 + rows) });
             }
+            n_products_bytes += nr0 * dst->src[0]->nb[1];
         }
     }
     next_chunk = 0;
@@ -296,12 +285,9 @@ ggml_status llama_moe_cpu_part::compute(llama_moe_cpu_team & team, ggml_threadpo
             return GGML_STATUS_FAILED; // an expert id past the layer's experts: no answer rather than garbage
         }
         if (!chunks.empty()) {
-            const int64_t t0 = llama_moe_team_now_us();
+            const int64_t t0 = llama_moe_now_us();
             team.run(run_chunks, this);
-            t_products_us += llama_moe_team_now_us() - t0;
-            for (const chunk & c : chunks) {
-                n_products_bytes += (c.r1 - c.r0) * c.m->node->src[0]->nb[1];
-            }
+            t_products_us += llama_moe_now_us() - t0;
         }
     }
     return GGML_STATUS_SUCCESS;

@@ -16,12 +16,24 @@
 #include "ggml-cpu.h"
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+static inline void llama_moe_cpu_relax() { _mm_pause(); }
+#else
+static inline void llama_moe_cpu_relax() { std::this_thread::yield(); }
+#endif
+
+static inline int64_t llama_moe_now_us() {
+    return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
 
 // threads that spin on a generation counter between jobs; the caller is thread 0
 struct llama_moe_cpu_team {

@@ -7,21 +7,9 @@
 #include "ggml-cpu.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cinttypes>
 #include <cstdlib>
 #include <cstring>
-
-#if defined(__x86_64__) || defined(_M_X64)
-#include <immintrin.h>
-static inline void llama_moe_cpu_relax() { _mm_pause(); }
-#else
-static inline void llama_moe_cpu_relax() { std::this_thread::yield(); }
-#endif
-
-static int64_t llama_moe_now_us() {
-    return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 // the CPU side keeps polling this long after its last hand-over: the next token's first layer comes soon
 static constexpr int64_t LLAMA_MOE_MAILBOX_AWAKE_US  = 2000;
