@@ -72,6 +72,8 @@ def test_mailbox_gives_the_same_tokens_logits_and_counts(lib, tiny_model_path, t
             # and where the parts with experts to compute spent their time
             parts = [line for line in caplog.text.splitlines() if "mailbox: a part with experts to compute took" in line]
             assert parts and f"on {threads} threads" in parts[-1] and " MB (" in parts[-1]
+            # and its serial rest, each share named
+            assert all(share in parts[-1] for share in ("the cache's lookup", "quantizing and listing rows", "the other nodes"))
 
 
 

@@ -271,11 +271,15 @@ ggml_status llama_moe_cpu_part::compute(llama_moe_cpu_team & team, ggml_threadpo
     team_size = team.size();
     t_products_us    = 0;
     n_products_bytes = 0;
+    t_prepare_us     = 0;
+    t_nodes_us       = 0;
     for (const step & s : steps) {
+        const int64_t t0 = llama_moe_now_us();
         if (s.gf) {
             ggml_cplan plan = ggml_graph_plan(s.gf, 1, tp_one);
             plan.work_data = work;
             const ggml_status st = ggml_graph_compute(s.gf, &plan);
+            t_nodes_us += llama_moe_now_us() - t0;
             if (st != GGML_STATUS_SUCCESS) {
                 return st;
             }
@@ -284,10 +288,11 @@ ggml_status llama_moe_cpu_part::compute(llama_moe_cpu_team & team, ggml_threadpo
         if (!prepare(s)) {
             return GGML_STATUS_FAILED; // an expert id past the layer's experts: no answer rather than garbage
         }
+        const int64_t t1 = llama_moe_now_us();
+        t_prepare_us += t1 - t0;
         if (!chunks.empty()) {
-            const int64_t t0 = llama_moe_now_us();
             team.run(run_chunks, this);
-            t_products_us += llama_moe_now_us() - t0;
+            t_products_us += llama_moe_now_us() - t1;
         }
     }
     return GGML_STATUS_SUCCESS;

@@ -73,9 +73,12 @@ struct llama_moe_cpu_part {
 
     ggml_status compute(llama_moe_cpu_team & team, ggml_threadpool * tp_one, uint8_t * work);
 
-    // the last compute's expert products: microseconds on the team, bytes of expert rows read
+    // the last compute's expert products: microseconds on the team, bytes of expert rows read; and its serial
+    // rest: quantizing inputs and listing rows, and the other nodes through ggml
     int64_t products_us() const { return t_products_us; }
     size_t  products_bytes() const { return n_products_bytes; }
+    int64_t prepare_us() const { return t_prepare_us; }
+    int64_t nodes_us() const { return t_nodes_us; }
 
 private:
     struct mmid {
@@ -113,6 +116,8 @@ private:
 
     int64_t t_products_us    = 0;
     size_t  n_products_bytes = 0;
+    int64_t t_prepare_us     = 0;
+    int64_t t_nodes_us       = 0;
 
     std::vector<chunk>   chunks;  // of the step being computed
     std::atomic<size_t>  next_chunk{0};

@@ -110,6 +110,9 @@ private:
     std::atomic<uint64_t> t_busy_us{0};    // the others: their whole part
     std::atomic<uint64_t> t_products_us{0}; // and their expert products on the team
     std::atomic<uint64_t> n_products_bytes{0};
+    std::atomic<uint64_t> t_lookup_us{0};   // and their serial rest: the cache's lookup of the ids,
+    std::atomic<uint64_t> t_prepare_us{0};  // quantizing inputs and listing rows,
+    std::atomic<uint64_t> t_nodes_us{0};    // the other nodes through ggml
     std::atomic<uint64_t> t_wait_us{0};
     std::atomic<uint64_t> n_wait{0};
     std::atomic<bool> failed{false};
