@@ -59,3 +59,44 @@ def test_the_gpu_bounds_every_mode_where_it_binds_first() -> None:
     assert with_gpu_ceiling(cpu, 232.6) == cpu
     vram = row("all-in-vram", 232.6, None, None)
     assert with_gpu_ceiling(vram, 232.6) == vram
+
+
+def test_merge_joins_runs_under_one_ceiling_and_refuses_what_it_cannot(tmp_path, capsys) -> None:
+    """Runs split over several calls (a big model on a machine lent 10 minutes a call) become one table; the
+    all-in-VRAM row of one bounds the rows of the others."""
+    import dataclasses
+    import json
+
+    from llama_moe.cli import main
+    from llama_moe.commands.bench import BenchRow
+
+    def row(mode: str, decode: float, bound: float | None, by: str | None) -> BenchRow:
+        return BenchRow(mode, 100.0, 50.0, 16, decode, 1.0, 900.0, 5.0, 0.9, 2000.0, 2, 10.0, bound,
+                        None if bound is None else decode / bound, by)
+
+    baselines = [row("cpu-moe", 20.0, 30.0, "RAM"), row("all-in-vram", 150.0, None, None)]
+    cached = [row("hybrid", 90.0, 900.0, "RAM"), row("upload", 80.0, 60.0, "H2D")]
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps([dataclasses.asdict(r) for r in baselines]))
+    b.write_text(json.dumps([dataclasses.asdict(r) for r in cached]))
+    out = tmp_path / "all.json"
+    assert main(["bench", "--merge", str(a), str(b), "--json", str(out), "--md", str(tmp_path / "all.md")]) == 0
+    rows = {r["mode"]: r for r in json.loads(out.read_text())}
+    assert list(rows) == ["cpu-moe", "all-in-vram", "hybrid", "upload"]
+    assert (rows["hybrid"]["bound_tps"], rows["hybrid"]["bound_by"]) == (150.0, "GPU")
+    assert rows["hybrid"]["of_bound"] == pytest.approx(0.6)
+    assert (rows["upload"]["bound_tps"], rows["upload"]["bound_by"]) == (60.0, "H2D")  # PCIe binds first
+    assert "| hybrid | 100 | 50 | 16 | 90.00 (1.00) |" in (tmp_path / "all.md").read_text()
+    capsys.readouterr()
+
+    two_ceilings = tmp_path / "c.json"
+    two_ceilings.write_text(json.dumps([dataclasses.asdict(baselines[1])]))
+    broken = tmp_path / "broken.json"
+    broken.write_text('[{"mode": "hybrid"}]')
+    for argv, message in ((["--merge", str(a), str(two_ceilings)], "2 all-in-VRAM rows"),
+                          (["--merge", str(broken)], "row 0 lacks cache_mib"),
+                          (["--merge", str(tmp_path / "none.json")], "not a JSON file"),
+                          (["model.gguf", "--merge", str(a)], "runs nothing"),
+                          ([], "needs a model")):
+        assert main(["bench", *argv]) != 0
+        assert message in capsys.readouterr().err

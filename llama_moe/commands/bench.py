@@ -225,6 +225,33 @@ def with_gpu_ceiling(row: BenchRow, vram_tps: float) -> BenchRow:
     return dataclasses.replace(row, bound_tps=vram_tps, of_bound=row.decode_tps / vram_tps, bound_by="GPU")
 
 
+def load_rows(paths: list[Path]) -> list[BenchRow]:
+    """Rows that ``bench --json`` wrote, from several runs (one machine, one model), bounded by the single
+    all-in-VRAM row among them where there is one."""
+    fields = {f.name for f in dataclasses.fields(BenchRow)}
+    required = {f.name for f in dataclasses.fields(BenchRow) if f.default is dataclasses.MISSING}
+    rows: list[BenchRow] = []
+    for path in paths:
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as e:
+            raise ParameterError(f"--merge {path}: not a JSON file that bench --json wrote ({e})") from e
+        if not isinstance(data, list) or not all(isinstance(d, dict) for d in data):
+            raise ParameterError(f"--merge {path}: expected a list of rows, as bench --json writes")
+        for i, d in enumerate(data):
+            missing, unknown = required - d.keys(), d.keys() - fields
+            if missing or unknown:
+                raise ParameterError(f"--merge {path}: row {i} " + "; ".join(
+                    [f"lacks {', '.join(sorted(missing))}"] * bool(missing) + [f"has unknown {', '.join(sorted(unknown))}"] * bool(unknown)))
+            rows.append(BenchRow(**d))
+    vram = [r for r in rows if r.mode == "all-in-vram"]
+    if len(vram) > 1:
+        raise ParameterError(f"--merge: {len(vram)} all-in-VRAM rows; merge runs with one ceiling, from one machine")
+    if not vram:
+        return rows
+    return [r if r.bound_by == "GPU" else with_gpu_ceiling(r, vram[0].decode_tps) for r in rows]
+
+
 def to_markdown(rows: list[BenchRow], n_pp: int) -> str:
     out = [f"| mode | cache MiB | % of experts | threads | decode tok/s (spread) | pp{n_pp} tok/s (spread) | hit rate | VRAM MiB "
            "| MB/token from RAM | bound tok/s | of bound |",
@@ -241,7 +268,10 @@ def to_markdown(rows: list[BenchRow], n_pp: int) -> str:
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="decode and prompt throughput: experts in RAM, cached, all in VRAM")
-    p.add_argument("model")
+    p.add_argument("model", nargs="?", help="the GGUF to measure (not with --merge)")
+    p.add_argument("--merge", nargs="+", metavar="JSON",
+                   help="run nothing: one table (and --json, --png) from the rows of earlier --json files, of one "
+                        "model on one machine, every row bounded by the all-in-VRAM row among them")
     p.add_argument("--cache-pct", type=float, nargs="*", default=[25, 50, 75], help="cache sizes in %% of the experts")
     p.add_argument("-t", "--threads", type=int, nargs="+", default=[8])
     p.add_argument("-n", "--n-gen", type=int, default=128)
@@ -273,8 +303,7 @@ def _check_numbers(args: argparse.Namespace) -> None:
         raise ParameterError("; ".join(bad))
 
 
-def run(args: argparse.Namespace) -> int:
-    log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
+def _run_model(args: argparse.Namespace, log) -> list[BenchRow]:
     modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
     unknown = set(modes) - set(MODES)
     if unknown:
@@ -285,8 +314,20 @@ def run(args: argparse.Namespace) -> int:
         import tempfile
 
         profile = train_profile(Path(args.model), Path(tempfile.mkdtemp()) / "train.strp", log, stride=args.profile_stride)
-    rows = run_bench(Path(args.model), args.cache_pct, args.threads, args.n_gen, args.pp, args.runs, not args.no_vram,
+    return run_bench(Path(args.model), args.cache_pct, args.threads, args.n_gen, args.pp, args.runs, not args.no_vram,
                      log=log, modes=modes, profile=profile)
+
+
+def run(args: argparse.Namespace) -> int:
+    log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
+    if args.merge:
+        if args.model:
+            raise ParameterError("--merge runs nothing: give it the JSON files, not a model")
+        rows = load_rows([Path(p) for p in args.merge])
+    else:
+        if not args.model:
+            raise ParameterError("bench needs a model (or --merge JSON...)")
+        rows = _run_model(args, log)
     table = to_markdown(rows, args.pp)
     print(table)
     if args.md:
