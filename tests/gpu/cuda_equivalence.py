@@ -50,6 +50,8 @@ def main() -> int:
     ap.add_argument("-n", type=int, default=256)
     ap.add_argument("--prompt-only", action="store_true", help="only the prompt copies (n_copy) check")
     ap.add_argument("--no-prompt", action="store_true", help="skip the prompt copies (n_copy) check")
+    ap.add_argument("--shape", default="tiny", help="without a model: the synthetic shape (gpt-oss-tiny: expert biases)")
+    ap.add_argument("--experts", default="q8_0", help="without a model: the experts' type")
     args = ap.parse_args()
     import logging
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
@@ -57,8 +59,8 @@ def main() -> int:
         path = Path(args.model)
     else:
         from llama_moe.synth.synthesize import synthesize
-        path = Path(tempfile.mkdtemp()) / "tiny.gguf"
-        synthesize(path, shape="tiny", expert_type="q8_0", seed=0)
+        path = Path(tempfile.mkdtemp()) / f"{args.shape}-{args.experts}.gguf"
+        synthesize(path, shape=args.shape, expert_type=args.experts, seed=0)
     layout = expert_layout(path)
     total = layout.total_expert_bytes / 2**20
     from llama_moe.commands.bench import train_profile
@@ -66,7 +68,6 @@ def main() -> int:
     # short windows: on the tiny model (head_dim 32, no flash attention on CUDA) tracing in 4096-token windows
     # traps the device (tests/gpu/h200_bisect.py trace-long; its kernel is not named yet)
     profile = train_profile(path, Path(tempfile.mkdtemp()) / "train.strp", log=lambda s: None, n_ctx=512)
-    # hybrid and adaptive hand over through the mailbox on CUDA; hybrid-split through the scheduler
     # hybrid and adaptive hand over through the mailbox on CUDA; hybrid-split through the scheduler
     hybrid = {"moe_cache_hybrid": True, "moe_cache_profile": profile}
     modes = {"upload": Mode(), "hybrid": Mode(hybrid), "hybrid-split": Mode(hybrid, {"LLAMA_MOE_CACHE_NO_MAILBOX": "1"}),
