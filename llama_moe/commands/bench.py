@@ -163,7 +163,7 @@ def run_bench(model_path: Path, cache_pcts: list[float], threads: list[int], n_g
         r = BenchRow(mode, mib, 100 * mib / total_mib if total_mib else 0.0, t, median, max(d) - min(d),
                      statistics.median(p), max(p) - min(p), hit, used, len(d),
                      None if ram_bytes is None else ram_bytes / 1e6, bound, median / bound if bound else None,
-                     None if ram_bytes is None else ("H2D" if link_gbps else "RAM"))
+                     None if bound is None else ("H2D" if link_gbps else "RAM"))
         rows.append(r)
         log(f"{mode:>14} cache {mib:9.0f} MiB ({r.cache_pct:3.0f}%) t={t:2d}: decode {r.decode_tps:8.2f} tok/s, "
             f"pp{n_pp} {r.pp_tps:9.1f} tok/s, hits {'-' if hit is None else f'{hit:.3f}'}, "
