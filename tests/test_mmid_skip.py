@@ -41,3 +41,22 @@ def test_negative_expert_ids_select_nothing_on_the_cpu(lib, tmp_path) -> None:
     proc = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     assert "7 cases, 0 wrong values" in proc.stdout
+
+
+def test_gpt_oss_activation_matches_its_formula_on_the_cpu(lib, tmp_path) -> None:
+    """The series vectorizes SWIGLU_OAI (gpt-oss's activation, a third of the mailbox's CPU part on that shape);
+    tests/native/swiglu_oai.cpp checks it against the scalar formula it replaces."""
+    cxx = shutil.which("g++") or shutil.which("clang++")
+    if cxx is None:
+        pytest.skip("no C++ compiler")
+    path = library_path()
+    tree = _patched_tree(path)
+    assert tree is not None, f"no patched llama.cpp tree next to {path}: build it with build_native.py"
+    libdir = path.parent
+    exe = tmp_path / "swiglu_oai"
+    subprocess.run([cxx, "-O1", "-g", "-I", str(tree / "ggml" / "include"), str(ROOT / "tests" / "native" / "swiglu_oai.cpp"),
+                    "-o", str(exe), f"-L{libdir}", "-lggml-cpu", "-lggml-base", f"-Wl,-rpath,{libdir}"],
+                   check=True, capture_output=True)
+    proc = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert "20 cases, 0 wrong values" in proc.stdout

@@ -105,6 +105,7 @@ bool llama_moe_cpu_part::plan(ggml_context * ctx, ggml_cgraph * gf, ggml_threadp
     steps.clear();
     inputs.clear();
     work_bytes = 0;
+    chunk_rows = 0;
     if (const char * env = getenv("GGML_MMID_CHUNK")) {
         chunk_rows = std::max(0, atoi(env));
     }

@@ -5,8 +5,9 @@
 // Through ggml_graph_compute, a part of a few microseconds of arithmetic cost about 100 us on the H200's host:
 // each node ends in an OpenMP barrier, and the team's threads, spinning little while another team (the
 // decode's) exists, sleep in the kernel between nodes and must be woken. Here the expert products (the
-// MUL_MAT_IDs, nearly all of the work) run on a team of threads that spin while a decode goes on, rows in
-// chunks taken as they come (GGML_MMID_CHUNK), only for the experts the CPU computes; the other nodes
+// MUL_MAT_IDs, nearly all of the work) run on a team of threads that spin while a decode goes on, each thread
+// a slice of every product's rows (or chunks taken as they come: GGML_MMID_CHUNK), only for the experts the
+// CPU computes; the other nodes
 // (activation, biases, a copy into the mailbox where the last node cannot write there itself) run through
 // ggml on the team's first thread. Each row is ggml's own
 // vec_dot on ggml's own quantization of the input, so the rows of the experts the CPU computes are the bits
@@ -110,7 +111,9 @@ private:
     std::vector<input>   inputs;
     std::vector<uint8_t> qbuf;
     size_t work_bytes = 0;
-    int64_t chunk_rows = 32; // GGML_MMID_CHUNK; 0: a slice per thread
+    // GGML_MMID_CHUNK rows a chunk; 0: a slice per thread, which streams each thread's rows whole. On the H200's
+    // host at 50%, a part took 82.6 us that way, 87.2 us with chunks of 32, 103.3 with 16 (docs/benchmarks.md)
+    int64_t chunk_rows = 0;
     int     team_size  = 1;
     int64_t prefetch_bytes = 0; // ahead of each thread's products
 
