@@ -84,3 +84,30 @@ def test_rebalance_on_request(lib, tiny_model_path) -> None:
             assert ctx.rebalance(8) == -1  # hybrid without adaptive
         with Context(model, ContextParams(n_ctx=256)) as ctx:
             assert ctx.rebalance(8) == -1  # no cache at all
+
+
+def test_a_profiles_experts_start_with_a_prior_as_the_replay_has_it(lib, tiny_model_path, tmp_path) -> None:
+    """A profile's experts start with the heat of their share of 64 tokens' picks (llama-moe-cache.h), so a few
+    picks of text do not evict them. The engine's swaps and hits over a generation equal the numpy replay's
+    (tools.policies.adaptive) with that prior, and the replay without it swaps more."""
+    from llama_moe.tools.policies import PRIOR_TOKENS, adaptive
+    from llama_moe.tools.routes import routes_from_records
+
+    layout = expert_layout(tiny_model_path)
+    # a profile of other text: each layer's experts by index from the top, which the text does not favour
+    ranked = tuple((l.il, e) for l in layout.layers for e in range(layout.n_expert - 1, layout.n_expert - 1 - SLOTS, -1))
+    path = tmp_path / "other.strp"
+    write_profile(path, Profile(layout.n_layer, layout.n_expert, SLOTS, ranked))
+    with Model(tiny_model_path, RAM) as model:
+        with Context(model, _hybrid(tiny_model_path, moe_cache_adaptive=True, moe_cache_profile=path)) as ctx:
+            ctx.start_trace()
+            list(ctx.generate(PROMPT, 200, SAMPLING, stop_at_eog=False))
+            records = ctx.stop_trace()
+            stats = ctx.moe_cache_stats()
+    routes = routes_from_records(records)
+    slots = {l.il: SLOTS for l in layout.layers}
+    replayed = adaptive(routes, slots, layout.n_expert, list(ranked))
+    assert PRIOR_TOKENS == 64.0
+    assert (stats.n_swap, stats.n_hit, stats.n_miss) == (replayed.n_swap + replayed.n_fill, replayed.n_hit, replayed.n_miss)
+    without = adaptive(routes, slots, layout.n_expert, list(ranked), prior_tokens=0)
+    assert without.n_swap > replayed.n_swap > 0

@@ -43,6 +43,7 @@ SWAP_EVERY = 32          # a round of swaps every this many generated tokens
 MAX_SWAPS = 64           # experts swapped in per round, over all layers
 SWAP_RATIO = 1.5         # an expert comes in only when heat(in) > SWAP_RATIO * heat(out) + SWAP_MARGIN
 SWAP_MARGIN = 2.0
+PRIOR_TOKENS = 64.0      # a profile's expert starts as hot as its share (k / slots) of this many tokens' picks
 FILL_EVERY = 8           # free slots are filled every this many generated tokens,
 MAX_FILLS = 128          # at most this many at a time
 
@@ -396,7 +397,8 @@ class AdaptiveReplay(Replay):
 
     def __init__(self, layers: Sequence[int], slots: dict[int, int], n_expert: int, profile: Sequence[tuple[int, int]] = (),
                  half_life: float = HALF_LIFE_TOKENS, swap_every: int = SWAP_EVERY, max_swaps: int = MAX_SWAPS,
-                 fill_every: int = FILL_EVERY, max_fills: int = MAX_FILLS) -> None:
+                 fill_every: int = FILL_EVERY, max_fills: int = MAX_FILLS, k: int = 0,
+                 prior_tokens: float = PRIOR_TOKENS) -> None:
         self.n_expert = n_expert
         self.looked = _looked_up(layers, slots, n_expert)
         self.cols = _columns(self.looked, len(layers))
@@ -408,6 +410,8 @@ class AdaptiveReplay(Replay):
             self.resident[i, filled[il]] = True
         self.from_profile = self.resident.copy()
         self.heat = np.zeros((len(self.looked), n_expert + 1))
+        # the profile's experts start with a prior: a pick or two of text does not evict them
+        self.heat[self.from_profile] = np.repeat(prior_tokens * k / np.maximum(self.cap, 1), self.from_profile.sum(axis=1))
         self.fade = 0.5 ** (1.0 / half_life)
         self.swap_every, self.max_swaps, self.fill_every, self.max_fills = swap_every, max_swaps, fill_every, max_fills
         self.jj = np.arange(len(self.looked))[:, None]
@@ -457,17 +461,20 @@ class AdaptiveReplay(Replay):
 def adaptive(routes: Routes | TraceRoutes, slots: dict[int, int], n_expert: int, profile: Sequence[tuple[int, int]] = (),
              half_life: float = HALF_LIFE_TOKENS, swap_every: int = SWAP_EVERY, max_swaps: int = MAX_SWAPS,
              fill_every: int = FILL_EVERY, max_fills: int = MAX_FILLS,
-             progress: Progress | None = None, chunk_tokens: int = CHUNK_TOKENS) -> PolicyResult:
+             progress: Progress | None = None, chunk_tokens: int = CHUNK_TOKENS,
+             prior_tokens: float = PRIOR_TOKENS) -> PolicyResult:
     """The adaptive hybrid: counts like ``static``, and follows the text. Each lookup adds 1 to the heat of
     each (layer, expert) it selected (distinct per ubatch); all heats fade by 0.5**(1/half_life) per
     generated token (a ubatch of up to 32 tokens counts its tokens; a larger one, a prompt, does not move
     the clock). Once the generated tokens pass a multiple of ``fill_every``, free slots take the hottest
     experts not held (heat > 0), up to ``max_fills``; past a multiple of ``swap_every``, the hottest missing
     experts of all layers replace their own layer's coldest resident ones, hottest first, while
-    heat(in) > 1.5 heat(out) + 2, at most ``max_swaps``. Changes apply from the next ubatch (the engine
+    heat(in) > 1.5 heat(out) + 2, at most ``max_swaps``. The profile's experts start with the heat of their
+    share of ``prior_tokens`` tokens' picks (k / slots each): a text evicts them only once its own picks outweigh
+    that. Changes apply from the next ubatch (the engine
     swaps between tokens)."""
     replay = AdaptiveReplay(routes.layers, slots, n_expert, profile, half_life, swap_every, max_swaps, fill_every,
-                            max_fills)
+                            max_fills, routes.k, prior_tokens)
     return _drive(replay, routes, chunk_tokens, progress)
 
 
@@ -646,7 +653,7 @@ def replayer(name: str, layers: Sequence[int], k: int, one_token: bool, slots: d
     if name == "static":
         return StaticReplay(layers, slots, n_expert, profile)
     if name == "adaptive":
-        return AdaptiveReplay(layers, slots, n_expert, profile)
+        return AdaptiveReplay(layers, slots, n_expert, profile, k=k)
     raise ValueError(f"unknown policy {name!r}; one of {', '.join(POLICIES)}")
 
 

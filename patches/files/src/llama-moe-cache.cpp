@@ -422,6 +422,11 @@ bool llama_moe_cache::upload(llama_moe_cache_layer & layer, int32_t expert, int3
     return true;
 }
 
+double llama_moe_cache::adapt_prior(const llama_moe_cache_layer & l) const {
+    // its share of the picks a layer's slots take in that many tokens
+    return LLAMA_MOE_ADAPT_PRIOR_TOKENS * (double) n_expert_used / std::max<int64_t>(l.n_slots, 1);
+}
+
 void llama_moe_cache::prefill(const std::string & path, uint32_t n_layer) {
     llama_moe_profile profile;
     std::string err;
@@ -449,6 +454,9 @@ void llama_moe_cache::prefill(const std::string & path, uint32_t n_layer) {
         const int slot = next_free[li]++;
         upload(l, ie, slot);
         l.from_profile[slot] = 1;
+        if (!l.heat.empty()) {
+            l.heat[ie] = adapt_prior(l);
+        }
         n_prefilled++;
         bytes += l.expert_bytes;
     }

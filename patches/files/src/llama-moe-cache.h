@@ -28,6 +28,8 @@ static constexpr int64_t LLAMA_MOE_ADAPT_PERIOD     = 32;    // tokens between s
 static constexpr int32_t LLAMA_MOE_ADAPT_MAX_SWAPS  = 64;    // experts per round: bounds the pause between two tokens
 static constexpr double  LLAMA_MOE_ADAPT_RATIO      = 1.5;   // an expert comes in only when hotter than 1.5x the one it evicts
 static constexpr double  LLAMA_MOE_ADAPT_MARGIN     = 2.0;   //   plus two picks: no flapping between equals
+static constexpr double  LLAMA_MOE_ADAPT_PRIOR_TOKENS = 64.0; // a profile's expert starts as hot as its share of this many
+                                                              //   tokens' picks: a few picks of text do not evict it, a topic does
 static constexpr int64_t LLAMA_MOE_ADAPT_FILL_EVERY = 8;     // free slots fill faster: a start without a profile warms in ~100 tokens
 static constexpr int32_t LLAMA_MOE_ADAPT_MAX_FILLS  = 128;
 
@@ -141,6 +143,7 @@ private:
     bool upload(llama_moe_cache_layer & layer, int32_t expert, int32_t slot);
     void lookup(llama_moe_cache_layer & layer, ggml_tensor * remap);
     void count_hybrid(llama_moe_cache_layer & layer, const ggml_tensor * ids);
+    double adapt_prior(const llama_moe_cache_layer & layer) const; // the heat a profile's expert starts with
     void count_hybrid_locked(llama_moe_cache_layer & layer, const int32_t * ids, int64_t n_tokens); // the caller holds mutex
     void prefill(const std::string & path, uint32_t n_layer);
     void push_slot_map(llama_moe_cache_layer & layer);

@@ -1,0 +1,84 @@
+"""bench-adaptive's protocol replayed in numpy: a synthetic shape's own routing (synth/routing.py) of the corpus
+through the static and adaptive policies of tools/policies.py, which the engine's cache mirrors. Seconds where
+the engine takes an hour on a GPU; for choosing the adaptive cache's constants before measuring them.
+
+    python tests/replay_adaptive.py --shape qwen3-30b-a3b --cache-pct 50 [--prior 0 16 64]
+
+Prints, per prior (the heat a profile's expert starts with, in tokens' picks: tools.policies.PRIOR_TOKENS),
+the feed's hit rates after the warm-up for the five configurations and the recovery of the gap between a
+profile of other text (wrong) and of the decoded topics' train text (right)."""
+from __future__ import annotations
+
+import argparse
+from collections import Counter
+
+import numpy as np
+
+from llama_moe.commands.bench_adaptive import CONFIGS, held_out_paragraphs, recovery
+from llama_moe.synth.corpus import TOPICS, split_paragraphs
+from llama_moe.synth.design import build_design
+from llama_moe.synth.routing import route
+from llama_moe.synth.shapes import get_shape
+from llama_moe.tools.policies import adaptive, static
+from llama_moe.tools.routes import Routes
+
+
+def _routes(seqs: list[np.ndarray], layers: tuple[int, ...]) -> Routes:
+    """One token per ubatch, as the feed decodes."""
+    experts = np.concatenate(seqs, axis=0)
+    return Routes(layers, experts, np.arange(experts.shape[0] + 1, dtype=np.int64))
+
+
+def _ranked(seqs: list[np.ndarray], layers: tuple[int, ...]) -> list[tuple[int, int]]:
+    """(layer, expert) by how many tokens selected it, hottest first: a profile ranked per token."""
+    counts: Counter[tuple[int, int]] = Counter()
+    for s in seqs:
+        for j, il in enumerate(layers):
+            counts.update((il, int(e)) for e in s[:, j, :].ravel())
+    return [pair for pair, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shape", default="qwen3-30b-a3b")
+    ap.add_argument("--cache-pct", type=float, default=50)
+    ap.add_argument("--warmup", type=int, default=256)
+    ap.add_argument("--prior", type=float, nargs="+", default=[0.0, 16.0, 64.0])
+    ap.add_argument("--order", default="interleaved")
+    args = ap.parse_args()
+
+    shape = get_shape(args.shape)
+    design = build_design(shape)
+    tok = design.tokenizer
+    layers = tuple(range(shape.n_layer))
+    split = split_paragraphs()
+    topics, others = TOPICS[:4], TOPICS[-4:]
+
+    def seqs_of(paragraphs: list[str]) -> list[np.ndarray]:
+        return [route(ids, design) for ids in (tok.encode(p) for p in paragraphs) if ids]
+
+    right = _ranked(seqs_of([p for t in topics for p in split.train[t]]), layers)
+    wrong = _ranked(seqs_of([p for t in others for p in split.train[t]]), layers)
+    feed = _routes(seqs_of(held_out_paragraphs(split, topics, args.order)), layers)
+    slots = {il: min(max(1, round(shape.n_expert * args.cache_pct / 100)), shape.n_expert) for il in layers}
+    warm = feed.tokens(0, args.warmup)
+    print(f"{args.shape}: {shape.n_layer} layers x {shape.n_expert} experts, top-{shape.n_expert_used}, "
+          f"{slots[0]} slots a layer; {feed.n_tokens} tokens fed, {args.warmup} of them warm-up")
+
+    def measured(run) -> float:
+        a, b = run(feed), run(warm)
+        return (a.n_hit - b.n_hit) / max(1, (a.n_hit + a.n_miss) - (b.n_hit + b.n_miss))
+
+    static_rates = {name: measured(lambda r, p=p: static(r, slots, shape.n_expert, p)) for name, p in (("wrong", wrong), ("right", right))}
+    for prior in args.prior:
+        rates = dict(static_rates)
+        for name, p in (("empty+adaptive", []), ("wrong+adaptive", wrong), ("right+adaptive", right)):
+            rates[name] = measured(lambda r, p=p: adaptive(r, slots, shape.n_expert, p, prior_tokens=prior))
+        rec = recovery(rates["wrong"], rates["wrong+adaptive"], rates["right"])
+        print(f"prior {prior:5.0f}: " + ", ".join(f"{c} {rates[c]:.3f}" for c in CONFIGS)
+              + f"; recovery {'-' if rec is None else f'{100 * rec:.0f}%'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
