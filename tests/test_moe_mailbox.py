@@ -189,3 +189,29 @@ def test_hand_overs_with_nothing_to_compute_skip_the_cpu_graph(lib, tiny_model_p
     n = int(line.split("for each of ")[1].split()[0])
     empty = int(line.split("on average, ")[1].split()[0])
     assert 0 < empty < n, line
+
+
+def test_unfused_kernels_and_the_empty_hand_over_timing_test(lib, tiny_model_path, tmp_path, monkeypatch, caplog) -> None:
+    """LLAMA_MOE_MAILBOX_FUSE=0 builds the graph the earlier way (a copy of the input, a repeat, the recv's own
+    rows, an add): the same tokens and logits as no cache. LLAMA_MOE_MAILBOX_TEST_EMPTY=1 makes the CPU answer
+    every hand-over without computing, which times the hand-over alone: it says so, every hand-over counts as
+    empty, and the logits are no longer those of no cache (the CPU's experts are missing)."""
+    caplog.set_level(logging.INFO, logger="llama_moe.native")
+    profile = _profile(tiny_model_path, tmp_path / "p.strp")
+    cp = ContextParams(n_ctx=512, moe_cache_mib=mib_for_slots(tiny_model_path, 12, hybrid=True), moe_cache_profile=profile,
+                       moe_cache_hybrid=True)
+    with Model(tiny_model_path, RAM) as model:
+        plain_tokens, plain_logits, _ = _run(model, ContextParams(n_ctx=512), PROMPTS[0])
+        monkeypatch.setenv("LLAMA_MOE_MAILBOX_ON_CPU", "1")
+        monkeypatch.setenv("LLAMA_MOE_MAILBOX_FUSE", "0")
+        tokens, logits, stats = _run(model, cp, PROMPTS[0])
+        assert tokens == plain_tokens and stats.n_miss > 0
+        np.testing.assert_array_equal(logits, plain_logits)
+        monkeypatch.delenv("LLAMA_MOE_MAILBOX_FUSE")
+        monkeypatch.setenv("LLAMA_MOE_MAILBOX_TEST_EMPTY", "1")
+        caplog.clear()
+        _, logits, _ = _run(model, cp, PROMPTS[0])
+    assert "LLAMA_MOE_MAILBOX_TEST_EMPTY: the CPU computes none of its experts; the output is wrong" in caplog.text
+    assert not np.array_equal(logits, plain_logits)
+    line = next(l for l in caplog.text.splitlines() if "hand-overs from the GPU" in l)
+    assert int(line.split("for each of ")[1].split()[0]) == int(line.split("on average, ")[1].split()[0]), line

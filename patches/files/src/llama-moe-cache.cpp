@@ -494,7 +494,9 @@ llama_moe_cache_route llama_moe_cache::build(ggml_context * ctx0, int64_t n_toke
         return r;
     }
     // get_rows broadcasts over nothing: the ids go flat, [n_expert_used * n_tokens], through a map of [1, n_expert]
-    ggml_tensor * flat  = ggml_reshape_1d(ctx0, ggml_cont(ctx0, selected), n_expert_used * n_tokens);
+    // (one token's selection is contiguous already: no copy)
+    ggml_tensor * flat  = ggml_reshape_1d(ctx0, ggml_is_contiguous(selected) ? selected : ggml_cont(ctx0, selected),
+                                          n_expert_used * n_tokens);
     ggml_tensor * slots = ggml_get_rows(ctx0, l.slot_map, flat); // [1, n_expert_used * n_tokens]
     ggml_format_name(slots, "ffn_moe_slots-%d", l.il);
     r.ids[0] = ggml_reshape_2d(ctx0, slots, n_expert_used, n_tokens);

@@ -52,6 +52,13 @@ std::unique_ptr<llama_moe_mailbox> llama_moe_mailbox::create(llama_moe_cache & c
     if (const char * t = getenv("LLAMA_MOE_MAILBOX_TIMEOUT_MS")) {
         mb->timeout = std::max(1, atoi(t));
     }
+    if (const char * t = getenv("LLAMA_MOE_MAILBOX_FUSE")) {
+        mb->fuse = strcmp(t, "0") != 0;
+    }
+    if (getenv("LLAMA_MOE_MAILBOX_TEST_EMPTY") != nullptr) {
+        mb->test_empty = true;
+        LLAMA_LOG_WARN("llama_moe_cache: mailbox: LLAMA_MOE_MAILBOX_TEST_EMPTY: the CPU computes none of its experts; the output is wrong (a timing test)\n");
+    }
     if (const char * t = getenv("LLAMA_MOE_MAILBOX_TEST_STALL")) {
         mb->stall_il = atoi(t);
         LLAMA_LOG_WARN("llama_moe_cache: mailbox: LLAMA_MOE_MAILBOX_TEST_STALL: layer %d will never be answered (a test)\n", mb->stall_il);
@@ -284,7 +291,7 @@ void llama_moe_mailbox::answer(size_t i, uint64_t step) {
     int32_t * ids = cpu_ids_data + i * n_used;
     cache->count_selected(p.il, ggml_mailbox_slot_ids(p.slot), ids);
     uint64_t rows = 0; // the rows of y the CPU computes: the device reads only those
-    for (int64_t k = 0; k < n_used; ++k) {
+    for (int64_t k = 0; k < n_used && !test_empty; ++k) {
         rows |= (uint64_t) (ids[k] >= 0) << k;
     }
     const int64_t t_lookup = llama_moe_now_us() - t0;

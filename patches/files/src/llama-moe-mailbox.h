@@ -43,6 +43,7 @@ struct llama_moe_mailbox {
     // cpu_ctx() on cpu_x/cpu_ids (by the same code as the graph's) and given back with set_cpu_part.
     ggml_mailbox_slot * slot(int il) const; // nullptr outside begin_graph/end_graph (llama.cpp's reserve graphs)
     int32_t timeout_ms() const { return timeout; }
+    bool    fused() const { return fuse; } // the send repeats the input rows, the recv adds (LLAMA_MOE_MAILBOX_FUSE=0: not)
     void           begin_graph();
     ggml_context * cpu_ctx() const { return ctx_cpu; }
     ggml_tensor  * cpu_x  (int il);
@@ -79,7 +80,9 @@ private:
     bool all_on_gpu = false;
     int64_t n_used = 0;
     int32_t timeout = LLAMA_MOE_MAILBOX_TIMEOUT_MS;
+    bool fuse = true;
     int stall_il = -1; // LLAMA_MOE_MAILBOX_TEST_STALL=il: never answer that layer (tests the device's timeout)
+    bool test_empty = false; // LLAMA_MOE_MAILBOX_TEST_EMPTY=1: answer without computing (wrong output; times the hand-over alone)
 
     ggml_backend_buffer_t buf = nullptr;  // the slots, page-locked where the device has such memory
     ggml_backend_buffer_t buf_slots_cpu = nullptr; // the same memory as the CPU graph's buffer

@@ -9,13 +9,13 @@
 //      raises stamp_in to the step's number (the previous stamp_in + 1).
 //   2. A CPU thread, already polling stamp_in, reads x and ids, computes the rows of y it has work for, marks
 //      them in y_rows and, after a fence, raises stamp_out to the same number.
-//   3. GGML_OP_MAILBOX recv, on the device (after other work it is given as a source): waits until stamp_out
-//      equals stamp_in, then copies out the rows of y marked in y_rows and zeros for the others. Reading host
-//      memory from the device is a round trip over the bus per load: a step whose rows are all zero (the
-//      cache held every expert) reads nothing but the stamps.
+//   3. GGML_OP_MAILBOX recv, on the device (after the work it is given as a source): waits until stamp_out
+//      equals stamp_in, then reads the rows of y marked in y_rows (added to that work's result, or copied out
+//      with zeros for the others). Reading host memory from the device is a round trip over the bus per load:
+//      a step whose rows are all zero (the cache held every expert) reads nothing but the stamps.
 // A stamp is written after its payload and read before it, and a step's send cannot start before the previous
 // step's recv has returned, so neither side reads a stale or torn payload. A recv that waits longer than its
-// timeout sets error, returns zeros and lets the stream go on: the host checks error after the graph, so a
+// timeout sets error, returns without y and lets the stream go on: the host checks error after the graph, so a
 // stuck CPU side ends in an error, never in a hang.
 
 #include "ggml.h"
@@ -30,7 +30,7 @@ extern "C" {
         volatile uint64_t stamp_in;  // the device: x and ids of step stamp_in are in
         volatile uint64_t stamp_out; // the CPU: y of step stamp_out is in
         volatile uint64_t y_rows;    // the CPU: bit i: row i of y (of n_ids rows) holds values; the others read as zeros
-        volatile int32_t  error;     // the device: a recv timed out (its output was zeros)
+        volatile int32_t  error;     // the device: a recv timed out (its output lacks y)
         int32_t n_x;                 // F32 values of x
         int32_t n_ids;               // I32 values of ids
         int32_t n_y;                 // F32 values of y
@@ -49,26 +49,31 @@ extern "C" {
     GGML_API int32_t * ggml_mailbox_slot_ids(struct ggml_mailbox_slot * slot);
     GGML_API float   * ggml_mailbox_slot_y  (struct ggml_mailbox_slot * slot);
 
-    // send: x (F32, n_x values) and ids (I32, n_ids values) into the slot; the result is a copy of x, so that
-    // work built on it runs after the send
+    // send: x (F32, n_x values) and ids (I32, n_ids values) into the slot. The result is x repeated n_rep times,
+    // [n_x, n_rep], so that work built on it runs after the send; a device whose next work wants x once per
+    // selected expert gets those rows from the send instead of from a repeat of its own
     GGML_API struct ggml_tensor * ggml_mailbox_send(
             struct ggml_context      * ctx,
             struct ggml_tensor       * x,
             struct ggml_tensor       * ids,
-            struct ggml_mailbox_slot * slot);
+            struct ggml_mailbox_slot * slot,
+            int64_t                    n_rep);
 
-    // recv: the CPU's y of the step send made, shaped [ne0, ne1, ne2] (n_y values), after `after` is computed
+    // recv: the CPU's y of the step send made, shaped like base (F32, n_y values, contiguous), which the device
+    // computes before it waits. add: the rows the CPU computed are base + y, the others base itself (the sum
+    // without an add of its own); else y's rows and zeros for the others
     GGML_API struct ggml_tensor * ggml_mailbox_recv(
             struct ggml_context      * ctx,
             struct ggml_tensor       * send,
-            struct ggml_tensor       * after,
+            struct ggml_tensor       * base,
             struct ggml_mailbox_slot * slot,
-            int64_t ne0, int64_t ne1, int64_t ne2,
-            int32_t timeout_ms);
+            bool                       add,
+            int32_t                    timeout_ms);
 
     enum ggml_mailbox_mode {
         GGML_MAILBOX_SEND = 0,
         GGML_MAILBOX_RECV = 1,
+        GGML_MAILBOX_RECV_ADD = 2,
     };
 
     // for backends: the op's mode, slot and timeout

@@ -13,13 +13,15 @@ static __device__ __forceinline__ uint64_t ggml_mailbox_now_ns() {
     return t;
 }
 
-// one block: the payload, a fence, then the stamp
+// one block: the payload, a fence, then the stamp; x_out gets n_rep copies of x
 static __global__ void k_mailbox_send(ggml_mailbox_slot * slot, float * mx, int32_t * mids, const int n_x, const int n_ids,
-                                      const float * x, const int32_t * ids, float * x_out) {
+                                      const int n_rep, const float * x, const int32_t * ids, float * x_out) {
     for (int i = threadIdx.x; i < n_x; i += blockDim.x) {
         const float v = x[i];
-        mx[i]    = v;
-        x_out[i] = v;
+        mx[i] = v;
+        for (int r = 0; r < n_rep; ++r) {
+            x_out[(int64_t) r*n_x + i] = v;
+        }
     }
     for (int i = threadIdx.x; i < n_ids; i += blockDim.x) {
         mids[i] = ids[i];
@@ -33,9 +35,11 @@ static __global__ void k_mailbox_send(ggml_mailbox_slot * slot, float * mx, int3
     }
 }
 
-// one block: thread 0 polls the CPU's stamp (at most timeout_ns), then all copy the rows the CPU computed
+// one block: thread 0 polls the CPU's stamp (at most timeout_ns), then all write each row: base + the CPU's row
+// where it computed one, else base (add), or the CPU's row, else zeros
+template <bool add>
 static __global__ void k_mailbox_recv(ggml_mailbox_slot * slot, const float * my, const int n_ids, const int n_row,
-                                      float * y_out, const uint64_t timeout_ns) {
+                                      const float * base, float * y_out, const uint64_t timeout_ns) {
     __shared__ uint64_t rows;
     if (threadIdx.x == 0) {
         volatile uint64_t * stamp_in  = &slot->stamp_in;
@@ -57,19 +61,30 @@ static __global__ void k_mailbox_recv(ggml_mailbox_slot * slot, const float * my
         __threadfence_system();
     }
     __syncthreads();
-    const bool vec = n_row % 4 == 0;
+    const bool vec = n_row % 4 == 0 && (((uintptr_t) base | (uintptr_t) y_out) & 15) == 0;
     for (int r = 0; r < n_ids; ++r) {
-        float * out = y_out + (int64_t) r*n_row;
+        const int64_t off = (int64_t) r*n_row;
         const bool has = rows >> r & 1;
         if (vec) {
-            const float4 * in4 = (const float4 *) (my + (int64_t) r*n_row);
-            float4 * out4 = (float4 *) out;
+            const float4 * in4 = (const float4 *) (my + off);
+            const float4 * b4  = (const float4 *) (base + off);
+            float4 * out4 = (float4 *) (y_out + off);
             for (int i = threadIdx.x; i < n_row/4; i += blockDim.x) {
-                out4[i] = has ? __ldcv(in4 + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                if (add) {
+                    float4 v = b4[i];
+                    if (has) {
+                        const float4 y = __ldcv(in4 + i);
+                        v.x += y.x; v.y += y.y; v.z += y.z; v.w += y.w;
+                    }
+                    out4[i] = v;
+                } else {
+                    out4[i] = has ? __ldcv(in4 + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                }
             }
         } else {
             for (int i = threadIdx.x; i < n_row; i += blockDim.x) {
-                out[i] = has ? __ldcv(my + (int64_t) r*n_row + i) : 0.0f;
+                const float y = has ? __ldcv(my + off + i) : 0.0f;
+                y_out[off + i] = add ? (has ? base[off + i] + y : base[off + i]) : y;
             }
         }
     }
@@ -78,20 +93,29 @@ static __global__ void k_mailbox_recv(ggml_mailbox_slot * slot, const float * my
 void ggml_cuda_op_mailbox(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     ggml_mailbox_slot * slot = ggml_mailbox_get_slot(dst);
     cudaStream_t stream = ctx.stream();
-    if (ggml_mailbox_get_mode(dst) == GGML_MAILBOX_SEND) {
+    const ggml_mailbox_mode mode = ggml_mailbox_get_mode(dst);
+    if (mode == GGML_MAILBOX_SEND) {
         const ggml_tensor * x   = dst->src[0];
         const ggml_tensor * ids = dst->src[1];
-        GGML_ASSERT(ggml_is_contiguous(x) && ggml_is_contiguous(ids));
+        GGML_ASSERT(ggml_is_contiguous(x) && ggml_is_contiguous(ids) && ggml_is_contiguous(dst));
+        GGML_ASSERT(dst->ne[0] == slot->n_x);
         k_mailbox_send<<<1, 256, 0, stream>>>(slot, ggml_mailbox_slot_x(slot), ggml_mailbox_slot_ids(slot), slot->n_x, slot->n_ids,
-                                              (const float *) x->data, (const int32_t *) ids->data, (float *) dst->data);
+                                              (int) ggml_nrows(dst), (const float *) x->data, (const int32_t *) ids->data,
+                                              (float *) dst->data);
     } else {
-        GGML_ASSERT(ggml_is_contiguous(dst));
+        const ggml_tensor * base = dst->src[1];
+        GGML_ASSERT(ggml_is_contiguous(dst) && ggml_is_contiguous(base) && ggml_nelements(dst) == slot->n_y);
         GGML_ASSERT(slot->n_y % slot->n_ids == 0);
         const uint64_t timeout_ns = (uint64_t) ggml_mailbox_get_timeout(dst) * 1000000ull;
         // the payload's address is 256-byte aligned (ggml_mailbox_slot_init), so rows of a multiple of 4 floats
-        // go as float4
-        k_mailbox_recv<<<1, 512, 0, stream>>>(slot, ggml_mailbox_slot_y(slot), slot->n_ids, slot->n_y / slot->n_ids,
-                                              (float *) dst->data, timeout_ns);
+        // go as float4 where base and dst are aligned too
+        if (mode == GGML_MAILBOX_RECV_ADD) {
+            k_mailbox_recv<true><<<1, 512, 0, stream>>>(slot, ggml_mailbox_slot_y(slot), slot->n_ids, slot->n_y / slot->n_ids,
+                                                        (const float *) base->data, (float *) dst->data, timeout_ns);
+        } else {
+            k_mailbox_recv<false><<<1, 512, 0, stream>>>(slot, ggml_mailbox_slot_y(slot), slot->n_ids, slot->n_y / slot->n_ids,
+                                                         (const float *) base->data, (float *) dst->data, timeout_ns);
+        }
     }
     CUDA_CHECK(cudaGetLastError());
 }
