@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# One call on a fresh H200 (about 9 min), sixth session (issue 9): the mailbox's fused kernels (the send writes
+# the device's input rows, the recv adds the CPU's rows) checked against the scheduler bit for bit, the hybrid
+# at 50% against the scheduler's and all in VRAM, then the same hybrid with the old kernels
+# (LLAMA_MOE_MAILBOX_FUSE=0), with the hand-over alone (LLAMA_MOE_MAILBOX_TEST_EMPTY=1: wrong output, timing
+# only) and without CUDA graphs; the zero-copy read probe for docs/design-miss-sharing.md.
+set -u
+. tests/gpu/h200_fresh.sh
+q30_synth
+cuda_build
+nvcc -O2 -std=c++17 -arch=sm_90 tests/gpu/zero_copy_probe.cu -o /tmp/zcp -lpthread && timeout 60 /tmp/zcp 15 > $OUT/zero_copy.txt 2>&1
+cat $OUT/zero_copy.txt
+eq() {
+  timeout 90 python3 tests/gpu/cuda_equivalence.py --shape $1 --experts $2 -n 128 --no-prompt 2>&1 \
+      | grep -E "^'|EQUIVALENT|DIFFERENT|Error" > $OUT/equivalence_$1.md
+  echo "$1: $(grep -c -- '-> ok' $OUT/equivalence_$1.md) ok, $(grep -c WRONG $OUT/equivalence_$1.md) wrong; $(tail -1 $OUT/equivalence_$1.md)"
+}
+eq tiny q8_0
+echo "equivalence done: $(( $(date +%s) - T0 )) s"
+q30_profile
+b() { # name, modes, env...
+  local name=$1 modes=$2; shift 2
+  env "$@" timeout $(left 585) python3 -m llama_moe -v bench /tmp/q30.gguf -t 16 --runs 5 -n 128 --cache-pct 50 \
+      --modes $modes --profile /tmp/q30.strp --json $OUT/$name.json --md $OUT/$name.md > /tmp/$name.log 2>&1
+  echo "== $name ($*): $(( $(date +%s) - T0 )) s"
+  grep -E "RAM read|host to device|mailbox: the CPU|mailbox: a part" /tmp/$name.log | sed -E 's/^ +//'
+  grep -E "^\| (hybrid|all|mode)" $OUT/$name.md
+}
+b fused hybrid,hybrid-no-mailbox,vram
+b unfused hybrid LLAMA_MOE_MAILBOX_FUSE=0
+b empty hybrid LLAMA_MOE_MAILBOX_TEST_EMPTY=1
+b nographs hybrid,vram GGML_CUDA_DISABLE_GRAPHS=1
+eq gpt-oss-tiny mxfp4
+tar czf $OUT/logs.tgz /tmp/*.log 2>/dev/null
+echo "total: $(( $(date +%s) - T0 )) s"
