@@ -106,6 +106,19 @@ std::unique_ptr<llama_moe_mailbox> llama_moe_mailbox::create(llama_moe_cache & c
         mb->parts.push_back(std::move(p));
     }
     GGML_ASSERT((char *) mb->cpu_ids_data >= base);
+    if (cuda) {
+        // each slot's step count in device memory: the device keeps it without a round trip over the bus
+        mb->buf_steps = ggml_backend_buft_alloc_buffer(ggml_backend_dev_buffer_type(dev), mb->parts.size() * sizeof(uint64_t));
+        if (mb->buf_steps == nullptr) {
+            LLAMA_LOG_WARN("llama_moe_cache: no device memory for the mailbox's step counts; the hybrid hands over through the scheduler\n");
+            return nullptr;
+        }
+        ggml_backend_buffer_clear(mb->buf_steps, 0);
+        uint64_t * steps = (uint64_t *) ggml_backend_buffer_get_base(mb->buf_steps);
+        for (size_t i = 0; i < mb->parts.size(); ++i) {
+            mb->parts[i].slot->step_dev = steps + i;
+        }
+    }
 
     ggml_threadpool_params tpp = ggml_threadpool_params_default(1);
     mb->tp_one = ggml_threadpool_new(&tpp);
@@ -164,6 +177,9 @@ llama_moe_mailbox::~llama_moe_mailbox() {
     }
     if (buf_slots_cpu) {
         ggml_backend_buffer_free(buf_slots_cpu);
+    }
+    if (buf_steps) {
+        ggml_backend_buffer_free(buf_steps);
     }
     if (buf) {
         ggml_backend_buffer_free(buf);

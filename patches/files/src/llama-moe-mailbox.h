@@ -86,6 +86,7 @@ private:
 
     ggml_backend_buffer_t buf = nullptr;  // the slots, page-locked where the device has such memory
     ggml_backend_buffer_t buf_slots_cpu = nullptr; // the same memory as the CPU graph's buffer
+    ggml_backend_buffer_t buf_steps = nullptr;     // the device's step counts (CUDA), one per slot
     std::vector<layer_part> parts;
     std::vector<int> part_of_il;          // model layer -> index in parts, -1 for none
     int32_t * cpu_ids_data = nullptr;     // the ids tensors' memory, after the slots: n_used per part

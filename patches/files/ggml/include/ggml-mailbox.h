@@ -31,6 +31,9 @@ extern "C" {
         volatile uint64_t stamp_out; // the CPU: y of step stamp_out is in
         volatile uint64_t y_rows;    // the CPU: bit i: row i of y (of n_ids rows) holds values; the others read as zeros
         volatile int32_t  error;     // the device: a recv timed out (its output lacks y)
+        uint64_t * step_dev;         // the device's count of its steps, in memory it reads without a bus round
+                                     // trip (set by whoever gives the device such memory; else step_host)
+        uint64_t   step_host;
         int32_t n_x;                 // F32 values of x
         int32_t n_ids;               // I32 values of ids
         int32_t n_y;                 // F32 values of y

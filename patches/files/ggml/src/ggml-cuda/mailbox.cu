@@ -3,8 +3,8 @@
 #include "ggml-mailbox.h"
 
 // The slot lives in page-locked host memory: with unified addressing its host pointer is its device pointer.
-// Every load from it is a round trip over the bus, so the shapes come as kernel arguments (the host reads them
-// when it launches), stamps are read through volatile pointers, the payload through loads that bypass the
+// Every load from it is a round trip over the bus, so the shapes and the step count's address come as kernel
+// arguments (the host reads them when it launches), stamps are read through volatile pointers, the payload through loads that bypass the
 // caches, each ordered against the stamps with system-wide fences.
 
 static __device__ __forceinline__ uint64_t ggml_mailbox_now_ns() {
@@ -14,7 +14,7 @@ static __device__ __forceinline__ uint64_t ggml_mailbox_now_ns() {
 }
 
 // one block: the payload, a fence, then the stamp; x_out gets n_rep copies of x
-static __global__ void k_mailbox_send(ggml_mailbox_slot * slot, float * mx, int32_t * mids, const int n_x, const int n_ids,
+static __global__ void k_mailbox_send(ggml_mailbox_slot * slot, uint64_t * step_dev, float * mx, int32_t * mids, const int n_x, const int n_ids,
                                       const int n_rep, const float * x, const int32_t * ids, float * x_out) {
     for (int i = threadIdx.x; i < n_x; i += blockDim.x) {
         const float v = x[i];
@@ -29,8 +29,11 @@ static __global__ void k_mailbox_send(ggml_mailbox_slot * slot, float * mx, int3
     __threadfence_system();
     __syncthreads();
     if (threadIdx.x == 0) {
+        // the step from the device's own count: reading stamp_in would be a round trip over the bus
+        const uint64_t step = *step_dev + 1;
+        *step_dev = step;
         volatile uint64_t * stamp_in = &slot->stamp_in;
-        *stamp_in = *stamp_in + 1;
+        *stamp_in = step;
         __threadfence_system();
     }
 }
@@ -38,13 +41,12 @@ static __global__ void k_mailbox_send(ggml_mailbox_slot * slot, float * mx, int3
 // one block: thread 0 polls the CPU's stamp (at most timeout_ns), then all write each row: base + the CPU's row
 // where it computed one, else base (add), or the CPU's row, else zeros
 template <bool add>
-static __global__ void k_mailbox_recv(ggml_mailbox_slot * slot, const float * my, const int n_ids, const int n_row,
+static __global__ void k_mailbox_recv(ggml_mailbox_slot * slot, const uint64_t * step_dev, const float * my, const int n_ids, const int n_row,
                                       const float * base, float * y_out, const uint64_t timeout_ns) {
     __shared__ uint64_t rows;
     if (threadIdx.x == 0) {
-        volatile uint64_t * stamp_in  = &slot->stamp_in;
         volatile uint64_t * stamp_out = &slot->stamp_out;
-        const uint64_t step = *stamp_in;
+        const uint64_t step = *step_dev;
         const uint64_t t_end = ggml_mailbox_now_ns() + timeout_ns;
         bool ok = true;
         while (*stamp_out != step) {
@@ -99,7 +101,7 @@ void ggml_cuda_op_mailbox(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
         const ggml_tensor * ids = dst->src[1];
         GGML_ASSERT(ggml_is_contiguous(x) && ggml_is_contiguous(ids) && ggml_is_contiguous(dst));
         GGML_ASSERT(dst->ne[0] == slot->n_x);
-        k_mailbox_send<<<1, 256, 0, stream>>>(slot, ggml_mailbox_slot_x(slot), ggml_mailbox_slot_ids(slot), slot->n_x, slot->n_ids,
+        k_mailbox_send<<<1, 256, 0, stream>>>(slot, slot->step_dev, ggml_mailbox_slot_x(slot), ggml_mailbox_slot_ids(slot), slot->n_x, slot->n_ids,
                                               (int) ggml_nrows(dst), (const float *) x->data, (const int32_t *) ids->data,
                                               (float *) dst->data);
     } else {
@@ -110,10 +112,10 @@ void ggml_cuda_op_mailbox(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
         // the payload's address is 256-byte aligned (ggml_mailbox_slot_init), so rows of a multiple of 4 floats
         // go as float4 where base and dst are aligned too
         if (mode == GGML_MAILBOX_RECV_ADD) {
-            k_mailbox_recv<true><<<1, 512, 0, stream>>>(slot, ggml_mailbox_slot_y(slot), slot->n_ids, slot->n_y / slot->n_ids,
+            k_mailbox_recv<true><<<1, 512, 0, stream>>>(slot, slot->step_dev, ggml_mailbox_slot_y(slot), slot->n_ids, slot->n_y / slot->n_ids,
                                                         (const float *) base->data, (float *) dst->data, timeout_ns);
         } else {
-            k_mailbox_recv<false><<<1, 512, 0, stream>>>(slot, ggml_mailbox_slot_y(slot), slot->n_ids, slot->n_y / slot->n_ids,
+            k_mailbox_recv<false><<<1, 512, 0, stream>>>(slot, slot->step_dev, ggml_mailbox_slot_y(slot), slot->n_ids, slot->n_y / slot->n_ids,
                                                          (const float *) base->data, (float *) dst->data, timeout_ns);
         }
     }
