@@ -7,12 +7,7 @@ set -u
 . tests/gpu/h200_fresh.sh
 q30_synth
 cuda_build
-eq() {
-  timeout 90 python3 tests/gpu/cuda_equivalence.py --shape $1 --experts $2 -n 128 --no-prompt 2>&1 \
-      | grep -E "^'|EQUIVALENT|DIFFERENT|Error" > /tmp/equivalence_$1.md
-  echo "$1: $(grep -c -- '-> ok' /tmp/equivalence_$1.md) ok, $(grep -c WRONG /tmp/equivalence_$1.md) wrong; $(tail -1 /tmp/equivalence_$1.md)"
-}
-eq tiny q8_0
+equivalence tiny q8_0 /tmp
 q30_profile
 b() { # name, runs, pcts, modes, env...
   local name=$1 runs=$2 pcts=$3 modes=$4; shift 4

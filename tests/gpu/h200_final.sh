@@ -7,12 +7,8 @@ set -u
 . tests/gpu/h200_fresh.sh
 q30_synth
 cuda_build
-for shape in "tiny q8_0" "gpt-oss-tiny mxfp4"; do
-  set -- $shape
-  timeout 90 python3 tests/gpu/cuda_equivalence.py --shape $1 --experts $2 -n 128 --no-prompt 2>&1 \
-      | grep -E "^'|EQUIVALENT|DIFFERENT|Error" > $OUT/equivalence_$1.md
-  echo "$1: $(grep -c -- '-> ok' $OUT/equivalence_$1.md) ok, $(grep -c WRONG $OUT/equivalence_$1.md) wrong; $(tail -1 $OUT/equivalence_$1.md)"
-done
+equivalence tiny q8_0 $OUT
+equivalence gpt-oss-tiny mxfp4 $OUT
 echo "equivalence done: $(( $(date +%s) - T0 )) s"
 q30_profile
 timeout $(left 560) python3 -m llama_moe -v bench /tmp/q30.gguf -t 16 --runs 5 -n 128 --cache-pct 50 \

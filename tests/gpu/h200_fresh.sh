@@ -1,7 +1,9 @@
 # Sourced by the H200 scripts that start on a fresh machine: the setup, a clock (left N: the seconds until N
-# seconds after the start, at least 1), and three steps they call in their own order: q30_synth (the
-# Qwen3-30B-A3B-shaped model, in the background, beside the build), cuda_build, and q30_profile (waits for the
-# model, then the hybrids' profile from a third of each topic's train paragraphs; the whole text takes 130 s).
+# seconds after the start, at least 1), and the steps they call in their own order: q30_synth (the
+# Qwen3-30B-A3B-shaped model, in the background, beside the build), cuda_build, q30_profile (waits for the
+# model, then the hybrids' profile from a third of each topic's train paragraphs; the whole text takes 130 s),
+# and equivalence SHAPE EXPERTS DIR (cuda_equivalence.py on a tiny model of that shape, its lines kept in
+# DIR/equivalence_SHAPE.md, a summary printed).
 . tests/gpu/h200_setup.sh
 T0=$(date +%s); left() { local s=$(( ${1} - ($(date +%s) - T0) )); echo $(( s > 1 ? s : 1 )); }
 q30_synth() {
@@ -21,4 +23,10 @@ from pathlib import Path
 from llama_moe.commands.bench import train_profile
 train_profile(Path('/tmp/q30.gguf'), Path('/tmp/q30.strp'), stride=3)"
   echo "profile: $(( $(date +%s) - t0 )) s"
+}
+equivalence() {
+  local f=$3/equivalence_$1.md
+  timeout 90 python3 tests/gpu/cuda_equivalence.py --shape $1 --experts $2 -n 128 --no-prompt 2>&1 \
+      | grep -E "^'|EQUIVALENT|DIFFERENT|Error" > $f
+  echo "$1: $(grep -c -- '-> ok' $f) ok, $(grep -c WRONG $f) wrong; $(tail -1 $f)"
 }

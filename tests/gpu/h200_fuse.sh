@@ -10,12 +10,7 @@ q30_synth
 cuda_build
 nvcc -O2 -std=c++17 -arch=sm_90 tests/gpu/zero_copy_probe.cu -o /tmp/zcp -lpthread && timeout 60 /tmp/zcp 15 > $OUT/zero_copy.txt 2>&1
 cat $OUT/zero_copy.txt
-eq() {
-  timeout 90 python3 tests/gpu/cuda_equivalence.py --shape $1 --experts $2 -n 128 --no-prompt 2>&1 \
-      | grep -E "^'|EQUIVALENT|DIFFERENT|Error" > $OUT/equivalence_$1.md
-  echo "$1: $(grep -c -- '-> ok' $OUT/equivalence_$1.md) ok, $(grep -c WRONG $OUT/equivalence_$1.md) wrong; $(tail -1 $OUT/equivalence_$1.md)"
-}
-eq tiny q8_0
+equivalence tiny q8_0 $OUT
 echo "equivalence done: $(( $(date +%s) - T0 )) s"
 q30_profile
 b() { # name, modes, env...
@@ -30,6 +25,6 @@ b fused hybrid,hybrid-no-mailbox,vram
 b unfused hybrid LLAMA_MOE_MAILBOX_FUSE=0
 b empty hybrid LLAMA_MOE_MAILBOX_TEST_EMPTY=1
 b nographs hybrid,vram GGML_CUDA_DISABLE_GRAPHS=1
-eq gpt-oss-tiny mxfp4
+equivalence gpt-oss-tiny mxfp4 $OUT
 tar czf $OUT/logs.tgz /tmp/*.log 2>/dev/null
 echo "total: $(( $(date +%s) - T0 )) s"
