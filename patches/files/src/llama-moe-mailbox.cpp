@@ -106,6 +106,18 @@ std::unique_ptr<llama_moe_mailbox> llama_moe_mailbox::create(llama_moe_cache & c
         mb->parts.push_back(std::move(p));
     }
     GGML_ASSERT((char *) mb->cpu_ids_data >= base);
+    mb->done.reset(new std::atomic<uint64_t>[mb->parts.size()]);
+    for (size_t i = 0; i < mb->parts.size(); ++i) {
+        mb->done[i] = 0;
+        for (const auto & l : cache.get_layers()) {
+            if (l.il == mb->parts[i].il) {
+                GGML_ASSERT(l.dst[2]->ne[2] > l.n_slots); // the null slot follows the others
+                mb->parts[i].slot_map   = l.slot_map;
+                mb->parts[i].miss_slot  = l.n_slots;
+                mb->parts[i].host_first = (int32_t) l.dst[2]->ne[2];
+            }
+        }
+    }
     if (cuda) {
         // each slot's step count in device memory: the device keeps it without a round trip over the bus
         mb->buf_steps = ggml_backend_buft_alloc_buffer(ggml_backend_dev_buffer_type(dev), mb->parts.size() * sizeof(uint64_t));
@@ -120,6 +132,22 @@ std::unique_ptr<llama_moe_mailbox> llama_moe_mailbox::create(llama_moe_cache & c
         }
     }
 
+    float share = LLAMA_MOE_MAILBOX_GPU_SHARE;
+    if (const char * t = getenv("LLAMA_MOE_MAILBOX_GPU_SHARE")) {
+        char * end = nullptr;
+        share = strtof(t, &end);
+        if (end == t || *end != '\0' || !(share >= 0.0f && share <= 1.0f)) {
+            LLAMA_LOG_WARN("llama_moe_cache: mailbox: LLAMA_MOE_MAILBOX_GPU_SHARE=%s is not a share from 0 to 1; using %.2f\n", t,
+                           LLAMA_MOE_MAILBOX_GPU_SHARE);
+            share = LLAMA_MOE_MAILBOX_GPU_SHARE;
+        }
+    }
+    std::string why;
+    if (share > 0.0f && !mb->set_host_reads((int32_t) (share * 1000.0f + 0.5f), cuda, why)) {
+        LLAMA_LOG_WARN("llama_moe_cache: mailbox: the CPU computes every miss (LLAMA_MOE_MAILBOX_GPU_SHARE=%.2f has no effect): %s\n",
+                       share, why.c_str());
+    }
+
     ggml_threadpool_params tpp = ggml_threadpool_params_default(1);
     mb->tp_one = ggml_threadpool_new(&tpp);
     if (mb->tp_one == nullptr) {
@@ -132,7 +160,87 @@ std::unique_ptr<llama_moe_mailbox> llama_moe_mailbox::create(llama_moe_cache & c
     LLAMA_LOG_INFO("llama_moe_cache: mailbox: %zu layers hand over to %d CPU threads through %.2f MiB of %s memory%s\n",
                    mb->parts.size(), mb->n_threads, total / 1024.0 / 1024.0, cuda ? "page-locked" : "host",
                    all_on_gpu ? "; the rest of a one-token graph's CPU work on 1 thread" : "");
+    if (mb->gpu_share_milli > 0) {
+        LLAMA_LOG_INFO("llama_moe_cache: mailbox: the %s reads %.0f%% of a layer's misses (at least one) from the host copy itself, "
+                       "the CPU computes the rest (LLAMA_MOE_MAILBOX_GPU_SHARE=%.2f)\n",
+                       cuda ? "GPU" : "device", mb->gpu_share_milli / 10.0, mb->gpu_share_milli / 1000.0);
+    }
     return mb;
+}
+
+bool llama_moe_mailbox::set_host_reads(int32_t share_milli, bool cuda, std::string & why) {
+    if (!fuse) {
+        why = "LLAMA_MOE_MAILBOX_FUSE=0 builds no route";
+        return false;
+    }
+    ggml_backend_dev_t dev = cache->get_device();
+    // the most rows of one token the device's MUL_MAT_ID reads host experts for (CUDA: those MMVQ takes)
+    int rows_max = INT32_MAX;
+    if (cuda) {
+        auto fn = (ggml_mailbox_host_rows_max_t) ggml_backend_reg_get_proc_address(ggml_backend_dev_backend_reg(dev), "ggml_mailbox_host_rows_max");
+        const char * name = ggml_backend_dev_name(dev);
+        rows_max = fn && strncmp(name, "CUDA", 4) == 0 ? fn(atoi(name + 4), cache->get_layers().front().dst[2]->type) : 0;
+    }
+    if (n_used < 2 || n_used > rows_max) {
+        why = "the device's kernel does not read " + std::to_string(n_used) + " experts a token from host memory";
+        return false;
+    }
+    ggml_backend_buffer_type_t host_buft = cuda ? ggml_backend_dev_host_buffer_type(dev) : nullptr;
+    int n_layers = 0;
+    for (auto & p : parts) {
+        const llama_moe_cache_layer * layer = nullptr;
+        for (const auto & l : cache->get_layers()) {
+            layer = l.il == p.il ? &l : layer;
+        }
+        GGML_ASSERT(layer != nullptr);
+        bool ok = !layer->has_bias;
+        if (layer->has_bias) {
+            why = "the experts have biases, which the device keeps by slot";
+        }
+        for (int k = 0; k < 3 && ok; ++k) {
+            const ggml_tensor * src = layer->src[k];
+            const ggml_tensor * dst = layer->dst[k];
+            if (src == nullptr) {
+                continue;
+            }
+            // page-locked memory of the device's host buffer type (a model loaded with use_mmap=False), which the GPU
+            // reads at the same address; memory-mapped experts are ordinary pages it cannot reach
+            const bool reachable = src->buffer != nullptr && (cuda ? ggml_backend_buffer_get_type(src->buffer) == host_buft
+                                                                   : ggml_backend_buffer_is_host(src->buffer));
+            if (!reachable) {
+                why = std::string("the experts in RAM are not in page-locked memory (") +
+                      (src->buffer ? ggml_backend_buffer_name(src->buffer) : "no buffer") + "; load the model with use_mmap=False)";
+                ok = false;
+            } else if (src->type != dst->type || src->nb[1] != dst->nb[1] || src->nb[2] != dst->nb[2] || src->ne[0] != dst->ne[0] ||
+                       src->ne[1] != dst->ne[1] || !ggml_is_quantized(src->type) || src->view_src != nullptr) {
+                why = "the cache's copies differ in layout from the experts in RAM";
+                ok = false;
+            }
+        }
+        if (!ok) {
+            continue;
+        }
+        for (int k = 0; k < 3; ++k) {
+            if (layer->src[k] != nullptr) {
+                ggml_mailbox_set_host_experts(layer->dst[k], layer->src[k], p.host_first);
+            }
+        }
+        p.share_milli = share_milli;
+        n_layers++;
+    }
+    if (n_layers == 0) {
+        return false;
+    }
+    gpu_share_milli = share_milli;
+    return true;
+}
+
+ggml_tensor * llama_moe_mailbox::route(ggml_context * ctx, int il, ggml_tensor * ids) const {
+    if (!fuse) {
+        return nullptr;
+    }
+    const layer_part & p = parts[part_of_il.at(il)];
+    return ggml_mailbox_route(ctx, ids, p.slot_map, p.slot, p.miss_slot, p.host_first, p.share_milli);
 }
 
 llama_moe_mailbox::~llama_moe_mailbox() {
@@ -161,6 +269,23 @@ llama_moe_mailbox::~llama_moe_mailbox() {
                            n_products_bytes.load() / 1e6 / n_busy, n_products_bytes.load() / 1e3 / t_products_us.load(), n_threads,
                            (double) t_lookup_us.load() / n_busy, (double) t_prepare_us.load() / n_busy,
                            (double) t_nodes_us.load() / n_busy);
+        }
+        if (fuse) {
+            LLAMA_LOG_INFO("llama_moe_cache: mailbox: %" PRIu64 " hand-overs had nothing for the CPU (the device did not wait); "
+                           "the device read %" PRIu64 " missed experts from the host copy itself (LLAMA_MOE_MAILBOX_GPU_SHARE=%.2f); "
+                           "%" PRIu64 " steps read too late to count\n",
+                           n_no_wait.load(), n_rows_gpu.load(), gpu_share_milli / 1000.0, n_lost.load());
+        }
+    }
+    for (auto & p : parts) {
+        if (p.share_milli > 0) {
+            for (const auto & l : cache->get_layers()) {
+                for (int k = 0; k < 3 && l.il == p.il; ++k) {
+                    if (l.dst[k] != nullptr) {
+                        ggml_mailbox_set_host_experts(l.dst[k], nullptr, 0); // the cache outlives this mailbox
+                    }
+                }
+            }
         }
     }
     team.reset();
@@ -284,13 +409,30 @@ void llama_moe_mailbox::begin_decode() {
     team->keep_awake(LLAMA_MOE_MAILBOX_AWAKE_US);
 }
 
+void llama_moe_mailbox::drain() {
+    // the device does not wait for the steps without rows for the CPU: their counts may still be on the way
+    const int64_t t_end = llama_moe_now_us() + (int64_t) timeout * 1000;
+    for (size_t i = 0; i < parts.size(); ++i) {
+        while (parts[i].il != stall_il && done[i].load(std::memory_order_acquire) != parts[i].slot->stamp_in) {
+            if (llama_moe_now_us() > t_end) {
+                LLAMA_LOG_WARN("llama_moe_cache: mailbox: layer %d: the CPU side did not read the last hand-over within "
+                               "LLAMA_MOE_MAILBOX_TIMEOUT_MS; its counts may lack it\n", parts[i].il);
+                return;
+            }
+            llama_moe_cpu_relax();
+        }
+    }
+}
+
 bool llama_moe_mailbox::end_decode() {
+    drain();
     in_decode = false;
     bool ok = !failed.exchange(false);
     for (auto & p : parts) {
         if (p.slot->error) {
             LLAMA_LOG_ERROR("llama_moe_cache: mailbox: layer %d: %s; this decode's output is wrong\n", p.il,
-                            p.slot->error == 1 ? "the CPU's part did not come within LLAMA_MOE_MAILBOX_TIMEOUT_MS"
+                            p.slot->error == 1 ? "the CPU's part did not come within LLAMA_MOE_MAILBOX_TIMEOUT_MS" :
+                            p.slot->error == 3 ? "the device's slot map and the CPU's disagree on which experts the cache holds"
                                                : "the CPU's part could not be computed");
             p.slot->error = 0;
             ok = false;
@@ -299,18 +441,41 @@ bool llama_moe_mailbox::end_decode() {
     return ok;
 }
 
-void llama_moe_mailbox::answer(size_t i, uint64_t step) {
+bool llama_moe_mailbox::answer(size_t i, uint64_t step) {
     const int64_t t0 = llama_moe_now_us();
     std::lock_guard<std::mutex> lock(graph_mutex);
     layer_part & p = parts[i];
     std::atomic_thread_fence(std::memory_order_acquire); // the stamp before the payload
+    int32_t selected[64];
+    memcpy(selected, ggml_mailbox_slot_ids(p.slot), n_used * sizeof(int32_t));
+    const bool     routed   = p.slot->routed != 0;
+    const uint64_t rows_cpu = p.slot->rows_cpu;
+    const uint64_t rows_gpu = p.slot->rows_gpu;
+    std::atomic_thread_fence(std::memory_order_acquire); // the payload before the stamp's second read
+    if (p.slot->stamp_in != step) {
+        return false; // a step the device did not wait for, overwritten by its next one while we read it
+    }
     int32_t * ids = cpu_ids_data + i * n_used;
-    cache->count_selected(p.il, ggml_mailbox_slot_ids(p.slot), ids);
+    cache->count_selected(p.il, selected, ids);
     uint64_t rows = 0; // the rows of y the CPU computes: the device reads only those
-    for (int64_t k = 0; k < n_used && !test_empty; ++k) {
-        rows |= (uint64_t) (ids[k] >= 0) << k;
+    for (int64_t k = 0; k < n_used; ++k) {
+        const bool miss = ids[k] >= 0;
+        if (routed && miss != (((rows_cpu | rows_gpu) >> k & 1) != 0)) {
+            p.slot->error = 3; // the maps disagree: fail the decode rather than leave an expert out
+        }
+        if (rows_gpu >> k & 1) {
+            ids[k] = -1; // the device reads it from the host copy
+            n_rows_gpu++;
+        }
+        rows |= (uint64_t) (ids[k] >= 0 && !test_empty) << k;
+    }
+    if (p.slot->error == 3) {
+        rows = 0;
     }
     const int64_t t_lookup = llama_moe_now_us() - t0;
+    if (routed && rows_cpu == 0) {
+        n_no_wait++; // the device went on without an answer
+    }
     if (p.ready && rows == 0) {
         // the cache holds every expert the token chose here: nothing to compute, nothing for the device to read;
         // on the H200, 58-64% of the hand-overs at a 50% cache, 89% at 75% (docs/benchmarks.md)
@@ -340,7 +505,7 @@ void llama_moe_mailbox::answer(size_t i, uint64_t step) {
     p.slot->y_rows = rows;
     std::atomic_thread_fence(std::memory_order_release); // the payload before the stamp
     p.slot->stamp_out = step;
-    p.done = step;
+    done[i].store(step, std::memory_order_release);
     n_handover++;
     const int64_t dt = llama_moe_now_us() - t0;
     t_compute_us += dt;
@@ -348,6 +513,7 @@ void llama_moe_mailbox::answer(size_t i, uint64_t step) {
         t_busy_us   += dt;
         t_lookup_us += t_lookup;
     }
+    return true;
 }
 
 void llama_moe_mailbox::run() {
@@ -369,13 +535,20 @@ void llama_moe_mailbox::run() {
         }
         bool any = false;
         for (size_t i = 0; i < parts.size(); ++i) {
-            const uint64_t in = parts[i].slot->stamp_in;
-            if (in != parts[i].done && parts[i].il != stall_il) {
+            const uint64_t in   = parts[i].slot->stamp_in;
+            const uint64_t last = done[i].load(std::memory_order_relaxed);
+            if (in != last && parts[i].il != stall_il) {
                 if (t_idle > 0 && i > i_last) {
                     t_wait_us += llama_moe_now_us() - t_idle;
                     n_wait++;
                 }
-                answer(i, in);
+                if (in > last + 1) {
+                    n_lost += in - last - 1; // steps the device did not wait for, overwritten before we came
+                }
+                if (!answer(i, in)) {
+                    n_lost++;
+                    done[i].store(in, std::memory_order_release);
+                }
                 any = true;
                 t_idle = llama_moe_now_us();
                 i_last = i;

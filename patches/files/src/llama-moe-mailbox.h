@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -25,6 +26,11 @@ struct ggml_threadpool;
 // how long the device waits for the CPU's part of one layer before it gives up (the decode then fails);
 // LLAMA_MOE_MAILBOX_TIMEOUT_MS overrides it
 static constexpr int32_t LLAMA_MOE_MAILBOX_TIMEOUT_MS = 10000;
+
+// of a layer's misses in one token, the share the device reads from the host copy of the experts itself (at least
+// one) while the CPU computes the rest, where it can (page-locked experts, no biases);
+// LLAMA_MOE_MAILBOX_GPU_SHARE overrides it, 0 leaves every miss to the CPU
+static constexpr float LLAMA_MOE_MAILBOX_GPU_SHARE = 0.4f;
 
 struct llama_moe_mailbox {
     // nullptr, after saying why, when the mailbox cannot or should not run (not CUDA, switched off, no layer).
@@ -44,6 +50,10 @@ struct llama_moe_mailbox {
     ggml_mailbox_slot * slot(int il) const; // nullptr outside begin_graph/end_graph (llama.cpp's reserve graphs)
     int32_t timeout_ms() const { return timeout; }
     bool    fused() const { return fuse; } // the send repeats the input rows, the recv adds (LLAMA_MOE_MAILBOX_FUSE=0: not)
+    // the ids the device's experts of layer il are looked up with, from the token's selected ids (ggml_mailbox_route):
+    // its misses split between the CPU and the device's own reads of the host copy (LLAMA_MOE_MAILBOX_GPU_SHARE);
+    // nullptr when not fused
+    ggml_tensor * route(ggml_context * ctx, int il, ggml_tensor * ids) const;
     void           begin_graph();
     ggml_context * cpu_ctx() const { return ctx_cpu; }
     ggml_tensor  * cpu_x  (int il);
@@ -55,12 +65,14 @@ struct llama_moe_mailbox {
     // hand-over was answered in time.
     void begin_decode();
     bool end_decode();
-    void idle() { in_decode = false; } // a decode that returned early: the CPU side goes back to sleep
+    void idle() { drain(); in_decode = false; } // a decode that returned early: the CPU side goes back to sleep
 
 private:
     llama_moe_mailbox() = default;
     void run();                        // the CPU side's thread
-    void answer(size_t is, uint64_t step);
+    bool answer(size_t is, uint64_t step); // false: the device moved on while the CPU read the step (not counted)
+    void drain();                      // after the device is done: until the CPU side has read every step
+    bool set_host_reads(int32_t share_milli, bool cuda, std::string & why); // the device's reads of the host copy
 
     struct layer_part {
         int il = -1;
@@ -72,7 +84,10 @@ private:
         ggml_gallocr * galloc = nullptr;  // that part's memory, kept from graph to graph
         std::unique_ptr<llama_moe_cpu_part> steps; // gf cut for the team, or nullptr: gf whole on one thread
         bool ready = false;
-        uint64_t done = 0;              // the last step answered
+        ggml_tensor * slot_map = nullptr; // the cache's expert -> slot on the device
+        int32_t miss_slot  = 0;           // the null slot: the experts the device lacks
+        int32_t host_first = 0;           // the first id of the host copy (route)
+        int32_t share_milli = 0;          // of its misses the device reads itself, in 1/1000
     };
 
     llama_moe_cache * cache = nullptr;
@@ -88,6 +103,7 @@ private:
     ggml_backend_buffer_t buf_slots_cpu = nullptr; // the same memory as the CPU graph's buffer
     ggml_backend_buffer_t buf_steps = nullptr;     // the device's step counts (CUDA), one per slot
     std::vector<layer_part> parts;
+    std::unique_ptr<std::atomic<uint64_t>[]> done; // per part: the last step the CPU side read
     std::vector<int> part_of_il;          // model layer -> index in parts, -1 for none
     int32_t * cpu_ids_data = nullptr;     // the ids tensors' memory, after the slots: n_used per part
 
@@ -119,5 +135,9 @@ private:
     std::atomic<uint64_t> t_nodes_us{0};    // the other nodes through ggml
     std::atomic<uint64_t> t_wait_us{0};
     std::atomic<uint64_t> n_wait{0};
+    std::atomic<uint64_t> n_rows_gpu{0}; // misses the device read from the host copy itself
+    std::atomic<uint64_t> n_no_wait{0};  // routed hand-overs with nothing for the CPU: the device did not wait
+    std::atomic<uint64_t> n_lost{0};     // steps the device had moved past when the CPU read them (not counted)
     std::atomic<bool> failed{false};
+    int32_t gpu_share_milli = 0;         // LLAMA_MOE_MAILBOX_GPU_SHARE, where the device can read the host copy
 };

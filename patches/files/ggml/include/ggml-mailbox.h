@@ -13,6 +13,10 @@
 //      equals stamp_in, then reads the rows of y marked in y_rows (added to that work's result, or copied out
 //      with zeros for the others). Reading host memory from the device is a round trip over the bus per load:
 //      a step whose rows are all zero (the cache held every expert) reads nothing but the stamps.
+// With a route (ggml_mailbox_route), the send says which rows the CPU computes (rows_cpu) and which the device
+// computes itself from the host copy of the experts (rows_gpu); a step whose rows_cpu is empty only tells the CPU
+// what was selected (for its counts) and its recv does not wait: the CPU checks that stamp_in did not move while
+// it read ids, and counts a step it read too late as lost rather than counting a torn read.
 // A stamp is written after its payload and read before it, and a step's send cannot start before the previous
 // step's recv has returned, so neither side reads a stale or torn payload. A recv that waits longer than its
 // timeout sets error, returns without y and lets the stream go on: the host checks error after the graph, so a
@@ -31,6 +35,9 @@ extern "C" {
         volatile uint64_t stamp_out; // the CPU: y of step stamp_out is in
         volatile uint64_t y_rows;    // the CPU: bit i: row i of y (of n_ids rows) holds values; the others read as zeros
         volatile int32_t  error;     // the device: a recv timed out (its output lacks y)
+        volatile int32_t  routed;    // the device: rows_cpu and rows_gpu below come from a route
+        volatile uint64_t rows_cpu;  // the device: bit i: the CPU computes row i (all bits without a route)
+        volatile uint64_t rows_gpu;  // the device: bit i: the device computes row i from the host copy
         uint64_t * step_dev;         // the device's count of its steps, in memory it reads without a bus round
                                      // trip (set by whoever gives the device such memory; else step_host)
         uint64_t   step_host;
@@ -52,6 +59,35 @@ extern "C" {
     GGML_API int32_t * ggml_mailbox_slot_ids(struct ggml_mailbox_slot * slot);
     GGML_API float   * ggml_mailbox_slot_y  (struct ggml_mailbox_slot * slot);
 
+    // route: the ids the device's experts are looked up with, [1, n_ids] (I32), from the selected ids (I32, n_ids
+    // values) and slot_map ([1, n_expert] I32: expert -> slot, miss_slot for the experts the device lacks). Of a
+    // step's misses (in selection order) the device takes the first ggml_mailbox_gpu_rows(n_miss, gpu_share_milli)
+    // as host_first + expert, to be read from the host copy of the experts (ggml_mailbox_set_host_experts); the
+    // others stay miss_slot, for the CPU
+    GGML_API struct ggml_tensor * ggml_mailbox_route(
+            struct ggml_context      * ctx,
+            struct ggml_tensor       * ids,
+            struct ggml_tensor       * slot_map,
+            struct ggml_mailbox_slot * slot,
+            int32_t                    miss_slot,
+            int32_t                    host_first,
+            int32_t                    gpu_share_milli);
+
+    // how many of a step's n_miss misses the device takes at a share of gpu_share_milli/1000: the nearest
+    // integer, at least one where the share is above zero, at most n_miss
+    GGML_API int32_t ggml_mailbox_gpu_rows(int32_t n_miss, int32_t gpu_share_milli);
+
+    // MUL_MAT_ID on dev_exps ([.., .., n] on the device) reads the expert of an id >= first from host_exps (same
+    // type and strides, in host memory the device can read) at id - first: ggml_mailbox_route's ids. Stored in
+    // dev_exps's op_params (a leaf's are unused); host_exps == NULL clears it. CUDA's MMVQ (one token's
+    // rows, one expert each) and the CPU read such ids; the route is built only for those
+    // a backend registry's proc "ggml_mailbox_host_rows_max": how many rows of one token (one expert each) its
+    // MUL_MAT_ID reads host experts for on a device, 0 for none (CUDA: those MMVQ takes)
+    typedef int (*ggml_mailbox_host_rows_max_t)(int device, enum ggml_type type);
+
+    GGML_API void         ggml_mailbox_set_host_experts(struct ggml_tensor * dev_exps, const struct ggml_tensor * host_exps, int32_t first);
+    GGML_API const void * ggml_mailbox_get_host_experts(const struct ggml_tensor * dev_exps, int32_t * first);
+
     // send: x (F32, n_x values) and ids (I32, n_ids values) into the slot. The result is x repeated n_rep times,
     // [n_x, n_rep], so that work built on it runs after the send; a device whose next work wants x once per
     // selected expert gets those rows from the send instead of from a repeat of its own
@@ -59,6 +95,16 @@ extern "C" {
             struct ggml_context      * ctx,
             struct ggml_tensor       * x,
             struct ggml_tensor       * ids,
+            struct ggml_mailbox_slot * slot,
+            int64_t                    n_rep);
+
+    // send with a route: the CPU computes the rows whose route id is the route's miss_slot; none: the step only
+    // carries ids (x stays in device memory) and its recv does not wait
+    GGML_API struct ggml_tensor * ggml_mailbox_send_routed(
+            struct ggml_context      * ctx,
+            struct ggml_tensor       * x,
+            struct ggml_tensor       * ids,
+            struct ggml_tensor       * route,
             struct ggml_mailbox_slot * slot,
             int64_t                    n_rep);
 
@@ -77,12 +123,17 @@ extern "C" {
         GGML_MAILBOX_SEND = 0,
         GGML_MAILBOX_RECV = 1,
         GGML_MAILBOX_RECV_ADD = 2,
+        GGML_MAILBOX_ROUTE = 3,
     };
 
-    // for backends: the op's mode, slot and timeout
+    // for backends: the op's mode, slot and timeout; the route's miss slot, first host id and share (send and
+    // recv: the route they follow is their src[2], NULL for none)
     GGML_API enum ggml_mailbox_mode   ggml_mailbox_get_mode   (const struct ggml_tensor * op);
     GGML_API struct ggml_mailbox_slot * ggml_mailbox_get_slot (const struct ggml_tensor * op);
     GGML_API int32_t                  ggml_mailbox_get_timeout(const struct ggml_tensor * op);
+    GGML_API int32_t                  ggml_mailbox_get_miss_slot (const struct ggml_tensor * op);
+    GGML_API int32_t                  ggml_mailbox_get_host_first(const struct ggml_tensor * op);
+    GGML_API int32_t                  ggml_mailbox_get_gpu_share (const struct ggml_tensor * op);
 
 #ifdef __cplusplus
 }

@@ -13,18 +13,66 @@ static __device__ __forceinline__ uint64_t ggml_mailbox_now_ns() {
     return t;
 }
 
-// one block: the payload, a fence, then the stamp; x_out gets n_rep copies of x
+// one thread: the ids the device's experts are looked up with (ggml_mailbox_route)
+static __global__ void k_mailbox_route(const int32_t * ids, const int32_t * slot_map, const int64_t map_stride, const int n_ids,
+                                       const int32_t miss_slot, const int32_t host_first, const int32_t gpu_share_milli, int32_t * out) {
+    int32_t n_miss = 0;
+    for (int k = 0; k < n_ids; ++k) {
+        out[k] = slot_map[(int64_t) ids[k] * map_stride];
+        n_miss += out[k] == miss_slot;
+    }
+    // ggml_mailbox_gpu_rows
+    int32_t n_gpu = 0;
+    if (n_miss > 0 && gpu_share_milli > 0) {
+        n_gpu = min(n_miss, max(1, (n_miss * gpu_share_milli + 500) / 1000));
+    }
+    for (int k = 0; k < n_ids && n_gpu > 0; ++k) {
+        if (out[k] == miss_slot) {
+            out[k] = host_first + ids[k];
+            n_gpu--;
+        }
+    }
+}
+
+// the rows a route leaves to the CPU (bit k: route[k] is the miss slot) and to the device's host reads; without
+// a route the CPU decides: every bit
+static __device__ __forceinline__ uint64_t ggml_mailbox_rows(const int32_t * route, const int n_ids, const int32_t miss_slot, uint64_t * rows_gpu) {
+    if (route == nullptr) {
+        *rows_gpu = 0;
+        return ~(uint64_t) 0;
+    }
+    uint64_t cpu = 0, gpu = 0;
+    for (int k = 0; k < n_ids; ++k) {
+        cpu |= (uint64_t) (route[k] == miss_slot) << k;
+        gpu |= (uint64_t) (route[k] >  miss_slot) << k;
+    }
+    *rows_gpu = gpu;
+    return cpu;
+}
+
+// one block: the payload, a fence, then the stamp; x_out gets n_rep copies of x. A step without rows for the
+// CPU carries only the ids and the rows (x stays on the device)
 static __global__ void k_mailbox_send(ggml_mailbox_slot * slot, uint64_t * step_dev, float * mx, int32_t * mids, const int n_x, const int n_ids,
-                                      const int n_rep, const float * x, const int32_t * ids, float * x_out) {
+                                      const int n_rep, const float * x, const int32_t * ids, const int32_t * route, const int32_t miss_slot,
+                                      float * x_out) {
+    uint64_t rows_gpu;
+    const uint64_t rows_cpu = ggml_mailbox_rows(route, n_ids, miss_slot, &rows_gpu);
     for (int i = threadIdx.x; i < n_x; i += blockDim.x) {
         const float v = x[i];
-        mx[i] = v;
+        if (rows_cpu != 0) {
+            mx[i] = v;
+        }
         for (int r = 0; r < n_rep; ++r) {
             x_out[(int64_t) r*n_x + i] = v;
         }
     }
     for (int i = threadIdx.x; i < n_ids; i += blockDim.x) {
         mids[i] = ids[i];
+    }
+    if (threadIdx.x == 0) {
+        slot->rows_cpu = rows_cpu;
+        slot->rows_gpu = rows_gpu;
+        slot->routed   = route != nullptr;
     }
     __threadfence_system();
     __syncthreads();
@@ -42,9 +90,15 @@ static __global__ void k_mailbox_send(ggml_mailbox_slot * slot, uint64_t * step_
 // where it computed one, else base (add), or the CPU's row, else zeros
 template <bool add>
 static __global__ void k_mailbox_recv(ggml_mailbox_slot * slot, const uint64_t * step_dev, const float * my, const int n_ids, const int n_row,
-                                      const float * base, float * y_out, const uint64_t timeout_ns) {
+                                      const float * base, float * y_out, const uint64_t timeout_ns, const int32_t * route, const int32_t miss_slot) {
     __shared__ uint64_t rows;
-    if (threadIdx.x == 0) {
+    uint64_t rows_gpu;
+    if (ggml_mailbox_rows(route, n_ids, miss_slot, &rows_gpu) == 0) {
+        // nothing for the CPU in this step: no wait, nothing to read over the bus
+        if (threadIdx.x == 0) {
+            rows = 0;
+        }
+    } else if (threadIdx.x == 0) {
         volatile uint64_t * stamp_out = &slot->stamp_out;
         const uint64_t step = *step_dev;
         const uint64_t t_end = ggml_mailbox_now_ns() + timeout_ns;
@@ -96,13 +150,21 @@ void ggml_cuda_op_mailbox(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     ggml_mailbox_slot * slot = ggml_mailbox_get_slot(dst);
     cudaStream_t stream = ctx.stream();
     const ggml_mailbox_mode mode = ggml_mailbox_get_mode(dst);
-    if (mode == GGML_MAILBOX_SEND) {
+    const int32_t   miss_slot = ggml_mailbox_get_miss_slot(dst);
+    const int32_t * route     = dst->src[2] ? (const int32_t *) dst->src[2]->data : nullptr;
+    if (mode == GGML_MAILBOX_ROUTE) {
+        const ggml_tensor * ids = dst->src[0];
+        const ggml_tensor * map = dst->src[1];
+        GGML_ASSERT(ggml_is_contiguous(ids) && ggml_is_contiguous(dst) && map->nb[1] % sizeof(int32_t) == 0);
+        k_mailbox_route<<<1, 1, 0, stream>>>((const int32_t *) ids->data, (const int32_t *) map->data, map->nb[1] / sizeof(int32_t), slot->n_ids,
+                                             miss_slot, ggml_mailbox_get_host_first(dst), ggml_mailbox_get_gpu_share(dst), (int32_t *) dst->data);
+    } else if (mode == GGML_MAILBOX_SEND) {
         const ggml_tensor * x   = dst->src[0];
         const ggml_tensor * ids = dst->src[1];
         GGML_ASSERT(ggml_is_contiguous(x) && ggml_is_contiguous(ids) && ggml_is_contiguous(dst));
         GGML_ASSERT(dst->ne[0] == slot->n_x);
         k_mailbox_send<<<1, 256, 0, stream>>>(slot, slot->step_dev, ggml_mailbox_slot_x(slot), ggml_mailbox_slot_ids(slot), slot->n_x, slot->n_ids,
-                                              (int) ggml_nrows(dst), (const float *) x->data, (const int32_t *) ids->data,
+                                              (int) ggml_nrows(dst), (const float *) x->data, (const int32_t *) ids->data, route, miss_slot,
                                               (float *) dst->data);
     } else {
         const ggml_tensor * base = dst->src[1];
@@ -113,10 +175,10 @@ void ggml_cuda_op_mailbox(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
         // go as float4 where base and dst are aligned too
         if (mode == GGML_MAILBOX_RECV_ADD) {
             k_mailbox_recv<true><<<1, 512, 0, stream>>>(slot, slot->step_dev, ggml_mailbox_slot_y(slot), slot->n_ids, slot->n_y / slot->n_ids,
-                                                        (const float *) base->data, (float *) dst->data, timeout_ns);
+                                                        (const float *) base->data, (float *) dst->data, timeout_ns, route, miss_slot);
         } else {
             k_mailbox_recv<false><<<1, 512, 0, stream>>>(slot, slot->step_dev, ggml_mailbox_slot_y(slot), slot->n_ids, slot->n_y / slot->n_ids,
-                                                         (const float *) base->data, (float *) dst->data, timeout_ns);
+                                                         (const float *) base->data, (float *) dst->data, timeout_ns, route, miss_slot);
         }
     }
     CUDA_CHECK(cudaGetLastError());
