@@ -52,6 +52,7 @@ def main() -> int:
     ap.add_argument("--no-prompt", action="store_true", help="skip the prompt copies (n_copy) check")
     ap.add_argument("--shape", default="tiny", help="without a model: the synthetic shape (gpt-oss-tiny: expert biases)")
     ap.add_argument("--experts", default="q8_0", help="without a model: the experts' type")
+    ap.add_argument("--modes", help="the modes to compare with no cache, comma-separated (default: all)")
     args = ap.parse_args()
     import logging
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
@@ -70,8 +71,13 @@ def main() -> int:
     profile = train_profile(path, Path(tempfile.mkdtemp()) / "train.strp", log=lambda s: None, n_ctx=512)
     # hybrid and adaptive hand over through the mailbox on CUDA; hybrid-split through the scheduler
     hybrid = {"moe_cache_hybrid": True, "moe_cache_profile": profile}
+    # (the mailbox's device reads its default share of the misses from the host copy; gpu-reads-all every one)
     modes = {"upload": Mode(), "hybrid": Mode(hybrid), "hybrid-split": Mode(hybrid, {"LLAMA_MOE_CACHE_NO_MAILBOX": "1"}),
+             "gpu-reads-all": Mode(hybrid, {"LLAMA_MOE_MAILBOX_GPU_SHARE": "1"}),
+             "cpu-reads-all": Mode(hybrid, {"LLAMA_MOE_MAILBOX_GPU_SHARE": "0"}),
              "adaptive": Mode({"moe_cache_hybrid": True, "moe_cache_adaptive": True})}
+    if args.modes:
+        modes = {name: modes[name] for name in args.modes.split(",")}
     ok = True if args.no_prompt else prompt_copies(path, total, profile)
     if args.prompt_only:
         return 0 if ok else 1
@@ -84,10 +90,12 @@ def main() -> int:
                 s = c.stats
                 print(f"{prompt[:30]!r:34} {mode:12} {pct:3d}%: {c.describe()} over {args.n} -> {'ok' if c.ok else 'WRONG'}; "
                       f"hit rate {s.hit_rate:.3f}, {s.n_miss} misses, {s.n_swap} swaps, {s.n_slots} slots")
-            # the mailbox changes where the CPU's experts are computed and how they come back, nothing else
+            # the mailbox with the CPU computing every miss changes where the CPU's experts are computed and how they
+            # come back, nothing else
             for pct in (25, 50):
                 cp = ContextParams(n_ctx=1024, moe_cache_mib=total * pct / 100 + 1, **hybrid)
-                mailbox = greedy_steps(model, cp, prompt, args.n)
+                with environment(LLAMA_MOE_MAILBOX_GPU_SHARE="0"):
+                    mailbox = greedy_steps(model, cp, prompt, args.n)
                 with environment(LLAMA_MOE_CACHE_NO_MAILBOX="1"):
                     split = greedy_steps(model, cp, prompt, args.n)
                 same = mailbox[0] == split[0] and np.array_equal(mailbox[1], split[1])
