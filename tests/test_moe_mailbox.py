@@ -32,15 +32,18 @@ def _run(model: Model, cp: ContextParams, prompt: str):
         return tokens, ctx.logits(), ctx.moe_cache_stats()
 
 
-@pytest.mark.parametrize("adaptive,threads,chunk,prefetch", [(False, "1", None, None), (True, "3", None, None),
-                                                             (False, "3", "0", "0"), (False, "4", "7", "100000")])
+@pytest.mark.parametrize("adaptive,threads,chunk,prefetch,share", [(False, "1", None, None, "0"), (True, "3", None, None, None),
+                                                                   (False, "3", "0", "0", "1"), (False, "4", "7", "100000", "0.5")])
 def test_mailbox_gives_the_same_tokens_logits_and_counts(lib, tiny_model_path, tmp_path, monkeypatch, caplog,
-                                                         adaptive, threads, chunk, prefetch) -> None:
+                                                         adaptive, threads, chunk, prefetch, share) -> None:
     """The CPU's part computed by the mailbox's team (its leader alone, or with workers taking rows in chunks of
-    GGML_MMID_CHUNK, 0 = a slice each; prefetching rows ahead or not): bit for bit what ggml computes without
-    a cache."""
+    GGML_MMID_CHUNK, 0 = a slice each; prefetching rows ahead or not), and the misses the device reads from the
+    host copy itself (LLAMA_MOE_MAILBOX_GPU_SHARE: none, the default, every one, half): bit for bit what ggml
+    computes without a cache, with the scheduler's counts."""
     caplog.set_level(logging.INFO, logger="llama_moe.native")
     monkeypatch.setenv("LLAMA_MOE_MAILBOX_THREADS", threads)
+    if share is not None:
+        monkeypatch.setenv("LLAMA_MOE_MAILBOX_GPU_SHARE", share)
     if chunk is not None:
         monkeypatch.setenv("GGML_MMID_CHUNK", chunk)
     if prefetch is not None:
@@ -71,9 +74,21 @@ def test_mailbox_gives_the_same_tokens_logits_and_counts(lib, tiny_model_path, t
             assert handovers and int(handovers[-1].split("for each of ")[1].split()[0]) >= 6 * (N_GEN - 1)
             # and where the parts with experts to compute spent their time
             parts = [line for line in caplog.text.splitlines() if "mailbox: a part with experts to compute took" in line]
+            # the misses the device read itself, and the hand-overs it did not wait for (nothing for the CPU)
+            n = int(handovers[-1].split("for each of ")[1].split()[0])
+            line = next(l for l in caplog.text.splitlines() if "hand-overs had nothing for the CPU" in l)
+            no_wait = int(line.split("mailbox: ")[1].split()[0])
+            device_reads = int(line.split("the device read ")[1].split()[0])
+            assert " 0 steps read too late to count" in line
+            if share == "1":
+                # every miss read by the device: the CPU never computes, the device never waits
+                assert device_reads > 0 and no_wait == n and not parts
+                continue
+            assert device_reads == 0 if share == "0" else 0 < device_reads < stats.n_miss
+            assert no_wait < n
             assert parts and f"on {threads} threads" in parts[-1] and " MB (" in parts[-1]
             # and its serial rest, each share named
-            assert all(share in parts[-1] for share in ("the cache's lookup", "quantizing and listing rows", "the other nodes"))
+            assert all(name in parts[-1] for name in ("the cache's lookup", "quantizing and listing rows", "the other nodes"))
 
 
 
@@ -94,6 +109,32 @@ def test_mailbox_with_expert_biases(lib, tmp_path, monkeypatch, caplog) -> None:
     np.testing.assert_array_equal(logits, plain_logits)
     assert stats.n_swap > 0 and stats.n_miss > 0
     assert "hand over to 3 CPU threads" in caplog.text and "CPU part runs on one thread" not in caplog.text
+    # the device keeps the biases by slot: it cannot add a missed expert's, so the CPU computes every miss
+    assert ("the CPU computes every miss (LLAMA_MOE_MAILBOX_GPU_SHARE=0.40 has no effect): the experts have biases"
+            in caplog.text)
+    assert "the device read 0 missed experts from the host copy itself" in caplog.text
+
+
+@pytest.mark.parametrize("env,why", [
+    ({"LLAMA_MOE_MAILBOX_GPU_SHARE": "half"}, "LLAMA_MOE_MAILBOX_GPU_SHARE=half is not a share from 0 to 1; using 0.40"),
+    ({"LLAMA_MOE_MAILBOX_GPU_SHARE": "1.5"}, "LLAMA_MOE_MAILBOX_GPU_SHARE=1.5 is not a share from 0 to 1; using 0.40"),
+    ({"LLAMA_MOE_MAILBOX_GPU_SHARE": "0.5", "LLAMA_MOE_MAILBOX_FUSE": "0"},
+     "the CPU computes every miss (LLAMA_MOE_MAILBOX_GPU_SHARE=0.50 has no effect): LLAMA_MOE_MAILBOX_FUSE=0 builds no route"),
+])
+def test_a_gpu_share_that_cannot_apply_says_why(lib, tiny_model_path, monkeypatch, caplog, env, why) -> None:
+    """A share that is not one, or one the graph cannot follow: a warning that says what and why, and the text
+    of no cache all the same."""
+    caplog.set_level(logging.INFO, logger="llama_moe.native")
+    cp = ContextParams(n_ctx=256, moe_cache_mib=mib_for_slots(tiny_model_path, 8, hybrid=True), moe_cache_hybrid=True,
+                       moe_cache_adaptive=True)
+    with Model(tiny_model_path, RAM) as model:
+        plain, _, _ = _run(model, ContextParams(n_ctx=256), PROMPTS[0])
+        monkeypatch.setenv("LLAMA_MOE_MAILBOX_ON_CPU", "1")
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        tokens, _, _ = _run(model, cp, PROMPTS[0])
+    assert tokens == plain
+    assert any(r.levelno == logging.WARNING and why in r.getMessage() for r in caplog.records), caplog.text
 
 
 def test_mailbox_off_switch_and_lifecycles(lib, tiny_model_path, monkeypatch, caplog) -> None:

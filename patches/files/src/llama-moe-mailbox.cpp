@@ -133,7 +133,8 @@ std::unique_ptr<llama_moe_mailbox> llama_moe_mailbox::create(llama_moe_cache & c
     }
 
     float share = LLAMA_MOE_MAILBOX_GPU_SHARE;
-    if (const char * t = getenv("LLAMA_MOE_MAILBOX_GPU_SHARE")) {
+    const char * share_env = getenv("LLAMA_MOE_MAILBOX_GPU_SHARE");
+    if (const char * t = share_env) {
         char * end = nullptr;
         share = strtof(t, &end);
         if (end == t || *end != '\0' || !(share >= 0.0f && share <= 1.0f)) {
@@ -144,8 +145,10 @@ std::unique_ptr<llama_moe_mailbox> llama_moe_mailbox::create(llama_moe_cache & c
     }
     std::string why;
     if (share > 0.0f && !mb->set_host_reads((int32_t) (share * 1000.0f + 0.5f), cuda, why)) {
-        LLAMA_LOG_WARN("llama_moe_cache: mailbox: the CPU computes every miss (LLAMA_MOE_MAILBOX_GPU_SHARE=%.2f has no effect): %s\n",
-                       share, why.c_str());
+        // a warning where the share was asked for, a note where it is the default
+        llama_log_internal(share_env ? GGML_LOG_LEVEL_WARN : GGML_LOG_LEVEL_INFO,
+                           "llama_moe_cache: mailbox: the CPU computes every miss (LLAMA_MOE_MAILBOX_GPU_SHARE=%.2f has no effect): %s\n",
+                           share, why.c_str());
     }
 
     ggml_threadpool_params tpp = ggml_threadpool_params_default(1);
