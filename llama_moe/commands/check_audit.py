@@ -103,7 +103,7 @@ def check_audit_run(model: str | Path, profile: str | Path, cache_mib: float = 2
         said = [line[line.index("llama_moe_cache: mailbox"):] for line in
                 (work / f"server-{name}.log").read_text(errors="replace").splitlines() if "llama_moe_cache: mailbox" in line]
         # the exit line (hand-overs counted) if there is one, else the load line
-        said = [line for line in said if "hand-overs" in line] or said
+        said = [line for line in said if "hand-overs from the GPU" in line] or said
         result = check_audit(audit)
         runs.append(AuditRun(mailbox, said[-1].strip() if said else "", texts, result.n_records,
                              tuple(f"line {i.line}: {i.message}" for i in result.errors),
