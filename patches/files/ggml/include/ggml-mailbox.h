@@ -119,15 +119,28 @@ extern "C" {
             bool                       add,
             int32_t                    timeout_ms);
 
+    // recv_sum: the recv's rows (base + the CPU's y where it computed one), each times its weight (weights: F32,
+    // n_ids values, row r's at weights->nb[1]*r; NULL: 1) and summed in row order, [n_row, 1]: the MoE layer's
+    // output in one kernel instead of a recv, a mul and an add of the rows. Each row is multiplied and added
+    // once, in the order a mul then ggml's adds round them
+    GGML_API struct ggml_tensor * ggml_mailbox_recv_sum(
+            struct ggml_context      * ctx,
+            struct ggml_tensor       * send,
+            struct ggml_tensor       * base,
+            struct ggml_tensor       * weights,
+            struct ggml_mailbox_slot * slot,
+            int32_t                    timeout_ms);
+
     enum ggml_mailbox_mode {
         GGML_MAILBOX_SEND = 0,
         GGML_MAILBOX_RECV = 1,
         GGML_MAILBOX_RECV_ADD = 2,
         GGML_MAILBOX_ROUTE = 3,
+        GGML_MAILBOX_RECV_SUM = 4,
     };
 
     // for backends: the op's mode, slot and timeout; the route's miss slot, first host id and share (send and
-    // recv: the route they follow is their src[2], NULL for none)
+    // recv: the route they follow is their src[2], NULL for none; recv_sum: its weights are src[3])
     GGML_API enum ggml_mailbox_mode   ggml_mailbox_get_mode   (const struct ggml_tensor * op);
     GGML_API struct ggml_mailbox_slot * ggml_mailbox_get_slot (const struct ggml_tensor * op);
     GGML_API int32_t                  ggml_mailbox_get_timeout(const struct ggml_tensor * op);

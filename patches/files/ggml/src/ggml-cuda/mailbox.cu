@@ -13,24 +13,27 @@ static __device__ __forceinline__ uint64_t ggml_mailbox_now_ns() {
     return t;
 }
 
-// one thread: the ids the device's experts are looked up with (ggml_mailbox_route)
+// two warps (n_ids <= 64), a lane per selected expert: the ids the device's experts are looked up with
+// (ggml_mailbox_route); the lookups run side by side, not one after another
 static __global__ void k_mailbox_route(const int32_t * ids, const int32_t * slot_map, const int64_t map_stride, const int n_ids,
                                        const int32_t miss_slot, const int32_t host_first, const int32_t gpu_share_milli, int32_t * out) {
-    int32_t n_miss = 0;
-    for (int k = 0; k < n_ids; ++k) {
-        out[k] = slot_map[(int64_t) ids[k] * map_stride];
-        n_miss += out[k] == miss_slot;
+    __shared__ int32_t n_miss_warp[2];
+    const int k    = threadIdx.x;
+    const int lane = k % 32, warp = k / 32;
+    const int32_t e = k < n_ids ? ids[k] : 0;
+    const int32_t s = k < n_ids ? slot_map[(int64_t) e * map_stride] : 0;
+    const bool miss = k < n_ids && s == miss_slot;
+    const uint32_t ballot = __ballot_sync(0xffffffff, miss);
+    if (lane == 0) {
+        n_miss_warp[warp] = __popc(ballot);
     }
-    // ggml_mailbox_gpu_rows
-    int32_t n_gpu = 0;
-    if (n_miss > 0 && gpu_share_milli > 0) {
-        n_gpu = min(n_miss, max(1, (n_miss * gpu_share_milli + 500) / 1000));
-    }
-    for (int k = 0; k < n_ids && n_gpu > 0; ++k) {
-        if (out[k] == miss_slot) {
-            out[k] = host_first + ids[k];
-            n_gpu--;
-        }
+    __syncthreads();
+    // ggml_mailbox_gpu_rows; the device takes the first n_gpu misses in selection order
+    const int32_t n_miss = n_miss_warp[0] + n_miss_warp[1];
+    const int32_t n_gpu  = n_miss > 0 && gpu_share_milli > 0 ? min(n_miss, max(1, (n_miss * gpu_share_milli + 500) / 1000)) : 0;
+    const int32_t before = (warp ? n_miss_warp[0] : 0) + __popc(ballot & ((1u << lane) - 1));
+    if (k < n_ids) {
+        out[k] = miss && before < n_gpu ? host_first + e : s;
     }
 }
 
@@ -86,35 +89,38 @@ static __global__ void k_mailbox_send(ggml_mailbox_slot * slot, uint64_t * step_
     }
 }
 
-// one block: thread 0 polls the CPU's stamp (at most timeout_ns), then all write each row: base + the CPU's row
-// where it computed one, else base (add), or the CPU's row, else zeros
+// thread 0 of a block: the rows of y the CPU wrote for this step, after waiting for its stamp (at most timeout_ns;
+// then the slot's error is set and no row is read); no wait where the route left the CPU nothing
+static __device__ uint64_t ggml_mailbox_wait(ggml_mailbox_slot * slot, const uint64_t * step_dev, const int n_ids, const uint64_t timeout_ns,
+                                             const int32_t * route, const int32_t miss_slot) {
+    uint64_t rows_gpu;
+    if (ggml_mailbox_rows(route, n_ids, miss_slot, &rows_gpu) == 0) {
+        return 0; // nothing for the CPU in this step: nothing to read over the bus
+    }
+    volatile uint64_t * stamp_out = &slot->stamp_out;
+    const uint64_t step = *step_dev;
+    const uint64_t t_end = ggml_mailbox_now_ns() + timeout_ns;
+    while (*stamp_out != step) {
+        if (ggml_mailbox_now_ns() > t_end) {
+            volatile int32_t * error = &slot->error;
+            *error = 1;
+            return 0;
+        }
+        __nanosleep(100);
+    }
+    __threadfence_system();
+    const uint64_t rows = *(volatile uint64_t *) &slot->y_rows;
+    __threadfence_system();
+    return rows;
+}
+
+// one block: each row base + the CPU's row where it computed one, else base (add), or the CPU's row, else zeros
 template <bool add>
 static __global__ void k_mailbox_recv(ggml_mailbox_slot * slot, const uint64_t * step_dev, const float * my, const int n_ids, const int n_row,
                                       const float * base, float * y_out, const uint64_t timeout_ns, const int32_t * route, const int32_t miss_slot) {
     __shared__ uint64_t rows;
-    uint64_t rows_gpu;
-    if (ggml_mailbox_rows(route, n_ids, miss_slot, &rows_gpu) == 0) {
-        // nothing for the CPU in this step: no wait, nothing to read over the bus
-        if (threadIdx.x == 0) {
-            rows = 0;
-        }
-    } else if (threadIdx.x == 0) {
-        volatile uint64_t * stamp_out = &slot->stamp_out;
-        const uint64_t step = *step_dev;
-        const uint64_t t_end = ggml_mailbox_now_ns() + timeout_ns;
-        bool ok = true;
-        while (*stamp_out != step) {
-            if (ggml_mailbox_now_ns() > t_end) {
-                volatile int32_t * error = &slot->error;
-                *error = 1;
-                ok = false;
-                break;
-            }
-            __nanosleep(100);
-        }
-        __threadfence_system();
-        rows = ok ? *(volatile uint64_t *) &slot->y_rows : 0;
-        __threadfence_system();
+    if (threadIdx.x == 0) {
+        rows = ggml_mailbox_wait(slot, step_dev, n_ids, timeout_ns, route, miss_slot);
     }
     __syncthreads();
     const bool vec = n_row % 4 == 0 && (((uintptr_t) base | (uintptr_t) y_out) & 15) == 0;
@@ -146,6 +152,33 @@ static __global__ void k_mailbox_recv(ggml_mailbox_slot * slot, const uint64_t *
     }
 }
 
+// one block: sum over the rows r of (base_r + the CPU's y_r where it computed one) * w_r, rounded as ggml's add,
+// mul and chain of adds round them (no fused multiply-add), into one row
+static __global__ void k_mailbox_recv_sum(ggml_mailbox_slot * slot, const uint64_t * step_dev, const float * my, const int n_ids, const int n_row,
+                                          const float * base, const float * w, const int64_t w_stride, float * out, const uint64_t timeout_ns,
+                                          const int32_t * route, const int32_t miss_slot) {
+    __shared__ uint64_t rows;
+    if (threadIdx.x == 0) {
+        rows = ggml_mailbox_wait(slot, step_dev, n_ids, timeout_ns, route, miss_slot);
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < n_row; i += blockDim.x) {
+        float acc = 0.0f;
+        for (int r = 0; r < n_ids; ++r) {
+            const int64_t off = (int64_t) r*n_row + i;
+            float t = base[off];
+            if (rows >> r & 1) {
+                t = __fadd_rn(t, __ldcv(my + off));
+            }
+            if (w != nullptr) {
+                t = __fmul_rn(t, w[r*w_stride]);
+            }
+            acc = r == 0 ? t : __fadd_rn(acc, t);
+        }
+        out[i] = acc;
+    }
+}
+
 void ggml_cuda_op_mailbox(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     ggml_mailbox_slot * slot = ggml_mailbox_get_slot(dst);
     cudaStream_t stream = ctx.stream();
@@ -156,7 +189,8 @@ void ggml_cuda_op_mailbox(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
         const ggml_tensor * ids = dst->src[0];
         const ggml_tensor * map = dst->src[1];
         GGML_ASSERT(ggml_is_contiguous(ids) && ggml_is_contiguous(dst) && map->nb[1] % sizeof(int32_t) == 0);
-        k_mailbox_route<<<1, 1, 0, stream>>>((const int32_t *) ids->data, (const int32_t *) map->data, map->nb[1] / sizeof(int32_t), slot->n_ids,
+        GGML_ASSERT(slot->n_ids <= 64);
+        k_mailbox_route<<<1, 64, 0, stream>>>((const int32_t *) ids->data, (const int32_t *) map->data, map->nb[1] / sizeof(int32_t), slot->n_ids,
                                              miss_slot, ggml_mailbox_get_host_first(dst), ggml_mailbox_get_gpu_share(dst), (int32_t *) dst->data);
     } else if (mode == GGML_MAILBOX_SEND) {
         const ggml_tensor * x   = dst->src[0];
@@ -168,12 +202,18 @@ void ggml_cuda_op_mailbox(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
                                               (float *) dst->data);
     } else {
         const ggml_tensor * base = dst->src[1];
-        GGML_ASSERT(ggml_is_contiguous(dst) && ggml_is_contiguous(base) && ggml_nelements(dst) == slot->n_y);
+        GGML_ASSERT(ggml_is_contiguous(dst) && ggml_is_contiguous(base) && ggml_nelements(base) == slot->n_y);
         GGML_ASSERT(slot->n_y % slot->n_ids == 0);
+        GGML_ASSERT(ggml_nelements(dst) == (mode == GGML_MAILBOX_RECV_SUM ? slot->n_y / slot->n_ids : slot->n_y));
         const uint64_t timeout_ns = (uint64_t) ggml_mailbox_get_timeout(dst) * 1000000ull;
         // the payload's address is 256-byte aligned (ggml_mailbox_slot_init), so rows of a multiple of 4 floats
         // go as float4 where base and dst are aligned too
-        if (mode == GGML_MAILBOX_RECV_ADD) {
+        if (mode == GGML_MAILBOX_RECV_SUM) {
+            const ggml_tensor * w = dst->src[3];
+            k_mailbox_recv_sum<<<1, 512, 0, stream>>>(slot, slot->step_dev, ggml_mailbox_slot_y(slot), slot->n_ids, slot->n_y / slot->n_ids,
+                                                      (const float *) base->data, w ? (const float *) w->data : nullptr,
+                                                      w ? w->nb[1] / sizeof(float) : 0, (float *) dst->data, timeout_ns, route, miss_slot);
+        } else if (mode == GGML_MAILBOX_RECV_ADD) {
             k_mailbox_recv<true><<<1, 512, 0, stream>>>(slot, slot->step_dev, ggml_mailbox_slot_y(slot), slot->n_ids, slot->n_y / slot->n_ids,
                                                         (const float *) base->data, (float *) dst->data, timeout_ns, route, miss_slot);
         } else {
