@@ -38,8 +38,8 @@ def test_mailbox_gives_the_same_tokens_logits_and_counts(lib, tiny_model_path, t
                                                          adaptive, threads, chunk, prefetch, share) -> None:
     """The CPU's part computed by the mailbox's team (its leader alone, or with workers taking rows in chunks of
     GGML_MMID_CHUNK, 0 = a slice each; prefetching rows ahead or not), and the misses the device reads from the
-    host copy itself (LLAMA_MOE_MAILBOX_GPU_SHARE: none, the default, every one, half): bit for bit what ggml
-    computes without a cache, with the scheduler's counts."""
+    host copy itself (LLAMA_MOE_MAILBOX_GPU_SHARE: none, the default (none), every one, half): bit for bit what
+    ggml computes without a cache, with the scheduler's counts."""
     caplog.set_level(logging.INFO, logger="llama_moe.native")
     monkeypatch.setenv("LLAMA_MOE_MAILBOX_THREADS", threads)
     if share is not None:
@@ -84,7 +84,7 @@ def test_mailbox_gives_the_same_tokens_logits_and_counts(lib, tiny_model_path, t
                 # every miss read by the device: the CPU never computes, the device never waits
                 assert device_reads > 0 and no_wait == n and not parts
                 continue
-            assert device_reads == 0 if share == "0" else 0 < device_reads < stats.n_miss
+            assert device_reads == 0 if share in ("0", None) else 0 < device_reads < stats.n_miss
             assert no_wait < n
             assert parts and f"on {threads} threads" in parts[-1] and " MB (" in parts[-1]
             # and its serial rest, each share named
@@ -104,20 +104,21 @@ def test_mailbox_with_expert_biases(lib, tmp_path, monkeypatch, caplog) -> None:
     with Model(path, RAM) as model:
         plain_tokens, plain_logits, _ = _run(model, ContextParams(n_ctx=512), PROMPTS[0])
         monkeypatch.setenv("LLAMA_MOE_MAILBOX_ON_CPU", "1")
+        monkeypatch.setenv("LLAMA_MOE_MAILBOX_GPU_SHARE", "0.5")
         tokens, logits, stats = _run(model, cp, PROMPTS[0])
     assert tokens == plain_tokens
     np.testing.assert_array_equal(logits, plain_logits)
     assert stats.n_swap > 0 and stats.n_miss > 0
     assert "hand over to 3 CPU threads" in caplog.text and "CPU part runs on one thread" not in caplog.text
     # the device keeps the biases by slot: it cannot add a missed expert's, so the CPU computes every miss
-    assert ("the CPU computes every miss (LLAMA_MOE_MAILBOX_GPU_SHARE=0.40 has no effect): the experts have biases"
+    assert ("the CPU computes every miss (LLAMA_MOE_MAILBOX_GPU_SHARE=0.50 has no effect): the experts have biases"
             in caplog.text)
     assert "the device read 0 missed experts from the host copy itself" in caplog.text
 
 
 @pytest.mark.parametrize("env,why", [
-    ({"LLAMA_MOE_MAILBOX_GPU_SHARE": "half"}, "LLAMA_MOE_MAILBOX_GPU_SHARE=half is not a share from 0 to 1; using 0.40"),
-    ({"LLAMA_MOE_MAILBOX_GPU_SHARE": "1.5"}, "LLAMA_MOE_MAILBOX_GPU_SHARE=1.5 is not a share from 0 to 1; using 0.40"),
+    ({"LLAMA_MOE_MAILBOX_GPU_SHARE": "half"}, "LLAMA_MOE_MAILBOX_GPU_SHARE=half is not a share from 0 to 1; using 0.00"),
+    ({"LLAMA_MOE_MAILBOX_GPU_SHARE": "1.5"}, "LLAMA_MOE_MAILBOX_GPU_SHARE=1.5 is not a share from 0 to 1; using 0.00"),
     ({"LLAMA_MOE_MAILBOX_GPU_SHARE": "0.5", "LLAMA_MOE_MAILBOX_FUSE": "0"},
      "the CPU computes every miss (LLAMA_MOE_MAILBOX_GPU_SHARE=0.50 has no effect): LLAMA_MOE_MAILBOX_FUSE=0 builds no route"),
 ])

@@ -28,9 +28,10 @@ struct ggml_threadpool;
 static constexpr int32_t LLAMA_MOE_MAILBOX_TIMEOUT_MS = 10000;
 
 // of a layer's misses in one token, the share the device reads from the host copy of the experts itself (at least
-// one) while the CPU computes the rest, where it can (page-locked experts, no biases);
-// LLAMA_MOE_MAILBOX_GPU_SHARE overrides it, 0 leaves every miss to the CPU
-static constexpr float LLAMA_MOE_MAILBOX_GPU_SHARE = 0.4f;
+// one) while the CPU computes the rest, where it can (page-locked experts, no biases). None by default: on the
+// H200 the GPU's reads in MMVQ were no faster than the CPU's products (docs/benchmarks.md);
+// LLAMA_MOE_MAILBOX_GPU_SHARE sets it
+static constexpr float LLAMA_MOE_MAILBOX_GPU_SHARE = 0.0f;
 
 struct llama_moe_mailbox {
     // nullptr, after saying why, when the mailbox cannot or should not run (not CUDA, switched off, no layer).
