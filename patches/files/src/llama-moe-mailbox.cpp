@@ -151,6 +151,21 @@ std::unique_ptr<llama_moe_mailbox> llama_moe_mailbox::create(llama_moe_cache & c
                            share, why.c_str());
     }
 
+    // the routes the sends write and the device's experts read
+    ggml_init_params rp = { mb->parts.size() * ggml_tensor_overhead(), nullptr, true };
+    mb->ctx_routes = ggml_init(rp);
+    GGML_ASSERT(mb->ctx_routes != nullptr);
+    for (auto & p : mb->parts) {
+        p.route = ggml_new_tensor_2d(mb->ctx_routes, GGML_TYPE_I32, 1, mb->n_used);
+        ggml_format_name(p.route, "moe_mailbox_route.%d", p.il);
+    }
+    mb->buf_routes = ggml_backend_alloc_ctx_tensors_from_buft(mb->ctx_routes, cuda ? ggml_backend_dev_buffer_type(dev) : ggml_backend_cpu_buffer_type());
+    if (mb->buf_routes == nullptr) {
+        LLAMA_LOG_WARN("llama_moe_cache: no device memory for the mailbox's routes; the hybrid hands over through the scheduler\n");
+        return nullptr;
+    }
+    ggml_backend_buffer_clear(mb->buf_routes, 0);
+
     ggml_threadpool_params tpp = ggml_threadpool_params_default(1);
     mb->tp_one = ggml_threadpool_new(&tpp);
     if (mb->tp_one == nullptr) {
@@ -238,12 +253,9 @@ bool llama_moe_mailbox::set_host_reads(int32_t share_milli, bool cuda, std::stri
     return true;
 }
 
-ggml_tensor * llama_moe_mailbox::route(ggml_context * ctx, int il, ggml_tensor * ids) const {
-    if (!fuse) {
-        return nullptr;
-    }
+ggml_tensor * llama_moe_mailbox::send_routed(ggml_context * ctx, int il, ggml_tensor * x, ggml_tensor * ids, int64_t n_rep) const {
     const layer_part & p = parts[part_of_il.at(il)];
-    return ggml_mailbox_route(ctx, ids, p.slot_map, p.slot, p.miss_slot, p.host_first, p.share_milli);
+    return ggml_mailbox_send_routed(ctx, x, ids, p.slot_map, p.route, p.slot, n_rep, p.miss_slot, p.host_first, p.share_milli);
 }
 
 llama_moe_mailbox::~llama_moe_mailbox() {
@@ -308,6 +320,12 @@ llama_moe_mailbox::~llama_moe_mailbox() {
     }
     if (buf_steps) {
         ggml_backend_buffer_free(buf_steps);
+    }
+    if (buf_routes) {
+        ggml_backend_buffer_free(buf_routes);
+    }
+    if (ctx_routes) {
+        ggml_free(ctx_routes);
     }
     if (buf) {
         ggml_backend_buffer_free(buf);

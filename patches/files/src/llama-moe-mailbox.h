@@ -51,10 +51,11 @@ struct llama_moe_mailbox {
     ggml_mailbox_slot * slot(int il) const; // nullptr outside begin_graph/end_graph (llama.cpp's reserve graphs)
     int32_t timeout_ms() const { return timeout; }
     bool    fused() const { return fuse; } // the send repeats the input rows, the recv adds (LLAMA_MOE_MAILBOX_FUSE=0: not)
-    // the ids the device's experts of layer il are looked up with, from the token's selected ids (ggml_mailbox_route):
-    // its misses split between the CPU and the device's own reads of the host copy (LLAMA_MOE_MAILBOX_GPU_SHARE);
-    // nullptr when not fused
-    ggml_tensor * route(ggml_context * ctx, int il, ggml_tensor * ids) const;
+    // layer il's send of x and the token's selected ids, [n_x, n_rep], that also routes (ggml_mailbox_send_routed):
+    // it writes route(il), the ids the device's experts are looked up with, its misses split between the CPU
+    // and the device's own reads of the host copy (LLAMA_MOE_MAILBOX_GPU_SHARE)
+    ggml_tensor * send_routed(ggml_context * ctx, int il, ggml_tensor * x, ggml_tensor * ids, int64_t n_rep) const;
+    ggml_tensor * route(int il) const { return parts[part_of_il.at(il)].route; }
     void           begin_graph();
     ggml_context * cpu_ctx() const { return ctx_cpu; }
     ggml_tensor  * cpu_x  (int il);
@@ -86,6 +87,7 @@ private:
         std::unique_ptr<llama_moe_cpu_part> steps; // gf cut for the team, or nullptr: gf whole on one thread
         bool ready = false;
         ggml_tensor * slot_map = nullptr; // the cache's expert -> slot on the device
+        ggml_tensor * route    = nullptr; // the send's lookups, in the device's memory
         int32_t miss_slot  = 0;           // the null slot: the experts the device lacks
         int32_t host_first = 0;           // the first id of the host copy (route)
         int32_t share_milli = 0;          // of its misses the device reads itself, in 1/1000
@@ -103,6 +105,8 @@ private:
     ggml_backend_buffer_t buf = nullptr;  // the slots, page-locked where the device has such memory
     ggml_backend_buffer_t buf_slots_cpu = nullptr; // the same memory as the CPU graph's buffer
     ggml_backend_buffer_t buf_steps = nullptr;     // the device's step counts (CUDA), one per slot
+    ggml_context        * ctx_routes = nullptr;    // the parts' route tensors,
+    ggml_backend_buffer_t buf_routes = nullptr;    // in the device's memory
     std::vector<layer_part> parts;
     std::unique_ptr<std::atomic<uint64_t>[]> done; // per part: the last step the CPU side read
     std::vector<int> part_of_il;          // model layer -> index in parts, -1 for none

@@ -13,7 +13,7 @@
 //      equals stamp_in, then reads the rows of y marked in y_rows (added to that work's result, or copied out
 //      with zeros for the others). Reading host memory from the device is a round trip over the bus per load:
 //      a step whose rows are all zero (the cache held every expert) reads nothing but the stamps.
-// With a route (ggml_mailbox_route), the send says which rows the CPU computes (rows_cpu) and which the device
+// With a route (ggml_mailbox_send_routed), the send says which rows the CPU computes (rows_cpu) and which the device
 // computes itself from the host copy of the experts (rows_gpu); a step whose rows_cpu is empty only tells the CPU
 // what was selected (for its counts) and its recv does not wait: the CPU checks that stamp_in did not move while
 // it read ids, and counts a step it read too late as lost rather than counting a torn read.
@@ -59,26 +59,12 @@ extern "C" {
     GGML_API int32_t * ggml_mailbox_slot_ids(struct ggml_mailbox_slot * slot);
     GGML_API float   * ggml_mailbox_slot_y  (struct ggml_mailbox_slot * slot);
 
-    // route: the ids the device's experts are looked up with, [1, n_ids] (I32), from the selected ids (I32, n_ids
-    // values) and slot_map ([1, n_expert] I32: expert -> slot, miss_slot for the experts the device lacks). Of a
-    // step's misses (in selection order) the device takes the first ggml_mailbox_gpu_rows(n_miss, gpu_share_milli)
-    // as host_first + expert, to be read from the host copy of the experts (ggml_mailbox_set_host_experts); the
-    // others stay miss_slot, for the CPU
-    GGML_API struct ggml_tensor * ggml_mailbox_route(
-            struct ggml_context      * ctx,
-            struct ggml_tensor       * ids,
-            struct ggml_tensor       * slot_map,
-            struct ggml_mailbox_slot * slot,
-            int32_t                    miss_slot,
-            int32_t                    host_first,
-            int32_t                    gpu_share_milli);
-
     // how many of a step's n_miss misses the device takes at a share of gpu_share_milli/1000: the nearest
     // integer, at least one where the share is above zero, at most n_miss
     GGML_API int32_t ggml_mailbox_gpu_rows(int32_t n_miss, int32_t gpu_share_milli);
 
     // MUL_MAT_ID on dev_exps ([.., .., n] on the device) reads the expert of an id >= first from host_exps (same
-    // type and strides, in host memory the device can read) at id - first: ggml_mailbox_route's ids. Stored in
+    // type and strides, in host memory the device can read) at id - first: ggml_mailbox_send_routed's route. Stored in
     // dev_exps's op_params (a leaf's are unused); host_exps == NULL clears it. CUDA's MMVQ (one token's
     // rows, one expert each) and the CPU read such ids; the route is built only for those
     // a backend registry's proc "ggml_mailbox_host_rows_max": how many rows of one token (one expert each) its
@@ -98,15 +84,23 @@ extern "C" {
             struct ggml_mailbox_slot * slot,
             int64_t                    n_rep);
 
-    // send with a route: the CPU computes the rows whose route id is the route's miss_slot; none: the step only
-    // carries ids (x stays in device memory) and its recv does not wait
+    // send with a route: first the ids the device's experts are looked up with, written into route ([1, n_ids]
+    // I32 in the device's memory, which work after the send reads) from slot_map ([1, n_expert] I32: expert ->
+    // slot, miss_slot for the experts the device lacks). Of the step's misses (in selection order) the device
+    // takes the first ggml_mailbox_gpu_rows(n_miss, gpu_share_milli) as host_first + expert, read from the host
+    // copy (ggml_mailbox_set_host_experts); the CPU computes the others, left at miss_slot. None for the CPU: the
+    // step only carries ids (x stays in device memory) and its recv does not wait
     GGML_API struct ggml_tensor * ggml_mailbox_send_routed(
             struct ggml_context      * ctx,
             struct ggml_tensor       * x,
             struct ggml_tensor       * ids,
+            struct ggml_tensor       * slot_map,
             struct ggml_tensor       * route,
             struct ggml_mailbox_slot * slot,
-            int64_t                    n_rep);
+            int64_t                    n_rep,
+            int32_t                    miss_slot,
+            int32_t                    host_first,
+            int32_t                    gpu_share_milli);
 
     // recv: the CPU's y of the step send made, shaped like base (F32, n_y values, contiguous), which the device
     // computes before it waits. add: the rows the CPU computed are base + y, the others base itself (the sum
@@ -135,12 +129,12 @@ extern "C" {
         GGML_MAILBOX_SEND = 0,
         GGML_MAILBOX_RECV = 1,
         GGML_MAILBOX_RECV_ADD = 2,
-        GGML_MAILBOX_ROUTE = 3,
-        GGML_MAILBOX_RECV_SUM = 4,
+        GGML_MAILBOX_RECV_SUM = 3,
     };
 
     // for backends: the op's mode, slot and timeout; the route's miss slot, first host id and share (send and
-    // recv: the route they follow is their src[2], NULL for none; recv_sum: its weights are src[3])
+    // recv: the route they write and follow is their src[2], NULL for none; the send's slot map is its src[3],
+    // recv_sum's weights its src[3])
     GGML_API enum ggml_mailbox_mode   ggml_mailbox_get_mode   (const struct ggml_tensor * op);
     GGML_API struct ggml_mailbox_slot * ggml_mailbox_get_slot (const struct ggml_tensor * op);
     GGML_API int32_t                  ggml_mailbox_get_timeout(const struct ggml_tensor * op);

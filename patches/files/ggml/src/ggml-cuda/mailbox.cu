@@ -13,28 +13,45 @@ static __device__ __forceinline__ uint64_t ggml_mailbox_now_ns() {
     return t;
 }
 
-// two warps (n_ids <= 64), a lane per selected expert: the ids the device's experts are looked up with
-// (ggml_mailbox_route); the lookups run side by side, not one after another
-static __global__ void k_mailbox_route(const int32_t * ids, const int32_t * slot_map, const int64_t map_stride, const int n_ids,
-                                       const int32_t miss_slot, const int32_t host_first, const int32_t gpu_share_milli, int32_t * out) {
-    __shared__ int32_t n_miss_warp[2];
-    const int k    = threadIdx.x;
-    const int lane = k % 32, warp = k / 32;
-    const int32_t e = k < n_ids ? ids[k] : 0;
-    const int32_t s = k < n_ids ? slot_map[(int64_t) e * map_stride] : 0;
-    const bool miss = k < n_ids && s == miss_slot;
-    const uint32_t ballot = __ballot_sync(0xffffffff, miss);
-    if (lane == 0) {
-        n_miss_warp[warp] = __popc(ballot);
+// threads 0..63 (n_ids <= 64), a lane per selected expert, the lookups side by side: the route's ids (the slot,
+// the miss slot for the CPU, or host_first + expert for the device's own read of the host copy: the first n_gpu
+// misses in selection order), written to route; the rows for the CPU and the device's host reads as bit masks.
+// Every thread of the block calls it (it synchronizes)
+static __device__ void ggml_mailbox_route(const int32_t * ids, const int32_t * slot_map, const int64_t map_stride, const int n_ids,
+                                          const int32_t miss_slot, const int32_t host_first, const int32_t gpu_share_milli,
+                                          int32_t * route, uint64_t * rows_cpu, uint64_t * rows_gpu) {
+    __shared__ uint32_t miss_mask[2], gpu_mask[2];
+    const int k = threadIdx.x, lane = k % 32, warp = k / 32;
+    const bool active = k < 64;
+    const bool used   = k < n_ids;
+    const int32_t e = used ? ids[k] : 0;
+    const int32_t s = used ? slot_map[(int64_t) e * map_stride] : 0;
+    const bool miss = used && s == miss_slot;
+    if (active) {
+        const uint32_t ballot = __ballot_sync(0xffffffff, miss);
+        if (lane == 0) {
+            miss_mask[warp] = ballot;
+        }
     }
     __syncthreads();
-    // ggml_mailbox_gpu_rows; the device takes the first n_gpu misses in selection order
-    const int32_t n_miss = n_miss_warp[0] + n_miss_warp[1];
-    const int32_t n_gpu  = n_miss > 0 && gpu_share_milli > 0 ? min(n_miss, max(1, (n_miss * gpu_share_milli + 500) / 1000)) : 0;
-    const int32_t before = (warp ? n_miss_warp[0] : 0) + __popc(ballot & ((1u << lane) - 1));
-    if (k < n_ids) {
-        out[k] = miss && before < n_gpu ? host_first + e : s;
+    if (active) {
+        const int32_t n_miss = __popc(miss_mask[0]) + __popc(miss_mask[1]);
+        // ggml_mailbox_gpu_rows
+        const int32_t n_gpu  = n_miss > 0 && gpu_share_milli > 0 ? min(n_miss, max(1, (n_miss * gpu_share_milli + 500) / 1000)) : 0;
+        const int32_t before = (warp ? __popc(miss_mask[0]) : 0) + __popc(miss_mask[warp] & ((1u << lane) - 1));
+        const bool gpu = miss && before < n_gpu;
+        const uint32_t ballot = __ballot_sync(0xffffffff, gpu);
+        if (lane == 0) {
+            gpu_mask[warp] = ballot;
+        }
+        if (used) {
+            route[k] = gpu ? host_first + e : s;
+        }
     }
+    __syncthreads();
+    const uint64_t g = (uint64_t) gpu_mask[0] | (uint64_t) gpu_mask[1] << 32;
+    *rows_gpu = g;
+    *rows_cpu = ((uint64_t) miss_mask[0] | (uint64_t) miss_mask[1] << 32) & ~g;
 }
 
 // the rows a route leaves to the CPU (bit k: route[k] is the miss slot) and to the device's host reads; without
@@ -53,20 +70,36 @@ static __device__ __forceinline__ uint64_t ggml_mailbox_rows(const int32_t * rou
     return cpu;
 }
 
-// one block: the payload, a fence, then the stamp; x_out gets n_rep copies of x. A step without rows for the
-// CPU carries only the ids and the rows (x stays on the device)
+// one block: the route (if any), the payload, a fence, then the stamp; x_out gets n_rep copies of x. A step
+// without rows for the CPU carries only the ids and the rows (x stays on the device)
 static __global__ void k_mailbox_send(ggml_mailbox_slot * slot, uint64_t * step_dev, float * mx, int32_t * mids, const int n_x, const int n_ids,
-                                      const int n_rep, const float * x, const int32_t * ids, const int32_t * route, const int32_t miss_slot,
+                                      const int n_rep, const float * x, const int32_t * ids, int32_t * route, const int32_t * slot_map,
+                                      const int64_t map_stride, const int32_t miss_slot, const int32_t host_first, const int32_t gpu_share_milli,
                                       float * x_out) {
-    uint64_t rows_gpu;
-    const uint64_t rows_cpu = ggml_mailbox_rows(route, n_ids, miss_slot, &rows_gpu);
-    for (int i = threadIdx.x; i < n_x; i += blockDim.x) {
-        const float v = x[i];
-        if (rows_cpu != 0) {
-            mx[i] = v;
+    uint64_t rows_cpu = ~(uint64_t) 0, rows_gpu = 0;
+    if (route != nullptr) {
+        ggml_mailbox_route(ids, slot_map, map_stride, n_ids, miss_slot, host_first, gpu_share_milli, route, &rows_cpu, &rows_gpu);
+    }
+    const bool vec = n_x % 4 == 0 && (((uintptr_t) x | (uintptr_t) x_out | (uintptr_t) mx) & 15) == 0;
+    if (vec) {
+        for (int i = threadIdx.x; i < n_x/4; i += blockDim.x) {
+            const float4 v = ((const float4 *) x)[i];
+            if (rows_cpu != 0) {
+                ((float4 *) mx)[i] = v;
+            }
+            for (int r = 0; r < n_rep; ++r) {
+                ((float4 *) (x_out + (int64_t) r*n_x))[i] = v;
+            }
         }
-        for (int r = 0; r < n_rep; ++r) {
-            x_out[(int64_t) r*n_x + i] = v;
+    } else {
+        for (int i = threadIdx.x; i < n_x; i += blockDim.x) {
+            const float v = x[i];
+            if (rows_cpu != 0) {
+                mx[i] = v;
+            }
+            for (int r = 0; r < n_rep; ++r) {
+                x_out[(int64_t) r*n_x + i] = v;
+            }
         }
     }
     for (int i = threadIdx.x; i < n_ids; i += blockDim.x) {
@@ -77,15 +110,15 @@ static __global__ void k_mailbox_send(ggml_mailbox_slot * slot, uint64_t * step_
         slot->rows_gpu = rows_gpu;
         slot->routed   = route != nullptr;
     }
-    __threadfence_system();
+    __threadfence_system(); // each thread's payload before the stamp
     __syncthreads();
     if (threadIdx.x == 0) {
-        // the step from the device's own count: reading stamp_in would be a round trip over the bus
+        // the step from the device's own count: reading stamp_in would be a round trip over the bus. The kernel's
+        // end makes the stamp visible: no fence after it
         const uint64_t step = *step_dev + 1;
         *step_dev = step;
         volatile uint64_t * stamp_in = &slot->stamp_in;
         *stamp_in = step;
-        __threadfence_system();
     }
 }
 
@@ -109,9 +142,7 @@ static __device__ uint64_t ggml_mailbox_wait(ggml_mailbox_slot * slot, const uin
         __nanosleep(100);
     }
     __threadfence_system();
-    const uint64_t rows = *(volatile uint64_t *) &slot->y_rows;
-    __threadfence_system();
-    return rows;
+    return *(volatile uint64_t *) &slot->y_rows;
 }
 
 // one block: each row base + the CPU's row where it computed one, else base (add), or the CPU's row, else zeros
@@ -152,8 +183,9 @@ static __global__ void k_mailbox_recv(ggml_mailbox_slot * slot, const uint64_t *
     }
 }
 
-// one block: sum over the rows r of (base_r + the CPU's y_r where it computed one) * w_r, rounded as ggml's add,
-// mul and chain of adds round them (no fused multiply-add), into one row
+// one block, a float4 of the output per thread and pass: sum over the rows r of (base_r + the CPU's y_r where it
+// computed one) * w_r, rounded as ggml's add, mul and chain of adds round them (no fused multiply-add). The CPU's
+// rows are loaded first, all at once: each load is a round trip over the bus
 static __global__ void k_mailbox_recv_sum(ggml_mailbox_slot * slot, const uint64_t * step_dev, const float * my, const int n_ids, const int n_row,
                                           const float * base, const float * w, const int64_t w_stride, float * out, const uint64_t timeout_ns,
                                           const int32_t * route, const int32_t miss_slot) {
@@ -162,20 +194,33 @@ static __global__ void k_mailbox_recv_sum(ggml_mailbox_slot * slot, const uint64
         rows = ggml_mailbox_wait(slot, step_dev, n_ids, timeout_ns, route, miss_slot);
     }
     __syncthreads();
-    for (int i = threadIdx.x; i < n_row; i += blockDim.x) {
-        float acc = 0.0f;
+    constexpr int max_rows = 8; // the CPU's rows held in registers; more go row by row
+    for (int i = threadIdx.x; i < n_row/4; i += blockDim.x) {
+        float4 y[max_rows];
+#pragma unroll
+        for (int r = 0; r < max_rows; ++r) {
+            if (r < n_ids && (rows >> r & 1)) {
+                y[r] = __ldcv((const float4 *) (my + (int64_t) r*n_row) + i);
+            }
+        }
+        float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         for (int r = 0; r < n_ids; ++r) {
-            const int64_t off = (int64_t) r*n_row + i;
-            float t = base[off];
+            float4 t = ((const float4 *) (base + (int64_t) r*n_row))[i];
             if (rows >> r & 1) {
-                t = __fadd_rn(t, __ldcv(my + off));
+                const float4 v = r < max_rows ? y[r] : __ldcv((const float4 *) (my + (int64_t) r*n_row) + i);
+                t.x = __fadd_rn(t.x, v.x); t.y = __fadd_rn(t.y, v.y); t.z = __fadd_rn(t.z, v.z); t.w = __fadd_rn(t.w, v.w);
             }
             if (w != nullptr) {
-                t = __fmul_rn(t, w[r*w_stride]);
+                const float wr = w[r*w_stride];
+                t.x = __fmul_rn(t.x, wr); t.y = __fmul_rn(t.y, wr); t.z = __fmul_rn(t.z, wr); t.w = __fmul_rn(t.w, wr);
             }
-            acc = r == 0 ? t : __fadd_rn(acc, t);
+            if (r == 0) {
+                acc = t;
+            } else {
+                acc.x = __fadd_rn(acc.x, t.x); acc.y = __fadd_rn(acc.y, t.y); acc.z = __fadd_rn(acc.z, t.z); acc.w = __fadd_rn(acc.w, t.w);
+            }
         }
-        out[i] = acc;
+        ((float4 *) out)[i] = acc;
     }
 }
 
@@ -184,40 +229,37 @@ void ggml_cuda_op_mailbox(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     cudaStream_t stream = ctx.stream();
     const ggml_mailbox_mode mode = ggml_mailbox_get_mode(dst);
     const int32_t   miss_slot = ggml_mailbox_get_miss_slot(dst);
-    const int32_t * route     = dst->src[2] ? (const int32_t *) dst->src[2]->data : nullptr;
-    if (mode == GGML_MAILBOX_ROUTE) {
-        const ggml_tensor * ids = dst->src[0];
-        const ggml_tensor * map = dst->src[1];
-        GGML_ASSERT(ggml_is_contiguous(ids) && ggml_is_contiguous(dst) && map->nb[1] % sizeof(int32_t) == 0);
-        GGML_ASSERT(slot->n_ids <= 64);
-        k_mailbox_route<<<1, 64, 0, stream>>>((const int32_t *) ids->data, (const int32_t *) map->data, map->nb[1] / sizeof(int32_t), slot->n_ids,
-                                             miss_slot, ggml_mailbox_get_host_first(dst), ggml_mailbox_get_gpu_share(dst), (int32_t *) dst->data);
-    } else if (mode == GGML_MAILBOX_SEND) {
+    int32_t       * route     = dst->src[2] ? (int32_t *) dst->src[2]->data : nullptr;
+    if (mode == GGML_MAILBOX_SEND) {
         const ggml_tensor * x   = dst->src[0];
         const ggml_tensor * ids = dst->src[1];
+        const ggml_tensor * map = dst->src[3];
         GGML_ASSERT(ggml_is_contiguous(x) && ggml_is_contiguous(ids) && ggml_is_contiguous(dst));
-        GGML_ASSERT(dst->ne[0] == slot->n_x);
+        GGML_ASSERT(dst->ne[0] == slot->n_x && slot->n_ids <= 64 && (route == nullptr || map != nullptr));
         k_mailbox_send<<<1, 256, 0, stream>>>(slot, slot->step_dev, ggml_mailbox_slot_x(slot), ggml_mailbox_slot_ids(slot), slot->n_x, slot->n_ids,
-                                              (int) ggml_nrows(dst), (const float *) x->data, (const int32_t *) ids->data, route, miss_slot,
-                                              (float *) dst->data);
+                                              (int) ggml_nrows(dst), (const float *) x->data, (const int32_t *) ids->data, route,
+                                              map ? (const int32_t *) map->data : nullptr, map ? map->nb[1] / sizeof(int32_t) : 0, miss_slot,
+                                              ggml_mailbox_get_host_first(dst), ggml_mailbox_get_gpu_share(dst), (float *) dst->data);
     } else {
         const ggml_tensor * base = dst->src[1];
         GGML_ASSERT(ggml_is_contiguous(dst) && ggml_is_contiguous(base) && ggml_nelements(base) == slot->n_y);
         GGML_ASSERT(slot->n_y % slot->n_ids == 0);
         GGML_ASSERT(ggml_nelements(dst) == (mode == GGML_MAILBOX_RECV_SUM ? slot->n_y / slot->n_ids : slot->n_y));
         const uint64_t timeout_ns = (uint64_t) ggml_mailbox_get_timeout(dst) * 1000000ull;
+        const int n_row = slot->n_y / slot->n_ids;
         // the payload's address is 256-byte aligned (ggml_mailbox_slot_init), so rows of a multiple of 4 floats
         // go as float4 where base and dst are aligned too
         if (mode == GGML_MAILBOX_RECV_SUM) {
             const ggml_tensor * w = dst->src[3];
-            k_mailbox_recv_sum<<<1, 512, 0, stream>>>(slot, slot->step_dev, ggml_mailbox_slot_y(slot), slot->n_ids, slot->n_y / slot->n_ids,
+            GGML_ASSERT(n_row % 4 == 0 && (((uintptr_t) base->data | (uintptr_t) dst->data) & 15) == 0);
+            k_mailbox_recv_sum<<<1, 512, 0, stream>>>(slot, slot->step_dev, ggml_mailbox_slot_y(slot), slot->n_ids, n_row,
                                                       (const float *) base->data, w ? (const float *) w->data : nullptr,
                                                       w ? w->nb[1] / sizeof(float) : 0, (float *) dst->data, timeout_ns, route, miss_slot);
         } else if (mode == GGML_MAILBOX_RECV_ADD) {
-            k_mailbox_recv<true><<<1, 512, 0, stream>>>(slot, slot->step_dev, ggml_mailbox_slot_y(slot), slot->n_ids, slot->n_y / slot->n_ids,
+            k_mailbox_recv<true><<<1, 512, 0, stream>>>(slot, slot->step_dev, ggml_mailbox_slot_y(slot), slot->n_ids, n_row,
                                                         (const float *) base->data, (float *) dst->data, timeout_ns, route, miss_slot);
         } else {
-            k_mailbox_recv<false><<<1, 512, 0, stream>>>(slot, slot->step_dev, ggml_mailbox_slot_y(slot), slot->n_ids, slot->n_y / slot->n_ids,
+            k_mailbox_recv<false><<<1, 512, 0, stream>>>(slot, slot->step_dev, ggml_mailbox_slot_y(slot), slot->n_ids, n_row,
                                                          (const float *) base->data, (float *) dst->data, timeout_ns, route, miss_slot);
         }
     }
