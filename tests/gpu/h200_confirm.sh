@@ -9,17 +9,9 @@ q30_synth
 cuda_build
 equivalence tiny q8_0 /tmp
 q30_profile
-b() { # name, runs, pcts, modes, env...
-  local name=$1 runs=$2 pcts=$3 modes=$4; shift 4
-  env "$@" timeout $(left 590) python3 -m llama_moe -v bench /tmp/q30.gguf -t 16 --runs $runs -n 128 --cache-pct $pcts \
-      --modes $modes --profile /tmp/q30.strp --json /tmp/$name.json --md /tmp/$name.md > /tmp/$name.log 2>&1
-  echo "== $name ($*): $(( $(date +%s) - T0 )) s"
-  grep -E "RAM read|host to device|mailbox: the CPU|mailbox: a part" /tmp/$name.log | sed -E 's/^ +//'
-  grep -E "^\| (hybrid|all|upload)" /tmp/$name.md
-}
-b fused 15 50 hybrid,hybrid-no-mailbox,vram
-b unfused 15 50 hybrid LLAMA_MOE_MAILBOX_FUSE=0
-b empty 5 50 hybrid LLAMA_MOE_MAILBOX_TEST_EMPTY=1
-b sizes 3 "25 75" upload,hybrid,hybrid-no-mailbox
+q30_bench fused 15 50 hybrid,hybrid-no-mailbox,vram
+q30_bench unfused 15 50 hybrid LLAMA_MOE_MAILBOX_FUSE=0
+q30_bench empty 5 50 hybrid LLAMA_MOE_MAILBOX_TEST_EMPTY=1
+q30_bench sizes 3 "25 75" upload,hybrid,hybrid-no-mailbox
 tar czf $OUT/runs.tgz /tmp/*.log /tmp/*.json /tmp/*.md 2>/dev/null
 echo "total: $(( $(date +%s) - T0 )) s"

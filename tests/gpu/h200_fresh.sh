@@ -2,8 +2,10 @@
 # seconds after the start, at least 1), and the steps they call in their own order: q30_synth (the
 # Qwen3-30B-A3B-shaped model, in the background, beside the build), cuda_build, q30_profile (waits for the
 # model, then the hybrids' profile from a third of each topic's train paragraphs; the whole text takes 130 s),
-# and equivalence SHAPE EXPERTS DIR (cuda_equivalence.py on a tiny model of that shape, its lines kept in
-# DIR/equivalence_SHAPE.md, a summary printed).
+# equivalence SHAPE EXPERTS DIR (cuda_equivalence.py on a tiny model of that shape, its lines kept in
+# DIR/equivalence_SHAPE.md, a summary printed), and q30_bench NAME RUNS PCTS MODES [VAR=VALUE...] (bench on the
+# q30 model with its profile, until 585 s after the start; /tmp/NAME.{log,json,md}, the mailbox's lines and the
+# table's rows printed).
 . tests/gpu/h200_setup.sh
 T0=$(date +%s); left() { local s=$(( ${1} - ($(date +%s) - T0) )); echo $(( s > 1 ? s : 1 )); }
 q30_synth() {
@@ -29,4 +31,12 @@ equivalence() {
   timeout 90 python3 tests/gpu/cuda_equivalence.py --shape $1 --experts $2 -n 128 --no-prompt 2>&1 \
       | grep -E "^'|EQUIVALENT|DIFFERENT|Error" > $f
   echo "$1: $(grep -c -- '-> ok' $f) ok, $(grep -c WRONG $f) wrong; $(tail -1 $f)"
+}
+q30_bench() {
+  local name=$1 runs=$2 pcts=$3 modes=$4; shift 4
+  env "$@" timeout $(left 585) python3 -m llama_moe -v bench /tmp/q30.gguf -t 16 --runs $runs -n 128 --cache-pct $pcts \
+      --modes $modes --profile /tmp/q30.strp --json /tmp/$name.json --md /tmp/$name.md > /tmp/$name.log 2>&1
+  echo "== $name ($*): $(( $(date +%s) - T0 )) s"
+  grep -E "RAM read|host to device|mailbox: " /tmp/$name.log | sed -E 's/^ +//' | cut -c1-400
+  grep -E "^\| (hybrid|all|upload)" /tmp/$name.md
 }

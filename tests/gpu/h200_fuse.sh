@@ -13,18 +13,10 @@ cat $OUT/zero_copy.txt
 equivalence tiny q8_0 $OUT
 echo "equivalence done: $(( $(date +%s) - T0 )) s"
 q30_profile
-b() { # name, modes, env...
-  local name=$1 modes=$2; shift 2
-  env "$@" timeout $(left 585) python3 -m llama_moe -v bench /tmp/q30.gguf -t 16 --runs 5 -n 128 --cache-pct 50 \
-      --modes $modes --profile /tmp/q30.strp --json $OUT/$name.json --md $OUT/$name.md > /tmp/$name.log 2>&1
-  echo "== $name ($*): $(( $(date +%s) - T0 )) s"
-  grep -E "RAM read|host to device|mailbox: the CPU|mailbox: a part" /tmp/$name.log | sed -E 's/^ +//'
-  grep -E "^\| (hybrid|all|mode)" $OUT/$name.md
-}
-b fused hybrid,hybrid-no-mailbox,vram
-b unfused hybrid LLAMA_MOE_MAILBOX_FUSE=0
-b empty hybrid LLAMA_MOE_MAILBOX_TEST_EMPTY=1
-b nographs hybrid,vram GGML_CUDA_DISABLE_GRAPHS=1
+q30_bench fused 5 50 hybrid,hybrid-no-mailbox,vram
+q30_bench unfused 5 50 hybrid LLAMA_MOE_MAILBOX_FUSE=0
+q30_bench empty 5 50 hybrid LLAMA_MOE_MAILBOX_TEST_EMPTY=1
+q30_bench nographs 5 50 hybrid,vram GGML_CUDA_DISABLE_GRAPHS=1
 equivalence gpt-oss-tiny mxfp4 $OUT
-tar czf $OUT/logs.tgz /tmp/*.log 2>/dev/null
+tar czf $OUT/logs.tgz /tmp/*.log /tmp/*.json /tmp/*.md 2>/dev/null
 echo "total: $(( $(date +%s) - T0 )) s"

@@ -23,14 +23,6 @@ for m in hybrid vram; do
   k $m 3
   python3 tests/gpu/ncu_diff.py /tmp/ncu_${m}_1.csv /tmp/ncu_${m}_3.csv 2
 done
-b() { # name, runs, pcts, modes, env...
-  local name=$1 runs=$2 pcts=$3 modes=$4; shift 4
-  env "$@" timeout $(left 585) python3 -m llama_moe -v bench /tmp/q30.gguf -t 16 --runs $runs -n 128 --cache-pct $pcts \
-      --modes $modes --profile /tmp/q30.strp --json /tmp/$name.json --md /tmp/$name.md > /tmp/$name.log 2>&1
-  echo "== $name ($*): $(( $(date +%s) - T0 )) s"
-  grep -E "mailbox: " /tmp/$name.log | sed -E 's/^ +//' | cut -c1-300
-  grep -E "^\| (hybrid|all|upload)" /tmp/$name.md
-}
-b empty 5 50 hybrid,vram LLAMA_MOE_MAILBOX_TEST_EMPTY=1 LLAMA_MOE_MAILBOX_GPU_SHARE=0
+q30_bench empty 5 50 hybrid,vram LLAMA_MOE_MAILBOX_TEST_EMPTY=1 LLAMA_MOE_MAILBOX_GPU_SHARE=0
 tar czf $OUT/runs.tgz /tmp/*.csv /tmp/*.err /tmp/*.log /tmp/*.md 2>/dev/null
 echo "total: $(( $(date +%s) - T0 )) s"

@@ -19,17 +19,9 @@ eq() { # shape experts: the modes that hand over, 2 prompts' worth of time
 eq tiny q4_0
 eq tiny q8_0
 q30_profile
-b() { # name, runs, pcts, modes, env...
-  local name=$1 runs=$2 pcts=$3 modes=$4; shift 4
-  env "$@" timeout $(left 585) python3 -m llama_moe -v bench /tmp/q30.gguf -t 16 --runs $runs -n 128 --cache-pct $pcts \
-      --modes $modes --profile /tmp/q30.strp --json /tmp/$name.json --md /tmp/$name.md > /tmp/$name.log 2>&1
-  echo "== $name ($*): $(( $(date +%s) - T0 )) s"
-  grep -E "RAM read|host to device|mailbox: " /tmp/$name.log | sed -E 's/^ +//' | cut -c1-400
-  grep -E "^\| (hybrid|all|upload)" /tmp/$name.md
-}
-b share_default 8 50 hybrid,hybrid-no-mailbox,vram
-b share_1 8 50 hybrid LLAMA_MOE_MAILBOX_GPU_SHARE=1
-b share_0 8 50 hybrid LLAMA_MOE_MAILBOX_GPU_SHARE=0
-b share_06 8 50 hybrid LLAMA_MOE_MAILBOX_GPU_SHARE=0.6
+q30_bench share_default 8 50 hybrid,hybrid-no-mailbox,vram
+q30_bench share_1 8 50 hybrid LLAMA_MOE_MAILBOX_GPU_SHARE=1
+q30_bench share_0 8 50 hybrid LLAMA_MOE_MAILBOX_GPU_SHARE=0
+q30_bench share_06 8 50 hybrid LLAMA_MOE_MAILBOX_GPU_SHARE=0.6
 tar czf $OUT/runs.tgz /tmp/*.log /tmp/*.json /tmp/*.md 2>/dev/null
 echo "total: $(( $(date +%s) - T0 )) s"

@@ -13,11 +13,6 @@ timeout 70 python3 tests/gpu/cuda_equivalence.py --shape tiny --experts q4_0 -n 
     --modes hybrid,gpu-reads-all 2>&1 | grep -E "^'|EQUIVALENT|DIFFERENT|Error" > $f
 echo "tiny q4_0: $(grep -c -- '-> ok' $f) ok, $(grep -c WRONG $f) wrong; $(tail -1 $f)"; grep WRONG $f | head -5
 q30_profile
-name=sum
-timeout $(left 545) python3 -m llama_moe -v bench /tmp/q30.gguf -t 16 --runs 12 -n 128 --cache-pct 50 \
-    --modes hybrid,hybrid-no-mailbox,vram --profile /tmp/q30.strp --json /tmp/$name.json --md /tmp/$name.md > /tmp/$name.log 2>&1
-echo "== $name: $(( $(date +%s) - T0 )) s"
-grep -E "RAM read|host to device|mailbox: " /tmp/$name.log | sed -E 's/^ +//' | cut -c1-400
-grep -E "^\| (hybrid|all|upload)" /tmp/$name.md
+q30_bench sum 12 50 hybrid,hybrid-no-mailbox,vram
 tar czf $OUT/runs.tgz /tmp/*.log /tmp/*.json /tmp/*.md 2>/dev/null
 echo "total: $(( $(date +%s) - T0 )) s"
