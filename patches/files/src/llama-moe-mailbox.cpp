@@ -107,16 +107,19 @@ std::unique_ptr<llama_moe_mailbox> llama_moe_mailbox::create(llama_moe_cache & c
     }
     GGML_ASSERT((char *) mb->cpu_ids_data >= base);
     mb->done.reset(new std::atomic<uint64_t>[mb->parts.size()]);
-    for (size_t i = 0; i < mb->parts.size(); ++i) {
-        mb->done[i] = 0;
-        for (const auto & l : cache.get_layers()) {
-            if (l.il == mb->parts[i].il) {
-                GGML_ASSERT(l.dst[2]->ne[2] > l.n_slots); // the null slot follows the others
-                mb->parts[i].slot_map   = l.slot_map;
-                mb->parts[i].miss_slot  = l.n_slots;
-                mb->parts[i].host_first = (int32_t) l.dst[2]->ne[2];
-            }
+    for (const auto & l : cache.get_layers()) {
+        if (l.il < (int) mb->part_of_il.size() && mb->part_of_il[l.il] >= 0) {
+            layer_part & p = mb->parts[mb->part_of_il[l.il]];
+            GGML_ASSERT(l.dst[2]->ne[2] > l.n_slots); // the null slot follows the others
+            p.layer      = &l;
+            p.slot_map   = l.slot_map;
+            p.miss_slot  = l.n_slots;
+            p.host_first = (int32_t) l.dst[2]->ne[2];
         }
+    }
+    for (size_t i = 0; i < mb->parts.size(); ++i) {
+        GGML_ASSERT(mb->parts[i].layer != nullptr);
+        mb->done[i] = 0;
     }
     if (cuda) {
         // each slot's step count in device memory: the device keeps it without a round trip over the bus
@@ -206,11 +209,7 @@ bool llama_moe_mailbox::set_host_reads(int32_t share_milli, bool cuda, std::stri
     ggml_backend_buffer_type_t host_buft = cuda ? ggml_backend_dev_host_buffer_type(dev) : nullptr;
     int n_layers = 0;
     for (auto & p : parts) {
-        const llama_moe_cache_layer * layer = nullptr;
-        for (const auto & l : cache->get_layers()) {
-            layer = l.il == p.il ? &l : layer;
-        }
-        GGML_ASSERT(layer != nullptr);
+        const llama_moe_cache_layer * layer = p.layer;
         bool ok = !layer->has_bias;
         if (layer->has_bias) {
             why = "the experts have biases, which the device keeps by slot";
@@ -293,13 +292,9 @@ llama_moe_mailbox::~llama_moe_mailbox() {
         }
     }
     for (auto & p : parts) {
-        if (p.share_milli > 0) {
-            for (const auto & l : cache->get_layers()) {
-                for (int k = 0; k < 3 && l.il == p.il; ++k) {
-                    if (l.dst[k] != nullptr) {
-                        ggml_mailbox_set_host_experts(l.dst[k], nullptr, 0); // the cache outlives this mailbox
-                    }
-                }
+        for (int k = 0; k < 3 && p.share_milli > 0; ++k) {
+            if (p.layer->dst[k] != nullptr) {
+                ggml_mailbox_set_host_experts(p.layer->dst[k], nullptr, 0); // the cache outlives this mailbox
             }
         }
     }
@@ -479,18 +474,18 @@ bool llama_moe_mailbox::answer(size_t i, uint64_t step) {
     int32_t * ids = cpu_ids_data + i * n_used;
     cache->count_selected(p.il, selected, ids);
     uint64_t rows = 0; // the rows of y the CPU computes: the device reads only those
+    bool disagree = false;
     for (int64_t k = 0; k < n_used; ++k) {
         const bool miss = ids[k] >= 0;
-        if (routed && miss != (((rows_cpu | rows_gpu) >> k & 1) != 0)) {
-            p.slot->error = 3; // the maps disagree: fail the decode rather than leave an expert out
-        }
+        disagree |= routed && miss != (((rows_cpu | rows_gpu) >> k & 1) != 0);
         if (rows_gpu >> k & 1) {
             ids[k] = -1; // the device reads it from the host copy
             n_rows_gpu++;
         }
         rows |= (uint64_t) (ids[k] >= 0 && !test_empty) << k;
     }
-    if (p.slot->error == 3) {
+    if (disagree) {
+        p.slot->error = 3; // the maps disagree: fail the decode rather than leave an expert out
         rows = 0;
     }
     const int64_t t_lookup = llama_moe_now_us() - t0;

@@ -20,6 +20,7 @@
 #include <vector>
 
 struct llama_moe_cache;
+struct llama_moe_cache_layer;
 struct ggml_gallocr;
 struct ggml_threadpool;
 
@@ -86,6 +87,7 @@ private:
         ggml_gallocr * galloc = nullptr;  // that part's memory, kept from graph to graph
         std::unique_ptr<llama_moe_cpu_part> steps; // gf cut for the team, or nullptr: gf whole on one thread
         bool ready = false;
+        const llama_moe_cache_layer * layer = nullptr; // the cache's layer il
         ggml_tensor * slot_map = nullptr; // the cache's expert -> slot on the device
         ggml_tensor * route    = nullptr; // the send's lookups, in the device's memory
         int32_t miss_slot  = 0;           // the null slot: the experts the device lacks

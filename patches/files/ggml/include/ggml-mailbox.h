@@ -60,8 +60,17 @@ extern "C" {
     GGML_API float   * ggml_mailbox_slot_y  (struct ggml_mailbox_slot * slot);
 
     // how many of a step's n_miss misses the device takes at a share of gpu_share_milli/1000: the nearest
-    // integer, at least one where the share is above zero, at most n_miss
-    GGML_API int32_t ggml_mailbox_gpu_rows(int32_t n_miss, int32_t gpu_share_milli);
+    // integer, at least one where the share is above zero, at most n_miss (for the CPU and CUDA backends alike)
+#ifdef __CUDACC__
+    __host__ __device__
+#endif
+    static inline int32_t ggml_mailbox_gpu_rows(int32_t n_miss, int32_t gpu_share_milli) {
+        if (n_miss <= 0 || gpu_share_milli <= 0) {
+            return 0;
+        }
+        const int32_t n = (n_miss * gpu_share_milli + 500) / 1000;
+        return n < 1 ? 1 : n > n_miss ? n_miss : n;
+    }
 
     // MUL_MAT_ID on dev_exps ([.., .., n] on the device) reads the expert of an id >= first from host_exps (same
     // type and strides, in host memory the device can read) at id - first: ggml_mailbox_send_routed's route. Stored in

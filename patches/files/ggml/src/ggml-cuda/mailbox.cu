@@ -36,8 +36,7 @@ static __device__ void ggml_mailbox_route(const int32_t * ids, const int32_t * s
     __syncthreads();
     if (active) {
         const int32_t n_miss = __popc(miss_mask[0]) + __popc(miss_mask[1]);
-        // ggml_mailbox_gpu_rows
-        const int32_t n_gpu  = n_miss > 0 && gpu_share_milli > 0 ? min(n_miss, max(1, (n_miss * gpu_share_milli + 500) / 1000)) : 0;
+        const int32_t n_gpu  = ggml_mailbox_gpu_rows(n_miss, gpu_share_milli);
         const int32_t before = (warp ? __popc(miss_mask[0]) : 0) + __popc(miss_mask[warp] & ((1u << lane) - 1));
         const bool gpu = miss && before < n_gpu;
         const uint32_t ballot = __ballot_sync(0xffffffff, gpu);
