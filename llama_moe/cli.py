@@ -14,7 +14,7 @@ def _commands() -> list[Callable[[argparse._SubParsersAction], None]]:
                            plan, predict, profile, serve, simulate, stats, trace)
     from .synth import cli as synth_cli
 
-    return [stats.register, build_cmd.register, synth_cli.register, bench.register, serve.register, check_api.register,
+    return [stats.register, build_cmd.register, synth_cli.register, synth_cli.register_report, bench.register, serve.register, check_api.register,
             info.register, audit.register, monitor.register, trace.register, profile.register, plan.register,
             simulate.register, predict.register, bench_adaptive.register, check_audit.register, code_eval.register, check_all.register]
 

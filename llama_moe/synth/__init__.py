@@ -1,11 +1,12 @@
 """Synthetic qwen3moe GGUF models: a real BPE tokenizer, a bigram language model of an embedded
-English corpus, and routers with calibrated skew and locality (see routing.py)."""
+English corpus, and routers calibrated against real routing: hot experts, topics, token-to-token recency and a
+depth profile (see config.py, recency.py and docs/synthetic-models.md)."""
 from __future__ import annotations
 
 # Bumped when the same arguments would write different bytes: the cached default model is remade then.
-SYNTH_VERSION = 1
+SYNTH_VERSION = 2
 
-from llama_moe.synth.config import SOURCE_SHAPE_ROUTING, RoutingConfig
+from llama_moe.synth.config import RoutingConfig
 from llama_moe.synth.corpus import CorpusSplit, load_corpus, paragraphs, split_paragraphs
 from llama_moe.synth.design import Design, build_design
 from llama_moe.synth.hitrate import lru_hit_rate, static_hit_rate
@@ -17,7 +18,6 @@ from llama_moe.synth.tokenizer import CHAT_TEMPLATE, BpeTokenizer
 __all__ = [
     "CHAT_TEMPLATE",
     "SHAPES",
-    "SOURCE_SHAPE_ROUTING",
     "BpeTokenizer",
     "CorpusSplit",
     "Design",

@@ -1,39 +1,85 @@
-"""Knobs of the synthetic router: how skewed and how local expert selection is."""
+"""Knobs of the synthetic router: hot experts, topics, token identity and recency, by depth."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, fields
+
+import numpy as np
 
 from llama_moe.errors import LlamaMoeError
+
+# depth profile: the share of skew, topic and recency a layer gets, at relative depths 0, RISE,
+# FALL and 1 (first, 1, 1, last), linear between; token identity is the same at every depth
+RISE = 0.125
+FALL = 0.7
 
 
 @dataclass(frozen=True)
 class RoutingConfig:
     """Router logit of expert e for a token u at position t in layer l (before softmax)::
 
-        (skew * b[l,e] + tok[l,e](u) + locality * v[l,e] . (topic(u) + ctx[l](t))) / rho
+        (token * tok[l,e](u) + p_l * (skew * b[l,e] + topic * v[l,e] . (topic(u) + ctx[l](t))
+                                      + recency * m[l,e] . M(t))) / rho
 
-    ``b`` ~ N(0,1) per-expert bias: a few hot experts per layer. ``tok`` ~ N(0,1): the token's
-    own preference, from random router rows applied to its embedding, so similar tokens agree.
-    ``v`` is each expert's affinity to the eight corpus topics; ``topic(u)`` is the token's
-    topic profile and ``ctx`` the mean topic profile of the text so far, carried by attention,
-    growing from ``context/2`` in layer 0 to ``context`` in the last layer. ``layer_corr``
-    correlates each layer's router with the previous layer's, up to a permutation of experts.
-    ``rho`` is the RMS norm of the residual stream.
+    ``tok`` ~ N(0,1): the token's own preference, from random router rows applied to its
+    embedding. ``b`` per-expert bias: a few hot experts per layer. ``v`` is each expert's
+    affinity to the eight corpus topics; ``topic(u)`` the token's topic profile and ``ctx`` the
+    mean topic profile of the text so far (uniform attention), growing from ``context/2`` in
+    layer 0 to ``context`` in the last layer. ``M(t)`` is the recency memory: layer 0's recency
+    head averages a random projection of the last ~``recency_tokens`` tokens' embeddings
+    (recency.py), and ``m`` reads it with unit-RMS random rows (the term has RMS ``recency``).
+    ``p_l`` is the depth profile: ``first`` at layer 0, 1 in the middle layers, ``last`` at the
+    last layer. ``layer_corr`` correlates each layer's router with the previous layer's, up to a
+    permutation of experts. ``rho`` is the RMS norm of the residual stream.
     """
 
-    skew: float = 1.08
-    locality: float = 3.3
+    skew: float = 0.75
+    topic: float = 3.625
+    recency: float = 2.125
+    recency_tokens: float = 9.25
+    token: float = 0.55
+    first: float = 0.05
+    last: float = 0.15
     context: float = 2.0
     layer_corr: float = 0.5
 
     def __post_init__(self) -> None:
-        if self.skew < 0 or self.locality < 0 or self.context < 0:
-            raise LlamaMoeError("routing: skew, locality and context must be >= 0")
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise LlamaMoeError(f"routing: {f.name} must be a finite number, got {v!r}")
+            if v < 0:
+                raise LlamaMoeError(f"routing: {f.name} must be >= 0, got {v}")
+        if self.recency_tokens < 1:
+            raise LlamaMoeError(f"routing: recency_tokens must be >= 1, got {self.recency_tokens}")
         if not 0.0 <= self.layer_corr < 1.0:
             raise LlamaMoeError(f"routing: layer_corr must be in [0, 1), got {self.layer_corr}")
 
+    def depth(self, n_layer: int) -> np.ndarray:
+        """[n_layer] the depth profile p_l."""
+        x = np.arange(n_layer, dtype=np.float64) / max(1, n_layer - 1)
+        return np.interp(x, [0.0, RISE, FALL, 1.0], [self.first, 1.0, 1.0, self.last])
 
-# The closest setting to the same targets when calibrated on the shape they were measured on
-# (512 experts, top-10) instead of qwen3-30b-a3b; see routing.py. Less cache-friendly on
-# 128-expert shapes than the defaults.
-SOURCE_SHAPE_ROUTING = RoutingConfig(skew=0.52, locality=2.0)
+
+# One calibration per shape that performance figures use (calibrate.py; docs/synthetic-models.md).
+# The published figures are of Qwen3-30B-A3B; the gpt-oss shapes take its setting, as no
+# comparable trace of gpt-oss has been published.
+QWEN3_ROUTING = RoutingConfig()
+SHAPE_ROUTING: dict[str, RoutingConfig] = {
+    "qwen3-30b-a3b": QWEN3_ROUTING,
+    "gpt-oss-20b": QWEN3_ROUTING,
+    "gpt-oss-120b": QWEN3_ROUTING,
+}
+
+
+def routing_for(shape: object) -> RoutingConfig:
+    """The calibrated routing of a preset shape (a name or the preset's Shape); the Qwen3-30B-A3B
+    calibration for every other shape."""
+    from llama_moe.synth.shapes import SHAPES
+
+    if isinstance(shape, str):
+        return SHAPE_ROUTING.get(shape, QWEN3_ROUTING)
+    for name, preset in SHAPES.items():
+        if preset == shape:
+            return SHAPE_ROUTING.get(name, QWEN3_ROUTING)
+    return QWEN3_ROUTING

@@ -11,15 +11,18 @@ col   meaning
       -big for tokens never to be sampled) and the router's per-expert bias (hot experts)
 T     the token's topic profile over the eight corpus topics (scaled by ``g_t``)
 C     empty in embeddings; attention writes the mean topic profile of the context here
+M     empty in embeddings; layer 0's recency head writes the recency memory here (recency.py)
 A     language-model features: a low-rank fit (SVD, then cross-entropy refinement when
       n_embd limits the rank) of the corpus log-bigram matrix
 F     filler: random per token, so every embedding has exactly unit RMS (rmsnorm is then a
       no-op and the logit scale is the same for every token)
 ====  ==========================================================================================
 
-Attention is made uniform over the causal prefix (q_norm weights ~0 give equal scores), V reads
+Attention is made uniform over the causal prefix (zero queries give equal scores), V reads
 the T columns and the output projection writes them into C, so after layer l the C columns hold
-``Gamma_l * mean(topic profile of the tokens so far)``. Experts' down projections are small, so
+``Gamma_l * mean(topic profile of the tokens so far)``. One head of layer 0, the recency head
+(recency.py), has a constant query and key, so RoPE alone makes its scores fall with distance:
+it averages a random projection of the recent tokens' embeddings into the M columns. Experts' down projections are small, so
 the MoE blocks add only a little noise. Hence the router input of every layer is, up to that
 noise, computable in numpy from the token ids alone (see routing.py).
 
@@ -33,13 +36,15 @@ by the residual's RMS, unlike the constant column's). routing.py follows all of 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from llama_moe.synth.bigram import BigramStats, corpus_bigrams, log_probs, topic_profile
-from llama_moe.synth.config import RoutingConfig
-from llama_moe.synth.corpus import load_corpus
+from llama_moe.synth.config import RoutingConfig, routing_for
+from llama_moe.synth.corpus import load_corpus, paragraphs
+from llama_moe.synth.recency import R_M, SINK, mix
+from llama_moe.synth import recency
 from llama_moe.synth.shapes import Shape
 from llama_moe.synth.tokenizer import SPECIAL_TOKENS, BpeTokenizer, train_bpe
 
@@ -55,6 +60,7 @@ class Layout:
     n_embd: int
     r_t: int
     r_a: int
+    r_m: int = R_M
 
     @property
     def t(self) -> slice:
@@ -65,17 +71,22 @@ class Layout:
         return slice(1 + self.r_t, 1 + 2 * self.r_t)
 
     @property
+    def m(self) -> slice:
+        return slice(1 + 2 * self.r_t, 1 + 2 * self.r_t + self.r_m)
+
+    @property
     def a(self) -> slice:
-        return slice(1 + 2 * self.r_t, 1 + 2 * self.r_t + self.r_a)
+        start = self.m.stop
+        return slice(start, start + self.r_a)
 
     @property
     def f(self) -> slice:
-        return slice(1 + 2 * self.r_t + self.r_a, self.n_embd)
+        return slice(self.a.stop, self.n_embd)
 
     @property
     def af(self) -> slice:
         """A and F together: the token-identity part."""
-        return slice(1 + 2 * self.r_t, self.n_embd)
+        return slice(self.m.stop, self.n_embd)
 
 
 @dataclass(frozen=True, eq=False)
@@ -94,6 +105,8 @@ class Design:
     bias: np.ndarray  # [n_layer, n_expert] per-expert router bias (before * skew)
     topic_w: np.ndarray  # [n_layer, n_expert, r_t] expert topic affinities (before * locality)
     tok_w: np.ndarray  # [n_layer, n_expert, n_embd] token-identity router rows (A and F columns)
+    mem_w: np.ndarray  # [n_layer, n_expert, r_m] recency router rows (M columns), N(0, 1)
+    phi_w: np.ndarray  # [r_m, n_embd] the recency head's values: orthonormal rows over A and F
     gamma: np.ndarray  # [n_layer] context each attention layer adds to the C columns
     rot: np.ndarray  # [n_embd, n_embd] orthogonal: stored = unrotated @ rot
     sinks: np.ndarray  # [n_layer, n_head] attention sink logits (gpt-oss); [n_layer, 0] without sinks
@@ -122,17 +135,44 @@ class Design:
         """[n_expert, n_embd] unrotated router matrix of ``layer``."""
         r = routing or self.routing
         lay = self.layout
-        w = self.tok_w[layer].copy()
-        w[:, 0] = 0.0 if self.router_has_bias else r.skew * self.bias[layer] / self.c0
-        w[:, lay.t] = r.locality * self.topic_w[layer] / self.g_t
-        w[:, lay.c] = r.locality * self.topic_w[layer] / self.g_t
+        p = float(r.depth(self.shape.n_layer)[layer])
+        w = r.token * self.tok_w[layer].astype(np.float64)
+        w[:, 0] = 0.0 if self.router_has_bias else p * r.skew * self.bias[layer] / self.c0
+        w[:, lay.t] = p * r.topic * self.topic_w[layer] / self.g_t
+        w[:, lay.c] = p * r.topic * self.topic_w[layer] / self.g_t
+        w[:, lay.m] = p * r.recency * self.mem_w[layer] / self.memory_scale(r)
         return w
 
     def router_bias(self, layer: int, routing: RoutingConfig | None = None) -> np.ndarray:
         """[n_expert] the router's bias (gpt-oss: the hot-expert term; zeros where it is a weight)."""
         if not self.router_has_bias:
             return np.zeros(self.shape.n_expert)
-        return (routing or self.routing).skew * self.bias[layer]
+        r = routing or self.routing
+        return float(r.depth(self.shape.n_layer)[layer]) * r.skew * self.bias[layer]
+
+    def memory(self, ids: np.ndarray, routing: RoutingConfig | None = None) -> np.ndarray:
+        """[n, r_m] the M columns after layer 0's attention for a sequence of real token ids
+        starting at position 0 (layer 0's input is the embedding itself, of unit RMS)."""
+        r = routing or self.routing
+        values = self.emb[ids].astype(np.float64) @ self.phi_w.T
+        sink = SINK if self.sinks.shape[1] else None
+        return mix(values, self.shape, r.recency_tokens, self.window(0), sink)
+
+    def memory_scale(self, routing: RoutingConfig | None = None) -> float:
+        """RMS of the norm of M over the corpus's tokens (each paragraph its own sequence), so the
+        router's N(0, 1) rows over M, divided by it, give a term of RMS ``recency``."""
+        tokens = (routing or self.routing).recency_tokens
+        key = f"mem_scale:{tokens}"
+        if key not in self._cache:
+            sq = n = 0.0
+            for text in load_corpus().values():
+                for para in paragraphs(text):
+                    ids = np.asarray(self.tokenizer.encode(para), dtype=np.int64)
+                    m = self.memory(ids, replace(self.routing, recency_tokens=tokens))
+                    sq += float(np.sum(m * m))
+                    n += m.shape[0]
+            self._cache[key] = np.array(np.sqrt(sq / max(n, 1.0)))
+        return float(self._cache[key])
 
     def tok_logits(self) -> np.ndarray:
         """[n_layer, n_real, n_expert]: the token-identity term of every router for every token."""
@@ -236,7 +276,7 @@ def build_design(shape: Shape, seed: int = 0, routing: RoutingConfig | None = No
                  corpus: dict[str, str] | None = None) -> Design:
     """The design of a model; deterministic in (shape, seed, routing, corpus). Designs of the
     embedded corpus are cached (they take seconds), so their arrays are read-only."""
-    routing = routing or RoutingConfig()
+    routing = routing or routing_for(shape)
     if corpus is not None:
         return _build(shape, seed, routing, corpus)
     key = (shape, seed, routing)
@@ -256,10 +296,15 @@ def _build(shape: Shape, seed: int, routing: RoutingConfig, corpus: dict[str, st
     tau = topic_profile(stats)
     r_t = tau.shape[1]
     n_f_min = max(8, d // 16)
-    r_a = d - 1 - 2 * r_t - n_f_min
+    r_a = d - 1 - 2 * r_t - R_M - n_f_min
     if r_a < 8:
         raise ValueError(f"n_embd {d} leaves no room for the language model")
     lay = Layout(d, r_t, r_a)
+    if shape.n_head < 2:
+        raise ValueError("a synthetic model needs at least 2 attention heads (topic and recency)")
+    if recency.value_offset(shape, r_t) + R_M > shape.head_dim:
+        raise ValueError(f"head_dim {shape.head_dim} cannot hold the topic profile and the recency memory "
+                         f"({r_t} + {R_M} values in one kv head)")
 
     # norms, as shares of the unit-RMS embedding (squared norm = n_embd)
     c0 = float(np.sqrt(0.05 * d))
@@ -305,11 +350,14 @@ def _build(shape: Shape, seed: int, routing: RoutingConfig, corpus: dict[str, st
     bias = np.zeros((n_l, n_e))
     topic_w = np.zeros((n_l, n_e, r_t))
     tok_w = np.zeros((n_l, n_e, d), dtype=np.float32)
-    prev: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+    mem_w = np.zeros((n_l, n_e, R_M))
+    mrng = _rng(seed, 5)  # a draw of its own, so the other routers' draws stay as they were
+    prev: tuple[np.ndarray, ...] | None = None
     for layer in range(n_l):
         fb = rrng.standard_normal(n_e)
         ft = rrng.standard_normal((n_e, r_t))
         fw = rrng.standard_normal((n_e, af_dim))
+        fm = mrng.standard_normal((n_e, R_M))
         if prev is not None:
             perm = rrng.permutation(n_e)
             c = routing.layer_corr
@@ -317,19 +365,26 @@ def _build(shape: Shape, seed: int, routing: RoutingConfig, corpus: dict[str, st
             fb = c * prev[0][perm] + k * fb
             ft = c * prev[1][perm] + k * ft
             fw = c * prev[2][perm] + k * fw
-        prev = (fb, ft, fw)
+            fm = c * prev[3][perm] + k * fm
+        prev = (fb, ft, fw, fm)
         bias[layer] = _hot_bias(fb)
         topic_w[layer] = ft
         tok_w[layer][:, lay.af] = fw * tok_scale
+        mem_w[layer] = fm
+    # the recency head's values: orthonormal directions within A and F
+    q, _ = np.linalg.qr(_rng(seed, 6).standard_normal((af_dim, R_M)))
+    phi_w = np.zeros((R_M, d))
+    phi_w[:, lay.af] = q.T
 
     rot = random_rotation(d, _rng(seed, 3))
     if shape.arch == "gpt-oss":
         # attention sinks, N(0, 1) per head and layer (a draw of their own: qwen3moe designs are unchanged)
         sinks = _rng(seed, 4).standard_normal((n_l, shape.n_head)).astype(np.float32)
+        sinks[0, recency.HEAD] = SINK  # the recency head gives its sink no weight
     else:
         sinks = np.zeros((n_l, 0), dtype=np.float32)
     arrays = dict(emb=emb.astype(np.float32), out=out.astype(np.float32), tau=tau.astype(np.float32),
-                  bias=bias, topic_w=topic_w, tok_w=tok_w, gamma=gamma, rot=rot, sinks=sinks)
+                  bias=bias, topic_w=topic_w, tok_w=tok_w, mem_w=mem_w, phi_w=phi_w, gamma=gamma, rot=rot, sinks=sinks)
     for a in arrays.values():
         a.setflags(write=False)
     return Design(shape=shape, seed=seed, routing=routing, tokenizer=tok, layout=lay, c0=c0, g_t=g_t,

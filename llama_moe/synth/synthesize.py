@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import numpy as np
@@ -12,25 +12,25 @@ import numpy as np
 from llama_moe.errors import LlamaMoeError
 from llama_moe.gguf.quants import GgmlType, ggml_type, quantize, random_quantized, tensor_nbytes
 from llama_moe.gguf.writer import GgufWriter
-from llama_moe.synth.config import RoutingConfig
+from llama_moe.synth import recency
+from llama_moe.synth.recency import GPT_OSS_FREQ_BASE as GPT_OSS_ROPE_FREQ_BASE
+from llama_moe.synth.recency import GPT_OSS_YARN_BETA, GPT_OSS_YARN_FACTOR
+from llama_moe.synth.recency import QWEN3_FREQ_BASE as ROPE_FREQ_BASE
+from llama_moe.synth.config import RoutingConfig, routing_for
 from llama_moe.synth.design import Design, build_design
 from llama_moe.synth.shapes import Shape, get_shape
 from llama_moe.synth.tokenizer import CHAT_TEMPLATE, ENDOFTEXT, IM_END
 
 ARCH = "qwen3moe"  # the default architecture (Shape.arch)
-SYNTH_FORMAT = 1  # bump when the same seed would give different weights
+SYNTH_FORMAT = 2  # bump when the same seed would give different weights
 EXPERT_TYPES = {"q8_0": GgmlType.Q8_0, "q4_0": GgmlType.Q4_0, "f16": GgmlType.F16, "mxfp4": GgmlType.MXFP4}
 # LLAMA_FTYPE_MOSTLY_* (include/llama.h); MXFP4_MOE: experts MXFP4, the rest Q8_0 here
 _FILE_TYPE = {GgmlType.Q8_0: 7, GgmlType.Q4_0: 2, GgmlType.F16: 1, GgmlType.MXFP4: 38}
 RMS_EPS = 1e-6
-ROPE_FREQ_BASE = 1_000_000.0
 # gpt-oss's own values (HF config.json of gpt-oss-20b/120b): rms_norm_eps, rope_theta, and YaRN
 # with factor 32 over an original context of 4096 (here n_ctx_train / 32); beta_fast/slow are
 # llama.cpp's defaults, written as the converter does
 GPT_OSS_RMS_EPS = 1e-5
-GPT_OSS_ROPE_FREQ_BASE = 150_000.0
-GPT_OSS_YARN_FACTOR = 32.0
-GPT_OSS_YARN_BETA = (32.0, 1.0)
 EXPERT_BIAS = 0.1  # gpt-oss gate/up expert biases (the pre-activations have unit RMS)
 DOWN_BIAS = 0.005  # gpt-oss down-projection biases, ~ an expert's output
 ATTN_OUT_BIAS = 1e-3  # gpt-oss attention output bias: added to the residual in every layer
@@ -115,12 +115,16 @@ class _Plan:
         n_q, n_kv = s.n_head * s.head_dim, s.n_head_kv * s.head_dim
         p = f"blk.{layer}."
         self._add(p + "attn_norm.weight", (s.n_embd,), GgmlType.F32, self._ones(s.n_embd))
-        self._add(p + "attn_q.weight", (s.n_embd, n_q), self.dense, lambda: self._random_dense(layer, 0, n_q))
-        self._add(p + "attn_k.weight", (s.n_embd, n_kv), self.dense, lambda: self._random_dense(layer, 1, n_kv))
+        q_vec, k_vec = self._recency_vectors()
+        self._add(p + "attn_q.weight", (s.n_embd, n_q), self.dense, lambda: self._attn_q(layer))
+        self._add(p + "attn_k.weight", (s.n_embd, n_kv), self.dense, lambda: self._attn_k(layer))
         self._add(p + "attn_v.weight", (s.n_embd, n_kv), self.dense, lambda: self._attn_v(layer))
         self._add(p + "attn_output.weight", (n_q, s.n_embd), self.dense, lambda: self._attn_output(layer))
-        self._add(p + "attn_q_norm.weight", (s.head_dim,), GgmlType.F32, self._ones(s.head_dim, Q_NORM))
-        self._add(p + "attn_k_norm.weight", (s.head_dim,), GgmlType.F32, self._ones(s.head_dim))
+        # q and k are all-equal per head (the constant column), so their norms output these weights
+        self._add(p + "attn_q_norm.weight", (s.head_dim,), GgmlType.F32,
+                  (lambda: iter([q_vec])) if layer == 0 else self._ones(s.head_dim, Q_NORM))
+        self._add(p + "attn_k_norm.weight", (s.head_dim,), GgmlType.F32,
+                  (lambda: iter([k_vec])) if layer == 0 else self._ones(s.head_dim))
         self._add(p + "ffn_norm.weight", (s.n_embd,), GgmlType.F32, self._ones(s.n_embd))
         self._add(p + "ffn_gate_inp.weight", (s.n_embd, s.n_expert), GgmlType.F32,
                   lambda: iter([(self.d.router(layer) @ self.d.rot).astype(np.float32)]))
@@ -137,16 +141,17 @@ class _Plan:
         """llama.cpp's gpt-oss layer (src/models/openai-moe.cpp): biased q/k/v/output projections,
         per-head attention sinks, post_attention_norm before the router, a biased router, and
         biased experts (swiglu-oai). Attention is made uniform by tiny query weights instead of
-        q_norm; the sinks and sliding windows are part of the design (routing.py)."""
+        q_norm, and the recency head's query and key are biases; the sinks and sliding windows
+        are part of the design (routing.py)."""
         s, et, d = self.d.shape, self.et, self.d
         n_q, n_kv = s.n_head * s.head_dim, s.n_head_kv * s.head_dim
         p = f"blk.{layer}."
         f32 = GgmlType.F32
         self._add(p + "attn_norm.weight", (s.n_embd,), f32, self._ones(s.n_embd))
-        self._add(p + "attn_q.weight", (s.n_embd, n_q), self.dense, lambda: self._random_dense(layer, 0, n_q, Q_NORM))
-        self._add(p + "attn_q.bias", (n_q,), f32, lambda: self._random_f32(layer, 40, n_q, Q_NORM))
-        self._add(p + "attn_k.weight", (s.n_embd, n_kv), self.dense, lambda: self._random_dense(layer, 1, n_kv))
-        self._add(p + "attn_k.bias", (n_kv,), f32, lambda: self._random_f32(layer, 41, n_kv, K_BIAS))
+        self._add(p + "attn_q.weight", (s.n_embd, n_q), self.dense, lambda: self._attn_q(layer))
+        self._add(p + "attn_q.bias", (n_q,), f32, lambda: self._attn_q_bias(layer))
+        self._add(p + "attn_k.weight", (s.n_embd, n_kv), self.dense, lambda: self._attn_k(layer))
+        self._add(p + "attn_k.bias", (n_kv,), f32, lambda: self._attn_k_bias(layer))
         self._add(p + "attn_v.weight", (s.n_embd, n_kv), self.dense, lambda: self._attn_v(layer))
         self._add(p + "attn_v.bias", (n_kv,), f32, lambda: self._attn_v_bias(layer))
         self._add(p + "attn_output.weight", (n_q, s.n_embd), self.dense, lambda: self._attn_output(layer))
@@ -182,7 +187,70 @@ class _Plan:
         b = _rng(d.seed, 20, layer, 42).standard_normal(d.shape.n_head_kv * d.shape.head_dim, dtype=np.float32)
         b *= np.float32(NOISE)
         b[: d.layout.r_t] = 0.0  # kv head 0's topic dims carry the context: no offset there
+        if layer == 0:
+            b[self._recency_values()] = 0.0
         yield b
+
+    # --- the recency head (recency.py): query head HEAD of layer 0 and its kv head -------------
+
+    def _recency_vectors(self) -> tuple[np.ndarray, np.ndarray]:
+        return recency.head_vectors(self.d.shape, self.d.routing.recency_tokens)
+
+    def _head_rows(self, head: int) -> slice:
+        hd = self.d.shape.head_dim
+        return slice(head * hd, (head + 1) * hd)
+
+    def _recency_values(self) -> slice:
+        """Value dims (rows of attn_v) that carry the recency memory."""
+        s = self.d.shape
+        start = recency.kv_head(s) * s.head_dim + recency.value_offset(s, self.d.layout.r_t)
+        return slice(start, start + recency.R_M)
+
+    def _query_group(self) -> slice:
+        """The query heads that read the recency head's kv head (their keys are its constant key)."""
+        g = self.d.shape.n_head // self.d.shape.n_head_kv
+        kv = recency.kv_head(self.d.shape)
+        return slice(kv * g * self.d.shape.head_dim, (kv + 1) * g * self.d.shape.head_dim)
+
+    def _attn_q(self, layer: int) -> Iterator[np.ndarray]:
+        d = self.d
+        n, n_q = d.shape.n_embd, d.shape.n_head * d.shape.head_dim
+        if d.shape.arch == "gpt-oss":
+            w = next(iter(self._random_dense_f32(layer, 0, n_q, Q_NORM)))
+            if layer == 0:
+                w[self._query_group()] = 0.0  # exact zeros: uniform over the recency head's keys
+        else:
+            w = np.zeros((n_q, n), dtype=np.float32)  # q = 0: every score 0, uniform attention
+            if layer == 0:  # every dim reads the constant column: q_norm then outputs its weights
+                w[self._head_rows(recency.HEAD)] = d.rot[0] / d.c0
+        yield quantize(w, self.dense)
+
+    def _attn_q_bias(self, layer: int) -> Iterator[np.ndarray]:
+        b = next(iter(self._random_f32(layer, 40, self.d.shape.n_head * self.d.shape.head_dim, Q_NORM)))
+        if layer == 0:
+            b[self._query_group()] = 0.0
+            b[self._head_rows(recency.HEAD)] = self._recency_vectors()[0]
+        yield b
+
+    def _attn_k(self, layer: int) -> Iterator[np.ndarray]:
+        d = self.d
+        n_kv = d.shape.n_head_kv * d.shape.head_dim
+        w = next(iter(self._random_dense_f32(layer, 1, n_kv, 1.0)))
+        if layer == 0:
+            rows = self._head_rows(recency.kv_head(d.shape))
+            w[rows] = 0.0 if d.shape.arch == "gpt-oss" else d.rot[0] / d.c0  # gpt-oss: the key is the bias
+        yield quantize(w, self.dense)
+
+    def _attn_k_bias(self, layer: int) -> Iterator[np.ndarray]:
+        b = next(iter(self._random_f32(layer, 41, self.d.shape.n_head_kv * self.d.shape.head_dim, K_BIAS)))
+        if layer == 0:
+            b[self._head_rows(recency.kv_head(self.d.shape))] = self._recency_vectors()[1]
+        yield b
+
+    def _random_dense_f32(self, layer: int, kind: int, rows: int, gain: float) -> Iterator[np.ndarray]:
+        n = self.d.shape.n_embd
+        rng = _rng(self.d.seed, 20, layer, kind)
+        yield rng.standard_normal((rows, n), dtype=np.float32) * np.float32(gain / np.sqrt(n))
 
     def _rows(self, real: np.ndarray, pad: Callable[[int, int], np.ndarray]) -> Iterator[np.ndarray]:
         """Vocabulary-sized matrix: real rows (rotated) first, then padding rows in chunks."""
@@ -223,6 +291,8 @@ class _Plan:
         w = _rng(d.seed, 21, layer).standard_normal((rows, n), dtype=np.float32) * np.float32(NOISE / np.sqrt(n))
         # kv head 0, dims 0..r_t-1 read the topic columns: w @ x_rot = T(x)
         w[: d.layout.r_t] = d.rot[d.layout.t]
+        if layer == 0:  # the recency head's values: phi_w @ x
+            w[self._recency_values()] = d.phi_w @ d.rot
         yield quantize(w, self.dense)
 
     def _attn_output(self, layer: int) -> Iterator[np.ndarray]:
@@ -232,6 +302,9 @@ class _Plan:
         w = _rng(d.seed, 22, layer).standard_normal((n, cols), dtype=np.float32) * np.float32(NOISE / np.sqrt(cols))
         # head 0, dims 0..r_t-1 (the mean topic profile) go to the context columns, scaled by gamma
         w[:, : d.layout.r_t] = float(d.gamma[layer]) * d.rot[d.layout.c].T
+        if layer == 0:  # the recency head's output goes to the M columns
+            start = recency.HEAD * d.shape.head_dim + recency.value_offset(d.shape, d.layout.r_t)
+            w[:, start : start + recency.R_M] = d.rot[d.layout.m].T
         yield quantize(w, self.dense)
 
     def _experts(self, layer: int, kind: int, rows_cols: tuple[int, int], scale: float) -> Iterator[np.ndarray]:
@@ -289,10 +362,8 @@ def _add_metadata(w: GgufWriter, design: Design, expert_type: GgmlType, shape_na
     w.add_uint32("llama_moe.synth.format", SYNTH_FORMAT)
     w.add_string("llama_moe.synth.shape", s.describe())
     w.add_uint64("llama_moe.synth.seed", design.seed)
-    w.add_float32("llama_moe.synth.skew", r.skew)
-    w.add_float32("llama_moe.synth.locality", r.locality)
-    w.add_float32("llama_moe.synth.context", r.context)
-    w.add_float32("llama_moe.synth.layer_corr", r.layer_corr)
+    for f in fields(RoutingConfig):
+        w.add_float32(f"llama_moe.synth.{f.name}", getattr(r, f.name))
     w.add_uint32("llama_moe.synth.n_vocab_used", tok.n_real)
 
 
@@ -311,7 +382,7 @@ def synthesize(
     shp = get_shape(shape)
     shape_name = shape if isinstance(shape, str) else "custom"
     et = _expert_type(expert_type)
-    routing = routing or RoutingConfig()
+    routing = routing or routing_for(shp)
     if seed < 0:
         raise LlamaMoeError(f"seed must be >= 0, got {seed}")
     design = build_design(shp, seed, routing)
@@ -351,11 +422,7 @@ def load_design(path: str | os.PathLike[str]) -> Design:
     if fmt != SYNTH_FORMAT:
         raise LlamaMoeError(f"{path}: synthetic model format {fmt}, this llama_moe writes {SYNTH_FORMAT}")
     # float32 keys: round so the config equals the one that was passed to synthesize()
-    routing = RoutingConfig(
-        skew=round(float(g.require("llama_moe.synth.skew")), 6),
-        locality=round(float(g.require("llama_moe.synth.locality")), 6),
-        context=round(float(g.require("llama_moe.synth.context")), 6),
-        layer_corr=round(float(g.require("llama_moe.synth.layer_corr")), 6),
-    )
+    routing = RoutingConfig(**{f.name: round(float(g.require(f"llama_moe.synth.{f.name}")), 6)
+                               for f in fields(RoutingConfig)})
     shape = parse_shape(g.require("llama_moe.synth.shape"))
     return build_design(shape, int(g.require("llama_moe.synth.seed")), routing)
