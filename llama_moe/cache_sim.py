@@ -30,17 +30,25 @@ class SimResult:
     n_hit_profile: int
     n_miss: int
     per_layer: dict[int, tuple[int, int]]  # il -> (hits, misses)
+    n_refused: int = 0  # distinct experts of the refused lookups (a ubatch whose tokens x k exceed the slots)
+    per_layer_refused: dict[int, int] = field(default_factory=dict)
 
     @property
-    def hit_rate(self) -> float:
-        n = self.n_hit + self.n_miss
-        return self.n_hit / n if n else 0.0
+    def n_lookup(self) -> int:
+        return self.n_hit + self.n_miss + self.n_refused
+
+    @property
+    def hit_rate(self) -> float | None:
+        """hits / (hits + misses + refused); None when nothing was looked up."""
+        return self.n_hit / self.n_lookup if self.n_lookup else None
 
 
 def simulate_lru(records: Iterable[RoutingRecord], slots: dict[int, int], n_expert: int,
                  prefill: Sequence[tuple[int, int]] = ()) -> SimResult:
     """The upload mode: per layer, a free slot or else the least recently used slot the ubatch does not use.
-    ``slots`` maps each cached layer to its slot count; ``prefill`` is a profile's ranked pairs."""
+    ``slots`` maps each cached layer to its slot count; ``prefill`` is a profile's ranked pairs. A ubatch of up
+    to 32 tokens whose tokens x k exceed a layer's slots is refused there, as the engine refuses it when it
+    builds the graph (before the router picks): its distinct experts count as refused, and the slots stay."""
     layers = {il: _LruLayer(n) for il, n in slots.items() if n < n_expert}  # whole layers need no lookups
     for il, e in prefill:
         layer = layers.get(il)
@@ -49,12 +57,17 @@ def simulate_lru(records: Iterable[RoutingRecord], slots: dict[int, int], n_expe
         s = layer.expert_in.index(-1)
         layer.expert_in[s], layer.slot_of[e], layer.from_profile[s] = e, s, True
     stamp = 0
-    hits = hits_profile = misses = 0
-    per_layer: dict[int, list[int]] = {il: [0, 0] for il in layers}
+    hits = hits_profile = misses = refused = 0
+    per_layer: dict[int, list[int]] = {il: [0, 0, 0] for il in layers}
     for rec in records:
         layer = layers.get(rec.il)
         n_tokens, k = rec.experts.shape
-        if layer is None or n_tokens > MAX_UBATCH or n_tokens * k > layer.n_slots:
+        if layer is None or n_tokens > MAX_UBATCH:
+            continue
+        if n_tokens * k > layer.n_slots:
+            n = len(set(rec.experts.ravel().tolist()))
+            refused += n
+            per_layer[rec.il][2] += n
             continue
         stamp += 1
         for e in rec.experts.ravel().tolist():  # hits first, distinct per ubatch
@@ -82,4 +95,5 @@ def simulate_lru(records: Iterable[RoutingRecord], slots: dict[int, int], n_expe
             layer.last_use[victim] = stamp
             misses += 1
             per_layer[rec.il][1] += 1
-    return SimResult(hits, hits_profile, misses, {il: (h, m) for il, (h, m) in per_layer.items()})
+    return SimResult(hits, hits_profile, misses, {il: (h, m) for il, (h, m, _) in per_layer.items()}, refused,
+                     {il: r for il, (_, _, r) in per_layer.items()})

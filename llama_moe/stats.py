@@ -6,25 +6,31 @@ from typing import Any
 
 
 class HitRate:
-    """hits / (hits + misses) for anything that counts both (the context's, a layer's, a server's)."""
+    """hits / (hits + misses + refused) for anything that counts them (the context's, a layer's, a server's).
+
+    A lookup the upload mode refuses (a ubatch whose tokens x experts per token exceed a layer's slots: its
+    experts come from RAM) is in the denominator, so that a cache too small for its ubatches never reads as a
+    good one."""
 
     n_hit: int
     n_miss: int
+    n_refused: int
 
     @property
     def n_lookup(self) -> int:
-        return self.n_hit + self.n_miss
+        return self.n_hit + self.n_miss + self.n_refused
 
     @property
     def hit_rate(self) -> float:
-        """hits / (hits + misses); 0.0 before the first lookup."""
+        """hits / (hits + misses + refused); 0.0 before the first lookup (as llama-server's hit ratio gauge)."""
         return self.n_hit / self.n_lookup if self.n_lookup else 0.0
 
 
 @dataclass(frozen=True)
 class MoeCacheStats(HitRate):
-    """Counters since the context was created. Hits and misses count distinct experts per ubatch and layer,
-    in ubatches of up to 32 tokens; layers held whole need no lookups and are not counted."""
+    """Counters since the context was created. Hits, misses and refused count distinct experts per ubatch and
+    layer, in ubatches of up to 32 tokens; layers held whole need no lookups and are not counted. n_refused
+    (upload mode only) counts the selections of the lookups refused, n_resident the slots holding an expert now."""
 
     n_hit: int
     n_hit_profile: int
@@ -38,12 +44,14 @@ class MoeCacheStats(HitRate):
     n_prefilled: int
     n_bytes_cache: int
     n_swap: int
+    n_refused: int = 0
+    n_resident: int = 0
 
     @classmethod
     def _from_native(cls, s: Any) -> "MoeCacheStats":
         return cls(int(s.n_hit), int(s.n_hit_profile), int(s.n_miss), int(s.n_bytes_upload), int(s.n_bytes_cpu),
                    bool(s.hybrid), int(s.n_copy), int(s.n_bytes_copy), int(s.n_slots), int(s.n_prefilled),
-                   int(s.n_bytes_cache), int(s.n_swap))
+                   int(s.n_bytes_cache), int(s.n_swap), int(s.n_refused), int(s.n_resident))
 
 
 @dataclass(frozen=True)
@@ -53,3 +61,20 @@ class LayerStats(HitRate):
     n_hit: int
     n_hit_profile: int
     n_miss: int
+    n_refused: int = 0
+
+
+def n_admitted(hybrid: bool, n_miss: int, n_swap: int) -> int:
+    """Experts brought into slots while running: each miss of the upload mode, and the adaptive swaps and fills."""
+    return (0 if hybrid else n_miss) + n_swap
+
+
+def lookups_line(n_hit: int, n_miss: int, n_refused: int, hybrid: bool, n_swap: int, n_resident: int | None,
+                 n_slots: int) -> str:
+    """The line llama.cpp prints at exit, "H hits of L lookups = R (A admitted, N refused, cache F% full)": R is
+    n/a before the first lookup, F "?" when the slots' fill is not known."""
+    lookups = n_hit + n_miss + n_refused
+    ratio = f"{n_hit / lookups:.4f}" if lookups else "n/a"
+    full = "?" if n_resident is None or not n_slots else f"{100.0 * n_resident / n_slots:.2f}"
+    return (f"{n_hit} hits of {lookups} lookups = {ratio} ({n_admitted(hybrid, n_miss, n_swap)} admitted, "
+            f"{n_refused} refused, cache {full}% full)")

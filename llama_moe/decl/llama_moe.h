@@ -17,6 +17,8 @@ struct llama_moe_cache_stats {
     uint64_t n_prefilled;
     uint64_t n_bytes_cache;
     uint64_t n_swap;
+    uint64_t n_refused;
+    uint64_t n_resident;
 };
 
 struct llama_moe_cache_layer_stats {
@@ -25,6 +27,7 @@ struct llama_moe_cache_layer_stats {
     uint64_t n_hit;
     uint64_t n_hit_profile;
     uint64_t n_miss;
+    uint64_t n_refused;
 };
 
 bool    llama_moe_cache_get_stats(const struct llama_context * ctx, struct llama_moe_cache_stats * stats);

@@ -48,15 +48,20 @@ std::string common_moe_cache_metrics(const llama_context * ctx) {
         { "moe_cache_hits_total",         "MoE cache: selected experts the cache held (ubatches of up to 32 tokens)", (double) s.n_hit },
         { "moe_cache_hits_profile_total", "MoE cache: hits on experts the profile placed and that were never evicted", (double) s.n_hit_profile },
         { "moe_cache_misses_total",       "MoE cache: selected experts the cache did not hold", (double) s.n_miss },
+        { "moe_cache_refused_total",      "MoE cache: selected experts of the lookups refused (upload mode: a ubatch's tokens x experts "
+                                          "per token exceed a layer's slots, and its experts come from RAM)", (double) s.n_refused },
         { "moe_cache_upload_bytes_total", "MoE cache: bytes uploaded for misses", (double) s.n_bytes_upload },
         { "moe_cache_cpu_bytes_total",    "MoE cache: bytes of the experts the CPU computed (hybrid)", (double) s.n_bytes_cpu },
         { "moe_cache_copies_total",       "MoE cache: experts large batches copied from the cache instead of from RAM", (double) s.n_copy },
         { "moe_cache_swaps_total",        "MoE cache: experts the adaptive cache swapped in", (double) s.n_swap },
     };
-    const uint64_t n_lookup = s.n_hit + s.n_miss;
+    // a refused lookup counts against the ratio: a cache too small for its ubatches must not look like a good one
+    const uint64_t n_lookup = s.n_hit + s.n_miss + s.n_refused;
     const item gauges[] = {
-        { "moe_cache_hit_ratio", "MoE cache: hits / (hits + misses) since the start", n_lookup ? (double) s.n_hit / n_lookup : 0.0 },
+        { "moe_cache_hit_ratio", "MoE cache: hits / (hits + misses + refused) since the start, 0 before the first lookup",
+          n_lookup ? (double) s.n_hit / n_lookup : 0.0 },
         { "moe_cache_slots",     "MoE cache: expert slots", (double) s.n_slots },
+        { "moe_cache_resident",  "MoE cache: slots that hold an expert now", (double) s.n_resident },
         { "moe_cache_prefilled", "MoE cache: slots the profile filled at load", (double) s.n_prefilled },
         { "moe_cache_bytes",     "MoE cache: device memory of the cache", (double) s.n_bytes_cache },
         { "moe_cache_hybrid",    "MoE cache: 1 with --moe-cache-hybrid", s.hybrid ? 1.0 : 0.0 },
@@ -81,6 +86,7 @@ std::string common_moe_cache_metrics(const llama_context * ctx) {
         { "moe_cache_layer_hits_total",         "MoE cache: hits per layer",                   &llama_moe_cache_layer_stats::n_hit },
         { "moe_cache_layer_hits_profile_total", "MoE cache: hits on profile experts per layer", &llama_moe_cache_layer_stats::n_hit_profile },
         { "moe_cache_layer_misses_total",       "MoE cache: misses per layer",                 &llama_moe_cache_layer_stats::n_miss },
+        { "moe_cache_layer_refused_total",      "MoE cache: refused selections per layer",     &llama_moe_cache_layer_stats::n_refused },
     };
     for (const auto & series : per_layer) {
         out << "# HELP llamacpp:" << series.name << " " << series.help << "\n"
@@ -134,6 +140,7 @@ json record(const char * event, const llama_context * ctx) {
         { "hits",         s.n_hit },
         { "hits_profile", s.n_hit_profile },
         { "misses",       s.n_miss },
+        { "refused",      s.n_refused },
         { "bytes_upload", s.n_bytes_upload },
         { "bytes_cpu",    s.n_bytes_cpu },
         { "copies",       s.n_copy },
@@ -158,6 +165,7 @@ json layers_json(const llama_context * ctx) {
             { "hits",         layers[i].n_hit },
             { "hits_profile", layers[i].n_hit_profile },
             { "misses",       layers[i].n_miss },
+            { "refused",      layers[i].n_refused },
             { "resident",     resident },
         });
     }
@@ -307,17 +315,21 @@ void common_moe_cache_request_end(const llama_context * ctx, const common_moe_ca
     const uint64_t hits   = now.n_hit          - req.start.n_hit;
     const uint64_t prof   = now.n_hit_profile  - req.start.n_hit_profile;
     const uint64_t misses = now.n_miss         - req.start.n_miss;
+    const uint64_t refused = now.n_refused     - req.start.n_refused;
     const uint64_t up     = now.n_bytes_upload - req.start.n_bytes_upload;
     const uint64_t cpu    = now.n_bytes_cpu    - req.start.n_bytes_cpu;
-    const double   rate   = hits + misses ? 100.0 * hits / (hits + misses) : 0.0;
+    const uint64_t looked = hits + misses + refused;
+    const double   rate   = looked ? 100.0 * hits / looked : 0.0;
     if (now.hybrid) {
         LOG_INF("MoE cache hits = %.1f %% (hybrid: %" PRIu64 " on the GPU, %" PRIu64 " on the CPU, which read %.1f MiB)\n",
                 rate, hits, misses, cpu / MiB);
     } else {
         // the uploads' share of the request's time is not measured: the rate is bytes over the request's time
         const double seconds = (t_prompt_ms + t_gen_ms) / 1e3;
-        LOG_INF("MoE cache hits = %.1f %% (%" PRIu64 " hit, %" PRIu64 " from the profile, %" PRIu64 " uploaded: %.1f MiB, %.2f GiB/s)\n",
-                rate, hits, prof, misses, up / MiB, seconds > 0 ? up / (1024.0 * MiB) / seconds : 0.0);
+        // the refused count follows the parenthesis, so that a reader of the line before it still matches
+        LOG_INF("MoE cache hits = %.1f %% (%" PRIu64 " hit, %" PRIu64 " from the profile, %" PRIu64 " uploaded: %.1f MiB, %.2f GiB/s), "
+                "%" PRIu64 " refused\n",
+                rate, hits, prof, misses, up / MiB, seconds > 0 ? up / (1024.0 * MiB) / seconds : 0.0, refused);
     }
     json rec = record("request", ctx);
     rec["slot"]             = slot;
@@ -329,6 +341,7 @@ void common_moe_cache_request_end(const llama_context * ctx, const common_moe_ca
     rec["req_hits"]         = hits;
     rec["req_hits_profile"] = prof;
     rec["req_misses"]       = misses;
+    rec["req_refused"]      = refused;
     rec["req_bytes_upload"] = up;
     rec["req_bytes_cpu"]    = cpu;
     append(ctx, rec);

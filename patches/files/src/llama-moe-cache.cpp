@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <numeric>
 #include <stdexcept>
 #include <tuple>
 
@@ -188,8 +189,8 @@ std::unique_ptr<llama_moe_cache> llama_moe_cache::create(const llama_model & mod
     ggml_init_params ip = { ggml_tensor_overhead() * n_tensors, nullptr, true };
     cache->ctx = ggml_init(ip);
     ggml_init_params ip_host = { ggml_tensor_overhead() * cache->layers.size(), nullptr, true };
-    cache->ctx_host = params.hybrid ? ggml_init(ip_host) : nullptr;
-    if (!cache->ctx || (params.hybrid && !cache->ctx_host)) {
+    cache->ctx_host = ggml_init(ip_host); // the hybrid's CPU maps, or upload mode's refusal maps
+    if (!cache->ctx || !cache->ctx_host) {
         throw std::runtime_error("llama_moe_cache: ggml_init failed");
     }
     int n_whole = 0;
@@ -214,6 +215,10 @@ std::unique_ptr<llama_moe_cache> llama_moe_cache::create(const llama_model & mod
             l.cpu_map = ggml_new_tensor_2d(cache->ctx_host, GGML_TYPE_I32, 1, l.n_expert);
             ggml_format_name(l.cpu_map, "moe_cache_cpu.%d", l.il);
         }
+        if (!params.hybrid && !l.whole) {
+            l.refuse_map = ggml_new_tensor_2d(cache->ctx_host, GGML_TYPE_I32, 1, l.n_expert);
+            ggml_format_name(l.refuse_map, "moe_cache_refused.%d", l.il);
+        }
         l.slot_of.assign(l.n_expert, -1);
         l.expert_in.assign(l.n_slots, -1);
         l.last_use.assign(l.n_slots, 0);
@@ -233,10 +238,10 @@ std::unique_ptr<llama_moe_cache> llama_moe_cache::create(const llama_model & mod
     // LLAMA_MOE_CACHE_NO_COPY=1: prompts take every expert from RAM, as without a cache (for comparing)
     const char * no_copy = getenv("LLAMA_MOE_CACHE_NO_COPY");
     cache->copy_on = no_copy == nullptr || *no_copy == '\0' || strcmp(no_copy, "0") == 0;
-    if (cache->ctx_host && ggml_get_first_tensor(cache->ctx_host) != nullptr) { // none when every layer is whole
+    if (ggml_get_first_tensor(cache->ctx_host) != nullptr) { // none when every layer is whole
         cache->buf_host = ggml_backend_alloc_ctx_tensors_from_buft(cache->ctx_host, ggml_backend_cpu_buffer_type());
         if (!cache->buf_host) {
-            throw std::runtime_error("llama_moe_cache: cannot allocate the hybrid's CPU maps");
+            throw std::runtime_error("llama_moe_cache: cannot allocate the cache's CPU maps");
         }
         ggml_backend_buffer_set_usage(cache->buf_host, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
     }
@@ -256,6 +261,12 @@ std::unique_ptr<llama_moe_cache> llama_moe_cache::create(const llama_model & mod
         cache->layer_of_slot_map[l.slot_map] = (int) i;
         if (l.cpu_map) {
             cache->layer_of_cpu_map[l.cpu_map] = (int) i;
+        }
+        if (l.refuse_map) {
+            cache->layer_of_refuse_map[l.refuse_map] = (int) i;
+            std::vector<int32_t> self(l.n_expert);
+            std::iota(self.begin(), self.end(), 0);
+            ggml_backend_tensor_set(l.refuse_map, self.data(), 0, ggml_nbytes(l.refuse_map));
         }
         if (l.whole) {
             for (int j = 0; j < 3; ++j) {
@@ -331,35 +342,55 @@ void llama_moe_cache_pin_mul_mat_id(ggml_backend_sched_t sched, ggml_backend_t b
     }
 }
 
-void llama_moe_cache::count_by_size(int64_t n_tokens, uint64_t hits, uint64_t misses) {
+void llama_moe_cache::count_by_size(int64_t n_tokens, uint64_t hits, uint64_t misses, uint64_t refused) {
     const int c = n_tokens <= 8 ? 0 : 1;
-    n_hit_by[c]  += hits;
-    n_miss_by[c] += misses;
+    n_hit_by[c]     += hits;
+    n_miss_by[c]    += misses;
+    n_refused_by[c] += refused;
 }
 
-// At exit: small and large ubatches apart (generation is what the cache is for), and how unevenly layers hit.
+// At exit: small and large ubatches apart (generation is what the cache is for), how unevenly layers hit, and
+// every lookup with what it admitted and what it refused. A refused lookup is in the rates' denominator: a cache
+// too small for its ubatches must not look better than one that serves them.
 void llama_moe_cache::log_summary() const {
-    auto pct = [](uint64_t h, uint64_t m) { return h + m ? 100.0 * h / (h + m) : 0.0; };
-    LLAMA_LOG_INFO("llama_moe_cache: ubatches of up to 8 tokens: %" PRIu64 " hits, %" PRIu64 " misses (%.1f %%); "
-                   "larger: %" PRIu64 " hits, %" PRIu64 " misses (%.1f %%)\n",
-                   n_hit_by[0], n_miss_by[0], pct(n_hit_by[0], n_miss_by[0]), n_hit_by[1], n_miss_by[1], pct(n_hit_by[1], n_miss_by[1]));
+    auto pct = [](uint64_t h, uint64_t m, uint64_t r) { return h + m + r ? 100.0 * h / (h + m + r) : 0.0; };
+    if (n_hit_by[0] + n_miss_by[0] + n_refused_by[0] + n_hit_by[1] + n_miss_by[1] + n_refused_by[1] > 0) {
+        LLAMA_LOG_INFO("llama_moe_cache: ubatches of up to 8 tokens: %" PRIu64 " hits, %" PRIu64 " misses, %" PRIu64 " refused (%.1f %%); "
+                       "larger: %" PRIu64 " hits, %" PRIu64 " misses, %" PRIu64 " refused (%.1f %%)\n",
+                       n_hit_by[0], n_miss_by[0], n_refused_by[0], pct(n_hit_by[0], n_miss_by[0], n_refused_by[0]),
+                       n_hit_by[1], n_miss_by[1], n_refused_by[1], pct(n_hit_by[1], n_miss_by[1], n_refused_by[1]));
+    }
     std::vector<double> rates;
+    uint64_t hits = 0, misses = 0, refused = 0, resident = 0;
     for (const auto & l : layers) {
-        if (l.n_hit + l.n_miss > 0) {
-            rates.push_back(pct(l.n_hit, l.n_miss));
+        if (l.n_hit + l.n_miss + l.n_refused > 0) {
+            rates.push_back(pct(l.n_hit, l.n_miss, l.n_refused));
         }
+        hits     += l.n_hit;
+        misses   += l.n_miss;
+        refused  += l.n_refused;
+        resident += std::count_if(l.expert_in.begin(), l.expert_in.end(), [](int32_t e) { return e >= 0; });
     }
     if (!rates.empty()) {
         std::sort(rates.begin(), rates.end());
         LLAMA_LOG_INFO("llama_moe_cache: per-layer hit rate min %.1f %%, median %.1f %%, max %.1f %% over %zu layers\n",
                        rates.front(), rates[rates.size() / 2], rates.back(), rates.size());
     }
+    // admitted: experts brought into slots while running, the upload mode's misses and the adaptive swaps
+    const uint64_t lookups  = hits + misses + refused;
+    const uint64_t admitted = (params.hybrid ? 0 : misses) + n_swap;
+    char ratio[32] = "n/a";
+    if (lookups > 0) {
+        snprintf(ratio, sizeof(ratio), "%.4f", (double) hits / lookups);
+    }
+    // the prefix of the summary's other lines, which is what users grep for
+    LLAMA_LOG_INFO("llama_moe_cache: %" PRIu64 " hits of %" PRIu64 " lookups = %s (%" PRIu64 " admitted, %" PRIu64 " refused, "
+                   "cache %.2f%% full)\n", hits, lookups, ratio, admitted, refused,
+                   n_slots_total ? 100.0 * resident / n_slots_total : 0.0);
 }
 
 llama_moe_cache::~llama_moe_cache() {
-    if (n_hit_by[0] + n_miss_by[0] + n_hit_by[1] + n_miss_by[1] > 0) {
-        log_summary();
-    }
+    log_summary();
     if (adaptive()) {
         LLAMA_LOG_INFO("llama_moe_cache: adaptive: %" PRIu64 " experts swapped in\n", n_swap);
     }
@@ -482,8 +513,15 @@ llama_moe_cache_route llama_moe_cache::build(ggml_context * ctx0, int64_t n_toke
         return r;
     }
     const auto & l = layers[it->second];
-    // upload mode: every expert of the ubatch needs a slot at once
+    // upload mode: every expert of the ubatch needs a slot at once, and the graph is built before the router picks
+    // them. A ubatch that could select more experts than the layer has slots is refused: it computes the model's
+    // experts from RAM, its ids read through the refusal's map, where the eval callback counts what it selected
     if (!l.whole && !l.cpu_map && n_tokens * n_expert_used > l.n_slots) {
+        ggml_tensor * flat = ggml_reshape_1d(ctx0, ggml_is_contiguous(selected) ? selected : ggml_cont(ctx0, selected),
+                                             n_expert_used * n_tokens);
+        ggml_tensor * ids = ggml_get_rows(ctx0, l.refuse_map, flat); // [1, n_expert_used * n_tokens], the same ids
+        ggml_format_name(ids, "ffn_moe_refused-%d", l.il);
+        r.ids[0] = ggml_reshape_2d(ctx0, ids, n_expert_used, n_tokens);
         return r;
     }
     GGML_ASSERT(gate == l.src[0] && up == l.src[1]);
@@ -577,7 +615,7 @@ void llama_moe_cache::lookup(llama_moe_cache_layer & l, ggml_tensor * remap) {
             }
         }
     }
-    count_by_size(ggml_nelements(ids) / std::max<int64_t>(n_expert_used, 1), l.n_hit - hit0, l.n_miss - miss0);
+    count_by_size(ggml_nelements(ids) / std::max<int64_t>(n_expert_used, 1), l.n_hit - hit0, l.n_miss - miss0, 0);
     remap_host.resize(n_used * n_tokens);
     for (int64_t t = 0; t < n_tokens; ++t) {
         for (int64_t k = 0; k < n_used; ++k) {
@@ -594,16 +632,46 @@ bool llama_moe_cache::wants(const ggml_tensor * t) const {
     if (t->op != GGML_OP_GET_ROWS) {
         return false;
     }
-    // upload mode looks up at the slot map; the hybrid only counts, at the CPU map, where the ids are in RAM
-    return params.hybrid ? layer_of_cpu_map.count(t->src[0]) > 0 : layer_of_slot_map.count(t->src[0]) > 0;
+    // upload mode looks up at the slot map and counts a refusal at its map; the hybrid only counts, at the CPU
+    // map, where the ids are in RAM
+    if (params.hybrid) {
+        return layer_of_cpu_map.count(t->src[0]) > 0;
+    }
+    return layer_of_slot_map.count(t->src[0]) > 0 || layer_of_refuse_map.count(t->src[0]) > 0;
 }
 
 void llama_moe_cache::on_computed(ggml_tensor * t) {
     if (params.hybrid) {
         count_hybrid(layers[layer_of_cpu_map.at(t->src[0])], t->src[1]);
+        return;
+    }
+    const auto refused = layer_of_refuse_map.find(t->src[0]);
+    if (refused != layer_of_refuse_map.end()) {
+        count_refused(layers[refused->second], t);
     } else {
         lookup(layers[layer_of_slot_map.at(t->src[0])], t);
     }
+}
+
+void llama_moe_cache::count_refused(llama_moe_cache_layer & l, const ggml_tensor * ids) {
+    // the refusal map's output: the ubatch's ids, flat, in host memory
+    GGML_ASSERT(ggml_is_contiguous(ids) && ids->type == GGML_TYPE_I32);
+    const int64_t n = ggml_nelements(ids);
+    ids_host.resize(n);
+    ggml_backend_tensor_get(ids, ids_host.data(), 0, ggml_nbytes(ids));
+    std::lock_guard<std::mutex> lock(mutex);
+    // its distinct experts, which a lookup would have counted as hits or misses; the slots are left as they are
+    std::vector<uint8_t> & seen = missed_host;
+    seen.assign(l.n_expert, 0);
+    uint64_t refused = 0;
+    for (int64_t i = 0; i < n; ++i) {
+        const int32_t e = ids_host[i];
+        GGML_ASSERT(e >= 0 && e < l.n_expert);
+        refused += !seen[e];
+        seen[e] = 1;
+    }
+    l.n_refused += refused;
+    count_by_size(n / std::max<int64_t>(n_expert_used, 1), 0, 0, refused);
 }
 
 void llama_moe_cache::count_hybrid(llama_moe_cache_layer & l, const ggml_tensor * ids) {
@@ -665,7 +733,7 @@ void llama_moe_cache::count_hybrid_locked(llama_moe_cache_layer & l, const int32
             }
         }
     }
-    count_by_size(n_tokens, l.n_hit - hit0, l.n_miss - miss0);
+    count_by_size(n_tokens, l.n_hit - hit0, l.n_miss - miss0, 0);
 }
 
 bool llama_moe_cache::copy_expert(ggml_backend_t backend, const ggml_tensor * src, int32_t expert, ggml_tensor * dst,
@@ -712,6 +780,8 @@ void llama_moe_cache::get_stats(llama_moe_cache_stats * out) const {
         out->n_hit         += l.n_hit;
         out->n_hit_profile += l.n_hit_profile;
         out->n_miss        += l.n_miss;
+        out->n_refused     += l.n_refused;
+        out->n_resident    += std::count_if(l.expert_in.begin(), l.expert_in.end(), [](int32_t e) { return e >= 0; });
     }
     out->n_bytes_upload = n_bytes_upload;
     out->n_bytes_cpu    = n_bytes_cpu;
@@ -729,7 +799,7 @@ int32_t llama_moe_cache::get_layer_stats(llama_moe_cache_layer_stats * out, int3
     const int32_t n = (int32_t) layers.size();
     for (int32_t i = 0; out != nullptr && i < std::min(n, n_max); ++i) {
         const auto & l = layers[i];
-        out[i] = { l.il, l.n_slots, l.n_hit, l.n_hit_profile, l.n_miss };
+        out[i] = { l.il, l.n_slots, l.n_hit, l.n_hit_profile, l.n_miss, l.n_refused };
     }
     return n;
 }

@@ -78,6 +78,9 @@ struct llama_moe_cache_layer {
     ggml_tensor * slot_map = nullptr;
     // hybrid: expert -> itself when the CPU computes it, -1 when the cache holds it (in host memory)
     ggml_tensor * cpu_map = nullptr;
+    // upload mode: expert -> itself (in host memory). A ubatch whose experts may not all fit the slots reads its
+    // ids through it, so that the eval callback sees what it selected and counts it refused
+    ggml_tensor * refuse_map = nullptr;
     bool has_bias = false;
 
     int     n_expert = 0;
@@ -91,6 +94,7 @@ struct llama_moe_cache_layer {
     std::vector<uint8_t>  from_profile; // slot -> filled by the profile and not evicted since
 
     uint64_t n_hit = 0, n_hit_profile = 0, n_miss = 0;
+    uint64_t n_refused = 0; // upload mode: distinct experts of the ubatches whose lookup was refused
 
     std::vector<double> heat; // adaptive: expert -> faded count of ubatches that selected it
 };
@@ -143,12 +147,13 @@ private:
     bool upload(llama_moe_cache_layer & layer, int32_t expert, int32_t slot);
     void lookup(llama_moe_cache_layer & layer, ggml_tensor * remap);
     void count_hybrid(llama_moe_cache_layer & layer, const ggml_tensor * ids);
+    void count_refused(llama_moe_cache_layer & layer, const ggml_tensor * ids);
     double adapt_prior(const llama_moe_cache_layer & layer) const; // the heat a profile's expert starts with
     void count_hybrid_locked(llama_moe_cache_layer & layer, const int32_t * ids, int64_t n_tokens); // the caller holds mutex
     void prefill(const std::string & path, uint32_t n_layer);
     void push_slot_map(llama_moe_cache_layer & layer);
     int32_t do_rebalance(int32_t max_swaps, int32_t max_fills);
-    void    count_by_size(int64_t n_tokens, uint64_t hits, uint64_t misses);
+    void    count_by_size(int64_t n_tokens, uint64_t hits, uint64_t misses, uint64_t refused);
     void    log_summary() const;
 
     llama_moe_cache_params params;
@@ -166,8 +171,9 @@ private:
     bool copy_on = true;
     std::unordered_map<const ggml_tensor *, int> layer_of_slot_map; // a slot map tensor -> index in layers
     std::unordered_map<const ggml_tensor *, int> layer_of_cpu_map;  // a CPU map tensor -> index in layers
+    std::unordered_map<const ggml_tensor *, int> layer_of_refuse_map; // a refusal's map tensor -> index in layers
     std::unordered_map<int, int> layer_of_il;                        // a model layer -> index in layers
-    std::vector<uint8_t> missed_host; // scratch of count_hybrid (under the mutex)
+    std::vector<uint8_t> missed_host; // scratch of count_hybrid and count_refused (under the mutex)
 
     std::vector<int32_t> ids_host;   // scratch: the selected experts of a ubatch
     std::vector<int32_t> remap_host; // scratch: their slots
@@ -179,6 +185,7 @@ private:
     uint64_t n_swap = 0;
     uint64_t n_hit_by[2]  = {0, 0}; // [0] ubatches of up to 8 tokens (generation), [1] larger ones, for the exit summary
     uint64_t n_miss_by[2] = {0, 0};
+    uint64_t n_refused_by[2] = {0, 0};
     int64_t  n_tokens_small = 0;    // tokens of ubatches that took the cache, the adaptive clock
     int64_t  n_expert_used  = 0;
     int      clock_layer    = -1;   // the layer whose lookups advance the clock (once per ubatch)
