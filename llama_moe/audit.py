@@ -17,9 +17,11 @@ from .errors import LlamaMoeError
 
 EVENTS = ("load", "ready", "request", "exit")
 # the context's counters since its creation, in every record (the C API's llama_moe_cache_stats)
-COUNTERS = ("hits", "hits_profile", "misses", "bytes_upload", "bytes_cpu", "copies", "bytes_copy", "swaps")
+COUNTERS = ("hits", "hits_profile", "misses", "bytes_upload", "bytes_cpu", "copies", "bytes_copy", "swaps", "refused")
 # a request's own counters: the context's counters at its end minus those at its start
-REQUEST_COUNTERS = ("req_hits", "req_hits_profile", "req_misses", "req_bytes_upload", "req_bytes_cpu")
+REQUEST_COUNTERS = ("req_hits", "req_hits_profile", "req_misses", "req_bytes_upload", "req_bytes_cpu", "req_refused")
+# counters added after the first audit logs: a log written by an earlier build lacks them, and they read as 0
+LATER_COUNTERS = ("refused", "req_refused")
 _TIME_RE = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}(Z|\+00:00)$")
 
 
@@ -52,13 +54,15 @@ class Counters:
     copies: int
     bytes_copy: int
     swaps: int
+    refused: int = 0   # upload mode: selected experts of the lookups refused (more per ubatch than a layer's slots)
 
     def __sub__(self, other: "Counters") -> "Counters":
         return Counters(*(getattr(self, f) - getattr(other, f) for f in COUNTERS))
 
     @property
     def hit_rate(self) -> float:
-        n = self.hits + self.misses
+        """hits / (hits + misses + refused); 0.0 before the first lookup."""
+        n = self.hits + self.misses + self.refused
         return self.hits / n if n else 0.0
 
 
@@ -71,6 +75,7 @@ class RequestCounters:
     misses: int
     bytes_upload: int
     bytes_cpu: int
+    refused: int = 0
 
 
 @dataclass(frozen=True)
@@ -127,6 +132,7 @@ class LayerSnapshot:
     hits_profile: int
     misses: int
     resident: tuple[int, ...]
+    refused: int = 0
 
 
 @dataclass(frozen=True)
@@ -204,6 +210,9 @@ class _Fields:
         self.problems.append((self.prefix + name, f"expected {want}, got {_describe(value)}"))
 
     def int(self, name: str, minimum: int | None = 0) -> int:
+        if name in LATER_COUNTERS and name not in self.obj:
+            self.seen.add(name)
+            return 0   # an earlier build's record
         ok, v = self._get(name)
         # JSON true/false are ints to Python; a counter written as a bool or a float is a bug
         if ok and (not isinstance(v, int) or isinstance(v, bool)):
@@ -271,13 +280,13 @@ def _layers(f: _Fields, name: str) -> tuple[LayerSnapshot, ...]:
             continue
         lf = _Fields(item, where + ".", f.problems, f.extra)
         il, slots = lf.int("il"), lf.int("slots")
-        hits, prof, miss = lf.int("hits"), lf.int("hits_profile"), lf.int("misses")
+        hits, prof, miss, refused = lf.int("hits"), lf.int("hits_profile"), lf.int("misses"), lf.int("refused")
         resident = lf.list_("resident")
         if not all(isinstance(e, int) and not isinstance(e, bool) and e >= 0 for e in resident):
             f.problems.append((where + ".resident", "expected a list of expert ids (integers >= 0)"))
             resident = []
         lf.done()
-        out.append(LayerSnapshot(il, slots, hits, prof, miss, tuple(resident)))
+        out.append(LayerSnapshot(il, slots, hits, prof, miss, tuple(resident), refused))
     return tuple(out)
 
 
@@ -514,7 +523,7 @@ def split_runs(records: Iterable[AuditRecord]) -> tuple[Run, ...]:
 
 def _check_layers(r: LoadRecord | ExitRecord, issues: list[Issue]) -> None:
     for name, total in (("hits", r.counters.hits), ("hits_profile", r.counters.hits_profile),
-                        ("misses", r.counters.misses)):
+                        ("misses", r.counters.misses), ("refused", r.counters.refused)):
         per_layer = sum(getattr(l, name) for l in r.layers)
         if r.layers and per_layer != total:
             issues.append(Issue(r.line, "error", f"field 'layers': the layers' {name} add up to {per_layer}, "
@@ -572,6 +581,9 @@ def check_run(run: Run) -> list[Issue]:
         if r.counters.hits_profile > r.counters.hits:
             issues.append(Issue(r.line, "error", f"field 'hits_profile': {r.counters.hits_profile} is more than "
                                                  f"hits ({r.counters.hits})"))
+        if r.hybrid and (r.counters.refused or (isinstance(r, RequestRecord) and r.req.refused)):
+            issues.append(Issue(r.line, "error", f"field 'refused': {r.counters.refused} in a hybrid run, which "
+                                                 f"refuses no lookup (the CPU computes what the cache lacks)"))
         if isinstance(r, RequestRecord) and r.req.hits_profile > r.req.hits:
             issues.append(Issue(r.line, "error", f"field 'req_hits_profile': {r.req.hits_profile} is more than "
                                                  f"req_hits ({r.req.hits})"))
@@ -678,7 +690,7 @@ class RunSummary:
     hits: int               # the context's counters at the run's last record (the warmup does not count)
     hits_profile: int
     misses: int
-    hit_rate: float
+    hit_rate: float          # hits / (hits + misses + refused)
     request_hit_rate: float  # over the requests' own counters
     bytes_upload: int
     bytes_cpu: int
@@ -686,13 +698,14 @@ class RunSummary:
     bytes_copy: int
     swaps: int
     gen_tps: float | None   # llama.cpp's perf at exit
+    refused: int = 0        # upload mode: selections of the lookups refused
 
 
 def summarize_run(run: Run) -> RunSummary:
     last, load, reqs = run.records[-1], run.load, run.requests
     c = last.counters
     rh = sum(r.req.hits for r in reqs)
-    rm = sum(r.req.misses for r in reqs)
+    looked = sum(r.req.hits + r.req.misses + r.req.refused for r in reqs)
     return RunSummary(
         pid=run.pid, first_line=run.records[0].line, start=run.records[0].time, end=last.time,
         model=(load.model.name or Path(load.model.path).name) if load else "?", exited=run.exit is not None,
@@ -700,9 +713,9 @@ def summarize_run(run: Run) -> RunSummary:
         slots=load.cache.slots if load else 0, prefilled=load.cache.prefilled if load else 0,
         requests=len(reqs), n_prompt=sum(r.n_prompt for r in reqs), n_gen=sum(r.n_gen for r in reqs),
         hits=c.hits, hits_profile=c.hits_profile, misses=c.misses, hit_rate=c.hit_rate,
-        request_hit_rate=rh / (rh + rm) if rh + rm else 0.0, bytes_upload=c.bytes_upload, bytes_cpu=c.bytes_cpu,
+        request_hit_rate=rh / looked if looked else 0.0, bytes_upload=c.bytes_upload, bytes_cpu=c.bytes_cpu,
         copies=c.copies, bytes_copy=c.bytes_copy, swaps=c.swaps,
-        gen_tps=run.exit.perf.gen_tps if run.exit else None)
+        gen_tps=run.exit.perf.gen_tps if run.exit else None, refused=c.refused)
 
 
 def summarize(path: str | Path) -> tuple[RunSummary, ...]:
@@ -711,15 +724,15 @@ def summarize(path: str | Path) -> tuple[RunSummary, ...]:
 
 
 def format_summary(runs: Iterable[RunSummary]) -> str:
-    header = ("pid", "start", "model", "mode", "requests", "prompt", "gen", "hit rate", "uploaded", "CPU read",
-              "copies", "swaps", "exit")
+    header = ("pid", "start", "model", "mode", "requests", "prompt", "gen", "hit rate", "refused", "uploaded",
+              "CPU read", "copies", "swaps", "exit")
     rows = [header]
     for s in runs:
         rows.append((str(s.pid), s.start, s.model, "hybrid" if s.hybrid else "upload", str(s.requests),
-                     str(s.n_prompt), str(s.n_gen), f"{s.hit_rate:.3f}", f"{s.bytes_upload / 2**20:.2f} MiB",
+                     str(s.n_prompt), str(s.n_gen), f"{s.hit_rate:.3f}", str(s.refused), f"{s.bytes_upload / 2**20:.2f} MiB",
                      f"{s.bytes_cpu / 2**20:.2f} MiB", str(s.copies), str(s.swaps), "yes" if s.exited else "no"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    left = {1, 2, 3, 12}   # text columns; numbers align right
+    left = {1, 2, 3, 13}   # text columns; numbers align right
     return "\n".join("  ".join(c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
                      .rstrip() for r in rows)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .errors import LlamaMoeError
 from .stats import HitRate
@@ -15,17 +15,21 @@ SCALARS = {
     "hits_total": "n_hit",
     "hits_profile_total": "n_hit_profile",
     "misses_total": "n_miss",
+    "refused_total": "n_refused",
     "upload_bytes_total": "n_bytes_upload",
     "cpu_bytes_total": "n_bytes_cpu",
     "copies_total": "n_copy",
     "swaps_total": "n_swap",
     "hit_ratio": "hit_ratio",
     "slots": "n_slots",
+    "resident": "n_resident",
     "prefilled": "n_prefilled",
     "bytes": "n_bytes_cache",
     "hybrid": "hybrid",
 }
-PER_LAYER = ("layer_hits_total", "layer_hits_profile_total", "layer_misses_total")
+PER_LAYER = ("layer_hits_total", "layer_hits_profile_total", "layer_misses_total", "layer_refused_total")
+# series later than the first llama-server with a cache: their absence means a server built from older patches
+LATER_SERIES = ("refused_total", "resident", "layer_refused_total")
 COUNTER_SERIES = tuple(PREFIX + s for s in SCALARS if s.endswith("_total")) + tuple(PREFIX + s for s in PER_LAYER)
 ALL_SERIES = tuple(PREFIX + s for s in SCALARS) + tuple(PREFIX + s for s in PER_LAYER)
 
@@ -102,7 +106,8 @@ def _count(value: float, name: str) -> int:
 @dataclass(frozen=True)
 class MoeCacheMetrics(HitRate):
     """The MoE cache as llama-server's /metrics reports it: MoeCacheStats's counters (no n_bytes_copy: the
-    server does not export it), the server's own hit ratio, and {layer: (hits, hits_profile, misses)}."""
+    server does not export it), the server's own hit ratio (hits / (hits + misses + refused)),
+    {layer: (hits, hits_profile, misses)} and {layer: refused}."""
 
     n_hit: int
     n_hit_profile: int
@@ -117,6 +122,9 @@ class MoeCacheMetrics(HitRate):
     n_swap: int
     hit_ratio: float
     layers: dict[int, tuple[int, int, int]]
+    n_refused: int = 0
+    n_resident: int = 0
+    layers_refused: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -155,18 +163,24 @@ def moe_cache_from_samples(samples: tuple[Sample, ...]) -> MoeCacheMetrics | Non
             layer = s.label("layer")
             if layer is None or not layer.isdigit():
                 raise MetricsError(f"{s.name} needs a layer=\"N\" label, got {dict(s.labels)}")
-            layers.setdefault(int(layer), [None, None, None])[PER_LAYER.index(short)] = _count(s.value, s.name)
+            layers.setdefault(int(layer), [None] * len(PER_LAYER))[PER_LAYER.index(short)] = _count(s.value, s.name)
         # other moe_cache_* series: newer than this parser; ignored
-    missing = [PREFIX + k for k, v in SCALARS.items() if v not in scalars]
+    missing = [k for k, v in SCALARS.items() if v not in scalars]
+    missing += [k for k in PER_LAYER if layers and all(v[PER_LAYER.index(k)] is None for v in layers.values())]
     if missing:
-        raise MetricsError("the server's /metrics has MoE cache series but lacks " + ", ".join(missing))
+        older = (": a llama-server built from older patches than this llama_moe (rebuild it: python -m llama_moe build)"
+                 if set(missing) <= set(LATER_SERIES) else "")
+        raise MetricsError("the server's /metrics has MoE cache series but lacks "
+                           + ", ".join(PREFIX + k for k in missing) + older)
     for il, values in layers.items():
         for name, v in zip(PER_LAYER, values):
             if v is None:
                 raise MetricsError(f"the server's /metrics lacks {PREFIX}{name}{{layer=\"{il}\"}}")
     ints = {k: _count(v, PREFIX + k) for k, v in scalars.items() if k not in ("hit_ratio", "hybrid")}
+    ordered = sorted(layers.items())
     return MoeCacheMetrics(**ints, hybrid=scalars["hybrid"] != 0, hit_ratio=scalars["hit_ratio"],
-                           layers={il: (v[0], v[1], v[2]) for il, v in sorted(layers.items())})  # type: ignore[misc]
+                           layers={il: (v[0], v[1], v[2]) for il, v in ordered},  # type: ignore[misc]
+                           layers_refused={il: v[3] for il, v in ordered})  # type: ignore[misc]
 
 
 def parse_moe_cache(text: str) -> MoeCacheMetrics | None:
@@ -214,8 +228,10 @@ def fetch_server_metrics(server: str, timeout: float = 10.0, api_key: str | None
 
 @dataclass(frozen=True)
 class RequestLogLine:
-    """llama-server's per-request line. Upload mode: hits, hits_profile, misses, mib (uploaded), gib_s.
-    Hybrid: hits (on the GPU), misses (on the CPU), mib (what the CPU read); hits_profile and gib_s None."""
+    """llama-server's per-request line. Upload mode: hits, hits_profile, misses, mib (uploaded), gib_s, refused
+    (None in the line of a build before it was counted). Hybrid: hits (on the GPU), misses (on the CPU), mib
+    (what the CPU read); hits_profile, gib_s and refused None (the hybrid refuses nothing). The rate is
+    hits / (hits + misses + refused)."""
 
     hybrid: bool
     rate_pct: float
@@ -224,11 +240,13 @@ class RequestLogLine:
     mib: float
     hits_profile: int | None = None
     gib_s: float | None = None
+    refused: int | None = None
 
 
 _NUM = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+|nan|inf)"
 UPLOAD_LINE_RE = re.compile(rf"MoE cache hits = (?P<rate>{_NUM}) % \((?P<hits>\d+) hit, (?P<prof>\d+) from the "
-                            rf"profile, (?P<miss>\d+) uploaded: (?P<mib>{_NUM}) MiB, (?P<gibs>{_NUM}) GiB/s\)")
+                            rf"profile, (?P<miss>\d+) uploaded: (?P<mib>{_NUM}) MiB, (?P<gibs>{_NUM}) GiB/s\)"
+                            rf"(?:, (?P<refused>\d+) refused)?")
 HYBRID_LINE_RE = re.compile(rf"MoE cache hits = (?P<rate>{_NUM}) % \(hybrid: (?P<hits>\d+) on the GPU, "
                             rf"(?P<miss>\d+) on the CPU, which read (?P<mib>{_NUM}) MiB\)")
 
@@ -237,7 +255,7 @@ def parse_request_log_line(line: str) -> RequestLogLine | None:
     """The per-request MoE cache line anywhere in a log line, or None."""
     if m := UPLOAD_LINE_RE.search(line):
         return RequestLogLine(False, float(m["rate"]), int(m["hits"]), int(m["miss"]), float(m["mib"]),
-                              int(m["prof"]), float(m["gibs"]))
+                              int(m["prof"]), float(m["gibs"]), None if m["refused"] is None else int(m["refused"]))
     if m := HYBRID_LINE_RE.search(line):
         return RequestLogLine(True, float(m["rate"]), int(m["hits"]), int(m["miss"]), float(m["mib"]))
     return None

@@ -22,8 +22,9 @@ class Run:
 
     def __init__(self, pid: int = 4242, hybrid: bool = False, layers: int = 2, slots: int = 8) -> None:
         self.pid, self.hybrid, self.n_layers, self.slots = pid, hybrid, layers, slots
-        self.c = dict(hits=0, hits_profile=0, misses=0, bytes_upload=0, bytes_cpu=0, copies=0, bytes_copy=0, swaps=0)
-        self.per_layer = [dict(hits=0, hits_profile=0, misses=0) for _ in range(layers)]
+        self.c = dict(hits=0, hits_profile=0, misses=0, bytes_upload=0, bytes_cpu=0, copies=0, bytes_copy=0, swaps=0,
+                      refused=0)
+        self.per_layer = [dict(hits=0, hits_profile=0, misses=0, refused=0) for _ in range(layers)]
         self.ms = 0
         self.task = 0
 
@@ -36,8 +37,11 @@ class Run:
         return [dict(il=il, slots=self.slots, resident=list(range(min(self.slots, 3))), **l)
                 for il, l in enumerate(self.per_layer)]
 
-    def _decode(self, hits: int, misses: int, profile: int = 0) -> dict:
-        """Adds lookups spread over the layers; returns what moved."""
+    def _decode(self, hits: int, misses: int, profile: int = 0, refused: int = 0) -> dict:
+        """Adds lookups spread over the layers; returns what moved. The hybrid refuses nothing."""
+        refused = 0 if self.hybrid else refused
+        for i in range(refused):
+            self.per_layer[i % self.n_layers]["refused"] += 1
         for i in range(hits):
             self.per_layer[i % self.n_layers]["hits"] += 1
         for i in range(profile):
@@ -45,7 +49,8 @@ class Run:
         for i in range(misses):
             self.per_layer[i % self.n_layers]["misses"] += 1
         moved = dict(hits=hits, hits_profile=profile, misses=misses,
-                     bytes_upload=0 if self.hybrid else misses * EXPERT, bytes_cpu=misses * EXPERT if self.hybrid else 0)
+                     bytes_upload=0 if self.hybrid else misses * EXPERT, bytes_cpu=misses * EXPERT if self.hybrid else 0,
+                     refused=refused)
         for k, v in moved.items():
             self.c[k] += v
         return moved
@@ -60,11 +65,11 @@ class Run:
                 "load_ms": 71.5, "devices": [], "profile": None, "layers": self._layers()}
 
     def ready(self) -> dict:
-        self._decode(3, 9)   # the warmup and the context probe fall between load and ready
+        self._decode(3, 9, refused=4)   # the warmup and the context probe fall between load and ready
         return self._base("ready")
 
-    def request(self, hits: int, misses: int, profile: int = 0, slot: int = 0) -> dict:
-        moved = self._decode(hits, misses, profile)
+    def request(self, hits: int, misses: int, profile: int = 0, slot: int = 0, refused: int = 0) -> dict:
+        moved = self._decode(hits, misses, profile, refused)
         self.task += 1
         return {**self._base("request"), "slot": slot, "task": self.task, "n_prompt": 8, "n_gen": 16,
                 "t_prompt_ms": 5.9, "t_gen_ms": 7.1, **{"req_" + k: v for k, v in moved.items()}}
@@ -75,8 +80,8 @@ class Run:
                          "prompt_tps": 1356.0, "gen_tps": 2253.5}}
 
     def all(self) -> list[dict]:
-        return [self.load(), self.ready(), self.request(40, 24, 5), self.request(52, 12), self.request(61, 3, 2),
-                self.exit()]
+        return [self.load(), self.ready(), self.request(40, 24, 5, refused=6), self.request(52, 12),
+                self.request(61, 3, 2), self.exit()]
 
 
 def write(path: Path, records: list[dict], tail: str = "") -> Path:
@@ -102,9 +107,10 @@ def test_a_server_run_reads_checks_and_summarizes(tmp_path: Path) -> None:
     assert result.ok and result.issues == () and len(result.runs) == 1
     (s,) = summarize(f)
     assert (s.pid, s.requests, s.n_prompt, s.n_gen, s.exited) == (4242, 3, 24, 48, True)
-    assert (s.hits, s.misses) == (3 + 40 + 52 + 61, 9 + 24 + 12 + 3)
-    assert s.hit_rate == pytest.approx(156 / 204)
-    assert s.request_hit_rate == pytest.approx(153 / 192)
+    assert (s.hits, s.misses, s.refused) == (3 + 40 + 52 + 61, 9 + 24 + 12 + 3, 4 + 6)
+    assert s.hit_rate == pytest.approx(156 / (204 + 10))   # refused lookups in the denominator
+    assert s.request_hit_rate == pytest.approx(153 / (192 + 6))
+    assert req.req.refused == req.counters.refused - audit.records[1].counters.refused == 6
     assert s.bytes_upload == 48 * EXPERT and s.bytes_cpu == 0
 
 
@@ -299,3 +305,40 @@ def test_a_cut_record_followed_by_the_next_process_on_the_same_line(tmp_path: Pa
     assert result.ok, result.errors
     assert any(i.line == 4 and "cut short" in i.message for i in result.issues)
     assert [(r.pid, len(r.records)) for r in result.runs] == [(1, 3), (2, 6)]
+
+
+def test_logs_of_builds_before_refused_was_counted_still_check(tmp_path: Path) -> None:
+    recs = Run().all()
+    for r in recs:  # what a build before the refused counters wrote: no refused, req_refused, layers[].refused
+        r.pop("refused"), r.pop("req_refused", None)
+        for l in r.get("layers", []):
+            l.pop("refused")
+    result = check_audit(write(tmp_path / "old.jsonl", recs))
+    assert result.ok and result.issues == ()   # no warning either: the fields are the reference's
+    assert all(r.counters.refused == 0 for r in result.runs[0].records)
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda r: r[5]["layers"][1].update(refused=r[5]["layers"][1]["refused"] + 3),
+     "line 6: field 'layers': the layers' refused add up to 13, but field 'refused' is 10"),
+    (lambda r: r[2].update(req_refused=5),
+     "line 3: field 'req_refused': 5, but the context's refused moved by 6 since line 2 (one slot: they must be equal)"),
+    (lambda r: r[4].update(refused=9),
+     "line 5: field 'refused' went down from 10 (line 4) to 9 within pid 4242"),
+    (lambda r: r[0].update(refused=1), "line 1: field 'refused': 1 at load, but load is written before any decode"),
+    (lambda r: r[3].update(refused="7"), "line 4: field 'refused': expected an integer, got string"),
+])
+def test_refused_counters_are_checked(tmp_path: Path, mutate, message: str) -> None:
+    recs = Run().all()
+    mutate(recs)
+    assert any(message in e for e in errors(write(tmp_path / "a.jsonl", recs))), errors(tmp_path / "a.jsonl")
+
+
+def test_a_hybrid_run_refuses_nothing(tmp_path: Path) -> None:
+    recs = Run(hybrid=True).all()
+    assert check_audit(write(tmp_path / "ok.jsonl", recs)).ok
+    for r in recs[1:]:
+        r["refused"] = 2
+    recs[5]["layers"][0]["refused"] = 2
+    assert any("line 2: field 'refused': 2 in a hybrid run, which refuses no lookup" in e
+               for e in errors(write(tmp_path / "bad.jsonl", recs)))

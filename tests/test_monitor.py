@@ -44,22 +44,26 @@ def metrics_text(scrape: int, cache: bool = True) -> str:
         hits = {il: (60 - 7 * il) * n for il in range(LAYERS)}
         prof = {il: 0 for il in range(LAYERS)}
         miss = {il: (4 + 6 * il) * n + scrape * il for il in range(LAYERS)}
-        h, m = sum(hits.values()), sum(miss.values())
+        refused = {il: (3 * n if il < LAYERS - 1 else 0) for il in range(LAYERS)}  # prompts; the last layer has one token
+        h, m, r = sum(hits.values()), sum(miss.values()), sum(refused.values())
         series("moe_cache_hits_total", "counter", h, "MoE cache: selected experts the cache held")
         series("moe_cache_hits_profile_total", "counter", 0, "MoE cache: hits on experts the profile put there")
         series("moe_cache_misses_total", "counter", m, "MoE cache: selected experts the cache did not hold")
+        series("moe_cache_refused_total", "counter", r, "MoE cache: selected experts of the lookups refused")
         series("moe_cache_upload_bytes_total", "counter", m * EXPERT, "MoE cache: bytes uploaded")
         series("moe_cache_cpu_bytes_total", "counter", 0, "MoE cache: bytes of the experts the CPU computed")
         series("moe_cache_copies_total", "counter", 3 * n, "MoE cache: experts large batches copied from the cache")
         series("moe_cache_swaps_total", "counter", 0, "MoE cache: experts the adaptive cache swapped in")
-        series("moe_cache_hit_ratio", "gauge", h / (h + m), "MoE cache: hits / (hits + misses)")
+        series("moe_cache_hit_ratio", "gauge", h / (h + m + r), "MoE cache: hits / (hits + misses + refused)")
         series("moe_cache_slots", "gauge", 78, "MoE cache: expert slots")
+        series("moe_cache_resident", "gauge", 75, "MoE cache: slots that hold an expert now")
         series("moe_cache_prefilled", "gauge", 0, "MoE cache: slots the profile filled")
         series("moe_cache_bytes", "gauge", 2 << 20, "MoE cache: device memory")
         series("moe_cache_hybrid", "gauge", 0, "MoE cache: 1 in hybrid mode")
         series("moe_cache_layer_hits_total", "counter", hits, "MoE cache: hits per layer")
         series("moe_cache_layer_hits_profile_total", "counter", prof, "MoE cache: profile hits per layer")
         series("moe_cache_layer_misses_total", "counter", miss, "MoE cache: misses per layer")
+        series("moe_cache_layer_refused_total", "counter", refused, "MoE cache: refused selections per layer")
     return "\n".join(lines) + "\n"
 
 
@@ -127,6 +131,7 @@ def test_the_stub_speaks_the_reference_series() -> None:
     c = parse_moe_cache(metrics_text(2))
     assert isinstance(c, MoeCacheMetrics) and sorted(c.layers) == list(range(LAYERS))
     assert c.n_hit == sum(h for h, _, _ in c.layers.values()) and c.hit_ratio == pytest.approx(c.hit_rate, abs=1e-5)
+    assert c.n_refused == sum(c.layers_refused.values()) > 0
     assert parse_moe_cache(metrics_text(2, cache=False)) is None
 
 
@@ -251,14 +256,20 @@ def _check_dom(dom: _Dom, stub: StubLlamaServer) -> None:
     c = next((c for c in reversed(served) if f"{c.hit_ratio:.3f}" == shown), None)
     assert c is not None, f"hit ratio {shown!r} is none of those served"
     assert dom.by_id["misses"] == _fmt_count(c.n_miss) and dom.by_id["hits"] == _fmt_count(c.n_hit)
+    assert dom.by_id["refused"] == _fmt_count(c.n_refused) and c.n_refused > 0
+    assert dom.by_id["lookups"] == (f"{_fmt_count(c.n_hit)} hits of {_fmt_count(c.n_lookup)} lookups "
+                                    f"({_fmt_count(c.n_miss)} admitted, {_fmt_count(c.n_refused)} refused, "
+                                    f"cache {100 * 75 / 78:.2f}% full)")
     assert re.fullmatch(r"0\.\d{3}", dom.by_id["hit-ratio-recent"]), dom.by_id["hit-ratio-recent"]
     assert dom.by_id["cache-size"] == "2.00 MiB" and dom.by_id["slots"] == "78"
     assert dom.by_id["mode"] == "upload mode" and "live" in dom.by_id["status"]
     assert re.fullmatch(r"\d+\.\d\d MiB", dom.by_id["bytes-upload"])
-    assert set(dom.cells) == {(il, k) for il in range(LAYERS) for k in ("rate", "recent", "hits", "misses")}
+    assert set(dom.cells) == {(il, k) for il in range(LAYERS) for k in ("rate", "recent", "hits", "misses", "refused")}
     for il, (hits, _, misses) in c.layers.items():
+        refused = c.layers_refused[il]
         assert dom.cells[(il, "hits")] == _fmt_count(hits) and dom.cells[(il, "misses")] == _fmt_count(misses)
-        assert dom.cells[(il, "rate")] == f"{hits / (hits + misses):.2f}"
+        assert dom.cells[(il, "refused")] == _fmt_count(refused)
+        assert dom.cells[(il, "rate")] == f"{hits / (hits + misses + refused):.2f}"
         assert re.fullmatch(r"[01]\.\d\d", dom.cells[(il, "recent")])
     assert "notice" in dom.hidden
 
@@ -337,3 +348,68 @@ def test_the_page_against_a_live_llama_server(tmp_path: Path, lib, tiny_model_pa
         m.shutdown()
         m.server_close()
         stop_server(proc)
+
+
+# ----------------------------------------------------------------------------------------------- the script under node
+
+# A stand-in for the few DOM calls monitor.html makes, so that its script runs under node on a /metrics text
+# where no browser is installed; prints every element's text and the heat map's cells as JSON.
+_NODE_HARNESS = r"""
+const fs = require("fs");
+const html = fs.readFileSync(process.argv[2], "utf8"), metrics = fs.readFileSync(process.argv[3], "utf8");
+const els = {};
+const el = (id) => els[id] || (els[id] = {textContent: "", innerHTML: "", hidden: false, className: "",
+  tHead: {innerHTML: ""}, tBodies: [{innerHTML: ""}], clientWidth: 600, clientHeight: 220,
+  getContext: () => new Proxy({}, {get: () => () => {}, set: () => true})});
+global.document = {getElementById: el, documentElement: {}};
+global.window = {devicePixelRatio: 1, addEventListener() {}};
+global.location = {search: "", host: "stub"};
+global.getComputedStyle = () => ({getPropertyValue: () => "#000"});
+global.setTimeout = () => {};
+global.fetch = async () => ({status: 200, ok: true, text: async () => metrics, headers: {get: () => null}});
+eval(html.match(/<script>([\s\S]*)<\/script>/)[1]);
+setImmediate(() => {
+  const cells = {};
+  for (const m of el("layers").tBodies[0].innerHTML.matchAll(/data-layer="(\d+)" data-kind="(\w+)"[^>]*>([^<]*)</g))
+    cells[m[1] + "/" + m[2]] = m[3];
+  const text = {};
+  for (const [id, e] of Object.entries(els)) text[id] = e.textContent;
+  console.log(JSON.stringify({text, cells}));
+});
+"""
+
+
+def _run_page_script(tmp_path: Path, metrics: str) -> dict:
+    import json
+
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed")
+    harness, text = tmp_path / "harness.js", tmp_path / "metrics.txt"
+    harness.write_text(_NODE_HARNESS)
+    text.write_text(metrics)
+    page = Path(__file__).resolve().parent.parent / "llama_moe" / "monitor" / "monitor.html"
+    done = subprocess.run([node, str(harness), str(page), str(text)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_the_page_script_shows_refused_lookups(tmp_path: Path) -> None:
+    """The page's own script (run under node, no browser needed) on a server's metrics: the refused tile, the
+    lookups line, and per-layer hit rates with the refused selections in their denominator."""
+    metrics = metrics_text(3)
+    c = parse_moe_cache(metrics)
+    out = _run_page_script(tmp_path, metrics)
+    text, cells = out["text"], out["cells"]
+    assert text["refused"] == _fmt_count(c.n_refused) and text["hit-ratio"] == f"{c.hit_ratio:.3f}"
+    assert text["lookups"] == (f"{_fmt_count(c.n_hit)} hits of {_fmt_count(c.n_lookup)} lookups ({_fmt_count(c.n_miss)} "
+                               f"admitted, {_fmt_count(c.n_refused)} refused, cache {100 * 75 / 78:.2f}% full)")
+    for il, (hits, _, misses) in c.layers.items():
+        refused = c.layers_refused[il]
+        assert cells[f"{il}/refused"] == _fmt_count(refused)
+        assert cells[f"{il}/rate"] == f"{hits / (hits + misses + refused):.2f}"
+    # a server built before refused lookups were counted: the page says it does not know, and still works
+    older = "\n".join(l for l in metrics.splitlines() if "refused" not in l and "resident" not in l) + "\n"
+    out = _run_page_script(tmp_path, older)
+    assert out["text"]["refused"] == "\u2013" and "? refused, cache ? full" in out["text"]["lookups"]
+    assert out["cells"]["0/rate"] == f"{c.layers[0][0] / (c.layers[0][0] + c.layers[0][2]):.2f}"

@@ -47,6 +47,8 @@ llamacpp:moe_cache_hits_total 1.23457e+06
 llamacpp:moe_cache_hits_profile_total 0
 # TYPE llamacpp:moe_cache_misses_total counter
 llamacpp:moe_cache_misses_total 412
+# TYPE llamacpp:moe_cache_refused_total counter
+llamacpp:moe_cache_refused_total 88
 # TYPE llamacpp:moe_cache_upload_bytes_total counter
 llamacpp:moe_cache_upload_bytes_total 10758144
 # TYPE llamacpp:moe_cache_cpu_bytes_total counter
@@ -56,9 +58,11 @@ llamacpp:moe_cache_copies_total 7
 # TYPE llamacpp:moe_cache_swaps_total counter
 llamacpp:moe_cache_swaps_total 0
 # TYPE llamacpp:moe_cache_hit_ratio gauge
-llamacpp:moe_cache_hit_ratio 0.999667
+llamacpp:moe_cache_hit_ratio 0.999595
 # TYPE llamacpp:moe_cache_slots gauge
 llamacpp:moe_cache_slots 78
+# TYPE llamacpp:moe_cache_resident gauge
+llamacpp:moe_cache_resident 78
 # TYPE llamacpp:moe_cache_prefilled gauge
 llamacpp:moe_cache_prefilled 0
 # TYPE llamacpp:moe_cache_bytes gauge
@@ -74,6 +78,9 @@ llamacpp:moe_cache_layer_hits_profile_total{layer="1"} 0
 # TYPE llamacpp:moe_cache_layer_misses_total counter
 llamacpp:moe_cache_layer_misses_total{layer="0"} 100
 llamacpp:moe_cache_layer_misses_total{layer="1"} 312
+# TYPE llamacpp:moe_cache_layer_refused_total counter
+llamacpp:moe_cache_layer_refused_total{layer="0"} 0
+llamacpp:moe_cache_layer_refused_total{layer="1"} 88
 """
 
 
@@ -92,9 +99,11 @@ def test_the_moe_cache_series_are_read_by_name() -> None:
     assert isinstance(c, MoeCacheMetrics)
     assert (c.n_hit, c.n_hit_profile, c.n_miss, c.n_bytes_upload, c.n_bytes_cpu, c.n_copy, c.n_swap) == (
         1234570, 0, 412, 10758144, 0, 7, 0)
-    assert (c.n_slots, c.n_prefilled, c.n_bytes_cache, c.hybrid, c.hit_ratio) == (78, 0, 2036736, False, 0.999667)
+    assert (c.n_slots, c.n_prefilled, c.n_bytes_cache, c.hybrid, c.hit_ratio) == (78, 0, 2036736, False, 0.999595)
     assert c.layers == {0: (1234000, 0, 100), 1: (570, 0, 312)}
-    assert c.hit_rate == pytest.approx(1234570 / (1234570 + 412))
+    assert (c.n_refused, c.n_resident, c.layers_refused) == (88, 78, {0: 0, 1: 88})
+    assert c.hit_rate == pytest.approx(1234570 / (1234570 + 412 + 88))   # refused lookups in the denominator
+    assert c.hit_rate == pytest.approx(c.hit_ratio, abs=1e-6)
     s = parse_server_metrics(METRICS)
     assert (s.prompt_tokens, s.tokens_predicted, s.requests_processing) == (24, 48, 0)
     assert s.gen_tps == pytest.approx(48 / 0.021228) and s.moe_cache == c
@@ -113,6 +122,11 @@ def test_no_series_means_no_cache_and_some_means_all() -> None:
         parse_moe_cache(METRICS.replace('llamacpp:moe_cache_layer_misses_total{layer="1"} 312\n', ""))
     with pytest.raises(MetricsError, match="needs a layer"):
         parse_moe_cache(METRICS.replace('{layer="1"} 312', '{il="1"} 312'))
+    # a server built before the refused counters: said so, not read as a cache that refused nothing
+    older = "\n".join(l for l in METRICS.splitlines() if "refused" not in l and "resident" not in l)
+    with pytest.raises(MetricsError, match=r"lacks llamacpp:moe_cache_refused_total, llamacpp:moe_cache_resident, "
+                                           r"llamacpp:moe_cache_layer_refused_total: a llama-server built from older"):
+        parse_moe_cache(older)
 
 
 def test_the_request_log_lines_of_the_reference() -> None:
@@ -120,8 +134,13 @@ def test_the_request_log_lines_of_the_reference() -> None:
                                 "(38 hit, 4 from the profile, 24 uploaded: 0.60 MiB, 1.92 GiB/s)")
     assert up is not None and not up.hybrid
     assert (up.rate_pct, up.hits, up.hits_profile, up.misses, up.mib, up.gib_s) == (61.3, 38, 4, 24, 0.60, 1.92)
+    assert up.refused is None   # the line of a build before refused lookups were counted
+    up = parse_request_log_line("MoE cache hits = 55.1 % (38 hit, 4 from the profile, 24 uploaded: 0.60 MiB, "
+                                "1.92 GiB/s), 7 refused")
+    assert up is not None and (up.rate_pct, up.hits, up.misses, up.refused) == (55.1, 38, 24, 7)
     hy = parse_request_log_line("MoE cache hits = 75.0 % (hybrid: 30 on the GPU, 10 on the CPU, which read 0.25 MiB)")
-    assert hy is not None and hy.hybrid and (hy.hits, hy.misses, hy.mib, hy.hits_profile) == (30, 10, 0.25, None)
+    assert hy is not None and hy.hybrid and (hy.hits, hy.misses, hy.mib, hy.hits_profile, hy.refused) == (
+        30, 10, 0.25, None, None)
     assert parse_request_log_line("slot print_timing: id  0 | task 2 | total time = 12.94 ms") is None
 
 
@@ -156,17 +175,20 @@ def test_stats_server_on_fixed_metrics(fixed_server: ThreadingHTTPServer) -> Non
     url = f"http://127.0.0.1:{fixed_server.server_address[1]}"
     out = _stats(url)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.splitlines()[:6] == [
+    assert out.stdout.splitlines()[:7] == [
         f"server       {url} (0 requests processing)",
         "prompt       24 tokens at 1388.2 tok/s",
         "generation   48 tokens at 2261.2 tok/s",
         "MoE cache    upload mode, 1.94 MiB, 78 slots, 0 prefilled by the profile",
         "             hit rate 1.000 (1234570 hits, 0 from the profile, 412 misses), 10.26 MiB uploaded",
+        "             1234570 hits of 1235070 lookups = 0.9996 (412 admitted, 88 refused, cache 100.00% full)",
         "             7 experts copied from the cache by large batches, 0 swapped in"]
-    assert out.stdout.splitlines()[-2:] == ["    0  1234000             0     100     1.000",
-                                            "    1    570             0     312     0.646"]
+    assert out.stdout.splitlines()[-3:] == ["layer   hits  from profile  misses  refused  hit rate",
+                                            "    0  1234000             0     100        0     1.000",
+                                            "    1    570             0     312       88     0.588"]
     js = json.loads(_stats(url, "--json").stdout)
     assert js["moe_cache"]["n_hit"] == 1234570 and js["moe_cache"]["layers"]["1"] == [570, 0, 312]
+    assert js["moe_cache"]["n_refused"] == 88 and js["moe_cache"]["layers_refused"]["1"] == 88
     fixed_server.status = 501  # type: ignore[attr-defined]
     out = _stats(url)
     assert out.returncode == 1 and "start llama-server with --metrics" in out.stderr
@@ -250,7 +272,12 @@ def test_metrics_carry_every_series_of_the_reference(served: Served) -> None:
     assert sorted(c.layers) == [l.il for l in load.layers] and len(c.layers) == 6
     assert (c.n_slots, c.n_prefilled, c.n_bytes_cache, c.hybrid) == (load.cache.slots, 0, load.cache.bytes, False)
     assert c.n_miss > 0 and c.n_hit > 0, "a 2 MiB cache on the tiny model's 5 MiB of experts must hit and miss"
+    # its 13 slots a layer cannot take a prompt's ubatch (4 experts a token): refused, but in the last layer
+    assert c.n_refused > 0 and c.n_refused == sum(c.layers_refused.values())
+    assert all(c.layers_refused[il] > 0 for il in sorted(c.layers)[:-1])
     assert c.hit_ratio == pytest.approx(c.hit_rate, abs=1e-5)
+    assert c.hit_ratio == pytest.approx(c.n_hit / (c.n_hit + c.n_miss + c.n_refused), abs=1e-5)
+    assert 0 < c.n_resident <= c.n_slots
     assert parse_moe_cache(served.metrics_idle) is not None
 
 
@@ -265,9 +292,11 @@ def test_metrics_agree_with_the_audit_log(served: Served) -> None:
     assert c is not None
     for field, counter in (("n_hit", "hits"), ("n_hit_profile", "hits_profile"), ("n_miss", "misses"),
                            ("n_bytes_upload", "bytes_upload"), ("n_bytes_cpu", "bytes_cpu"), ("n_copy", "copies"),
-                           ("n_swap", "swaps")):
+                           ("n_swap", "swaps"), ("n_refused", "refused")):
         assert getattr(c, field) == getattr(last_request.counters, counter) == getattr(end.counters, counter), field
     assert c.layers == {l.il: (l.hits, l.hits_profile, l.misses) for l in end.layers}
+    assert c.layers_refused == {l.il: l.refused for l in end.layers} and end.counters.refused > 0
+    assert c.n_resident == sum(len(l.resident) for l in end.layers)
 
 
 @pytest.mark.slow
@@ -296,7 +325,9 @@ def test_stats_server_reports_the_running_server(served: Served) -> None:
     assert lines[0] == f"server       {served.url} (0 requests processing)"
     assert f"hit rate {c.hit_rate:.3f} ({c.n_hit} hits, {c.n_hit_profile} from the profile, {c.n_miss} misses)" in lines[4]
     assert lines[3].startswith(f"MoE cache    upload mode, {c.n_bytes_cache / 2**20:.2f} MiB, {c.n_slots} slots")
-    table = lines[lines.index("layer   hits  from profile  misses  hit rate") + 1:]
+    assert lines[5].strip() == (f"{c.n_hit} hits of {c.n_lookup} lookups = {c.n_hit / c.n_lookup:.4f} ({c.n_miss} admitted, "
+                                f"{c.n_refused} refused, cache {100 * c.n_resident / c.n_slots:.2f}% full)")
+    table = lines[lines.index("layer   hits  from profile  misses  refused  hit rate") + 1:]
     assert [int(l.split()[0]) for l in table] == sorted(c.layers)
     js = json.loads(served.stats_json.stdout)
     assert js["moe_cache"]["n_hit"] == c.n_hit and js["tokens_predicted"] >= N_REQUESTS
@@ -311,7 +342,8 @@ def test_each_request_logs_its_cache_line(served: Served) -> None:
     for line, m, rec in zip(lines, raw, requests_):
         assert not line.hybrid
         assert (line.hits, line.hits_profile, line.misses) == (rec.req.hits, rec.req.hits_profile, rec.req.misses)
-        n = rec.req.hits + rec.req.misses
+        assert line.refused == rec.req.refused and rec.req.refused > 0   # each prompt is refused (too many experts)
+        n = rec.req.hits + rec.req.misses + rec.req.refused
         # the numbers printed are the request's counters, rounded to the digits shown
         assert m["mib"] == _as_printed(rec.req.bytes_upload / 2**20, m["mib"])
         assert m["rate"] == _as_printed(100 * rec.req.hits / n if n else 0.0, m["rate"])
@@ -341,8 +373,9 @@ def test_the_audit_log_checks_out(served: Served) -> None:
     assert load.counters.hits == load.counters.misses == 0
     # the reference's promise, in so many words: with one slot, the requests add up to exit minus ready
     moved = end.counters - ready.counters
-    for name in ("hits", "hits_profile", "misses", "bytes_upload", "bytes_cpu"):
+    for name in ("hits", "hits_profile", "misses", "bytes_upload", "bytes_cpu", "refused"):
         assert sum(getattr(r.req, name) for r in run.requests) == getattr(moved, name), name
+    assert all(sum(getattr(l, n) for l in end.layers) == getattr(end.counters, n) for n in ("hits", "misses", "refused"))
     for rec, completion in zip(run.requests, served.completions):
         assert rec.slot == 0 and rec.n_gen == completion["tokens_predicted"] and rec.n_prompt > 0
     assert end.perf.n_gen > 0 and end.perf.gen_tps > 0
@@ -364,6 +397,7 @@ def test_the_adaptive_hybrid_server(served_hybrid: Served) -> None:
     assert c.hybrid and end.hybrid and run.load.params.moe_cache_hybrid and run.load.params.moe_cache_adaptive
     assert c.n_bytes_upload == 0 and c.n_bytes_cpu == end.counters.bytes_cpu > 0
     assert c.n_swap == end.counters.swaps > 0, "an adaptive cache without a profile fills itself by swaps"
+    assert c.n_refused == end.counters.refused == 0, "the hybrid refuses no lookup"
     lines = [p for p in map(parse_request_log_line, s.log.splitlines()) if p is not None]
     assert len(lines) == N_REQUESTS and all(l.hybrid for l in lines)
     for line, rec in zip(lines, run.requests):

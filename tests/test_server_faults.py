@@ -15,12 +15,15 @@ import requests
 
 from llama_server import find_server_binary, start_server, stop_server
 
-REFERENCE_SERIES = [
+SCALAR_SERIES = [
     "llamacpp:moe_cache_hits", "llamacpp:moe_cache_hits_profile", "llamacpp:moe_cache_misses",
     "llamacpp:moe_cache_upload_bytes", "llamacpp:moe_cache_cpu_bytes", "llamacpp:moe_cache_copies",
     "llamacpp:moe_cache_swaps", "llamacpp:moe_cache_hit_ratio", "llamacpp:moe_cache_slots", "llamacpp:moe_cache_prefilled",
-    "llamacpp:moe_cache_bytes", "llamacpp:moe_cache_hybrid", "llamacpp:moe_cache_layer_hits",
-    "llamacpp:moe_cache_layer_hits_profile", "llamacpp:moe_cache_layer_misses",
+    "llamacpp:moe_cache_bytes", "llamacpp:moe_cache_hybrid", "llamacpp:moe_cache_refused", "llamacpp:moe_cache_resident",
+]
+REFERENCE_SERIES = SCALAR_SERIES + [
+    "llamacpp:moe_cache_layer_hits", "llamacpp:moe_cache_layer_hits_profile", "llamacpp:moe_cache_layer_misses",
+    "llamacpp:moe_cache_layer_refused",
 ]
 
 
@@ -51,12 +54,14 @@ def test_prometheus_client_and_the_openai_client(server_binary, tiny_model_path,
         families = {f.name: f for f in text_string_to_metric_families(requests.get(url + "/metrics", timeout=30).text)}
         for name in REFERENCE_SERIES:
             assert name in families, name
-        value = {name: families[name].samples[0].value for name in REFERENCE_SERIES[:12]}
-        assert value["llamacpp:moe_cache_hits"] + value["llamacpp:moe_cache_misses"] > 0
-        assert value["llamacpp:moe_cache_hit_ratio"] == pytest.approx(
-            value["llamacpp:moe_cache_hits"] / (value["llamacpp:moe_cache_hits"] + value["llamacpp:moe_cache_misses"]))
-        per_layer = sum(s.value for s in families["llamacpp:moe_cache_layer_hits"].samples if s.name.endswith("_total"))
-        assert per_layer == value["llamacpp:moe_cache_hits"]
+        value = {name: families[name].samples[0].value for name in SCALAR_SERIES}
+        hits, misses, refused = (value[f"llamacpp:moe_cache_{n}"] for n in ("hits", "misses", "refused"))
+        assert hits + misses > 0 and refused > 0   # the chat prompt's ubatch: more experts than a layer's slots
+        assert value["llamacpp:moe_cache_hit_ratio"] == pytest.approx(hits / (hits + misses + refused))
+        for name in ("hits", "refused"):
+            per_layer = sum(s.value for s in families[f"llamacpp:moe_cache_layer_{name}"].samples
+                            if s.name.endswith("_total"))
+            assert per_layer == value[f"llamacpp:moe_cache_{name}"], name
     finally:
         stop_server(proc)
 

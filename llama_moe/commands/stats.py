@@ -18,7 +18,7 @@ from ..errors import MoeCacheWarning
 from ..model import Model
 from ..params import ContextParams, ModelParams, ParameterError
 from ..server_metrics import MoeCacheMetrics, ServerError, ServerMetrics, fetch_server_metrics
-from ..stats import LayerStats, MoeCacheStats
+from ..stats import LayerStats, MoeCacheStats, lookups_line
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,8 @@ def _cache_lines(c: MoeCacheStats | MoeCacheMetrics | None, off_reason: str | No
     moved = (f"the CPU computed the misses, reading {c.n_bytes_cpu / 2**20:.2f} MiB" if c.hybrid else
              f"{c.n_bytes_upload / 2**20:.2f} MiB uploaded")
     return [f"MoE cache    {mode} mode, {c.n_bytes_cache / 2**20:.2f} MiB, {c.n_slots} slots, {c.n_prefilled} prefilled by the profile",
-            f"             hit rate {c.hit_rate:.3f} ({c.n_hit} hits, {c.n_hit_profile} from the profile, {c.n_miss} misses), {moved}"]
+            f"             hit rate {c.hit_rate:.3f} ({c.n_hit} hits, {c.n_hit_profile} from the profile, {c.n_miss} misses), {moved}",
+            "             " + lookups_line(c.n_hit, c.n_miss, c.n_refused, c.hybrid, c.n_swap, c.n_resident, c.n_slots)]
 
 
 def format_report(r: StatsReport) -> str:
@@ -90,13 +91,14 @@ def format_report(r: StatsReport) -> str:
     ]
     lines += _cache_lines(c, r.cache_off_reason)
     header = "layer  experts  used/token  bytes/expert  expert type"
-    lines += ["", header + ("  slots   hits  misses  hit rate" if c is not None else "")]
+    lines += ["", header + ("  slots   hits  misses  refused  hit rate" if c is not None else "")]
     per_layer = {l.il: l for l in r.cache_layers}
     for layer in lay.layers:
         line = f"{layer.il:5d}  {layer.n_expert:7d}  {lay.n_expert_used:10d}  {layer.bytes_per_expert:12,d}  {layer.type_name:11s}"
         cached = per_layer.get(layer.il)
         if cached is not None:
-            line += f"  {cached.n_slots:5d}  {cached.n_hit:5d}  {cached.n_miss:6d}  {cached.hit_rate:8.3f}"
+            line += (f"  {cached.n_slots:5d}  {cached.n_hit:5d}  {cached.n_miss:6d}  {cached.n_refused:7d}"
+                     f"  {cached.hit_rate:8.3f}")
         lines.append(line)
     lines += ["", f"text: {r.text!r}"]
     return "\n".join(lines)
@@ -111,10 +113,12 @@ def format_server_report(server: str, m: ServerMetrics) -> str:
     lines += _cache_lines(c)
     if c is not None:
         lines.append(f"             {c.n_copy} experts copied from the cache by large batches, {c.n_swap} swapped in")
-        lines += ["", "layer   hits  from profile  misses  hit rate"]
+        lines += ["", "layer   hits  from profile  misses  refused  hit rate"]
         for il, (hits, prof, miss) in c.layers.items():
-            rate = hits / (hits + miss) if hits + miss else 0.0
-            lines.append(f"{il:5d}  {hits:5d}  {prof:12d}  {miss:6d}  {rate:8.3f}")
+            refused = c.layers_refused.get(il, 0)
+            looked = hits + miss + refused
+            rate = hits / looked if looked else 0.0
+            lines.append(f"{il:5d}  {hits:5d}  {prof:12d}  {miss:6d}  {refused:7d}  {rate:8.3f}")
     return "\n".join(lines)
 
 
