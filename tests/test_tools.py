@@ -142,6 +142,12 @@ def test_the_lru_policy_counts_like_simulate_lru(lib, tiny_model_path, traces) -
             got = lru(r, slots, layout.n_expert, profile)
             assert (got.n_hit, got.n_hit_profile, got.n_miss) == (want.n_hit, want.n_hit_profile, want.n_miss)
             assert got.per_layer == want.per_layer
+            assert (got.n_refused, got.per_layer_refused) == (want.n_refused, want.per_layer_refused)
+            assert got.hit_rate == want.hit_rate
+    # the text's ubatches of 32 tokens need more than 20 slots: refused; single tokens fit 4 slots and more
+    every = {l.il: 20 for l in layout.layers}
+    assert lru(routes_from_records(records), every, layout.n_expert, profile).n_refused_lookups > 0
+    assert lru(routes, {l.il: 4 for l in layout.layers}, layout.n_expert, profile).n_refused == 0
 
 
 # -- the trace command ----------------------------------------------------------------------------------------
@@ -298,3 +304,81 @@ def test_bad_input_is_refused_clearly(lib, tiny_model_path, traces, tmp_path, ca
     with pytest.raises(TraceError, match="empty"):
         (tmp_path / "zero.bin").write_bytes(b"")
         read_routes(tmp_path / "zero.bin")
+
+
+# -- refused lookups: no perfect cache out of nothing ----------------------------------------------------------
+
+def test_a_cache_that_refuses_every_lookup_is_no_perfect_cache() -> None:
+    """Fewer slots than a token's k experts: upload mode refuses every lookup. Refused selections are in the
+    denominator, so the hit rate is 0, not 1; with nothing looked up at all (a layer held whole) there is no
+    hit rate (None), never 1.0 made out of zero lookups."""
+    r = _routes([[0, 1, 2, 3], [4, 5, 6, 7], [0, 1, 2, 3]])
+    for slots in (1, 2, 3):
+        res = lru(r, {0: slots}, 8)
+        assert (res.n_hit, res.n_miss, res.n_refused, res.n_refused_lookups) == (0, 0, 12, 3)
+        assert res.n_lookup == 12 and res.hit_rate == 0.0 and res.h_layer == 0.0
+        assert res.layer_hit_rate(0) == 0.0 and res.per_layer_refused == {0: 12}
+    fits = lru(r, {0: 4}, 8)
+    assert (fits.n_refused, fits.n_hit, fits.n_miss) == (0, 0, 12) and fits.hit_rate == 0.0
+    held = lru(r, {0: 8}, 8)   # held whole: nothing to look up, no rate at all
+    assert held.n_lookup == 0 and held.hit_rate is None and held.h_layer is None and held.layer_hit_rate(0) is None
+    for policy in (static(r, {0: 8}, 8, []), belady(r, {0: 8}, 8), adaptive(r, {0: 8}, 8)):
+        assert policy.hit_rate is None, policy.policy
+    # a ubatch of two tokens on 6 slots (2 x 4 > 6) is refused as a whole: its 6 distinct experts
+    two = Routes((0,), np.array([[0, 1, 2, 3], [2, 3, 4, 5]], dtype=np.int32)[:, None, :], np.array([0, 2]))
+    res = lru(two, {0: 6}, 8)
+    assert (res.n_refused, res.n_refused_lookups, res.n_token_layers, res.hit_rate) == (6, 1, 2, 0.0)
+
+
+def _plan_text(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    capsys.readouterr()
+    assert main([*argv, "-q"]) == 0
+    return capsys.readouterr().out
+
+
+def test_plan_warns_when_upload_mode_refuses_lookups(lib, tiny_model_path, traces, capsys) -> None:
+    layout = expert_layout(tiny_model_path)
+    k, model = layout.n_expert_used, str(tiny_model_path)
+
+    def mib(slots: int, hybrid: bool = False) -> str:
+        return f"{cache_bytes_for_slots(layout, slots, hybrid) / MiB + 0.001:.3f}"
+
+    # fewer slots than k: every lookup refused, and the held-out hit rate is 0, not a perfect 1
+    for slots in (1, k - 1):
+        out = _plan_text(capsys, "plan", model, "--cache-mib", mib(slots), "--trace", str(traces["train"]), "--kfold", "3")
+        assert (f"warning    {slots} slots per layer are fewer than the {k} experts one token selects: upload mode "
+                f"refuses every lookup of the {layout.n_moe_layers} layers") in out
+        assert "held out   hit rate 0.0000 [0.0000, 0.0000]" in out and "refused/token" in out
+        plan = _run_json(capsys, "plan", model, "--cache-mib", mib(slots), "--trace", str(traces["train"]), "--kfold", "3")
+        assert plan["hit_rate"]["mean"] == 0.0 and all(l["hit_rate"] == 0.0 for l in plan["layers"])
+        assert all(l["refused_per_token"] > 0 for l in plan["layers"]) and len(plan["warnings"]) == 1
+    # enough for a token, not for a ubatch of 32: the largest ubatch that fits is named
+    out = _plan_text(capsys, "plan", model, "--cache-mib", mib(9))
+    assert "warning    9 slots per layer take ubatches of up to 2 tokens: upload mode refuses larger ones" in out
+    assert f"{layout.n_expert} slots (--moe-cache-mib" in out
+    capsys.readouterr()
+    assert main(["plan", model, "--cache-mib", mib(9), "--json", "-q"]) == 0
+    printed = capsys.readouterr()
+    assert json.loads(printed.out)["warnings"] and "warning: 9 slots per layer take ubatches" in printed.err
+    # the hybrid refuses nothing; a cache that holds every layer whole looks nothing up
+    for argv in (("--cache-mib", mib(2, True), "--hybrid"), ("--cache-mib", mib(layout.n_expert))):
+        out = _plan_text(capsys, "plan", model, *argv)
+        assert "warning" not in out, argv
+    out = _plan_text(capsys, "plan", model, "--cache-mib", mib(layout.n_expert), "--trace", str(traces["train"]),
+                     "--kfold", "3")
+    assert "held out   hit rate n/a: nothing is looked up (every layer held whole)" in out
+
+
+def test_simulate_prints_refused_lookups_and_no_rate_for_nothing_looked_up(lib, tiny_model_path, traces,
+                                                                          capsys) -> None:
+    layout = expert_layout(tiny_model_path)
+    small = f"{cache_bytes_for_slots(layout, 2, False) / MiB + 0.001:.3f}"
+    report = _run_json(capsys, "simulate", str(tiny_model_path), "--cache-mib", small, "--train",
+                       str(traces["train"]), "--test", str(traces["test"]), "--kfold", "3", "--policies", "lru,static")
+    held = report["sizes"][0]["heldout"]
+    assert held["lru"]["hit_rate"] == 0.0 and held["lru"]["n_refused"] == held["lru"]["n_lookup"] > 0
+    assert 0 < held["static"]["hit_rate"] < 1 and held["static"]["n_refused"] == 0   # the hybrid refuses nothing
+    out = _plan_text(capsys, "simulate", str(tiny_model_path), "--cache-mib", small, "--train", str(traces["train"]),
+                     "--test", str(traces["test"]), "--policies", "lru")
+    assert f"{held['lru']['n_refused']} selections refused in" in out
+    assert "hit rate = hits / (hits + misses + refused)" in out

@@ -103,7 +103,7 @@ def _measure(model: Model, cp: ContextParams, n_gen: int, n_pp: int, runs: int, 
             pp.append(n_pp / t_pp)
             decode.append(n / t_gen)
             if before is not None and after is not None:
-                lookups = (after.n_hit - before.n_hit) + (after.n_miss - before.n_miss)
+                lookups = after.n_lookup - before.n_lookup  # refused lookups included
                 hit = (after.n_hit - before.n_hit) / lookups if lookups else None
                 moved = after.n_bytes_cpu - before.n_bytes_cpu if after.hybrid else after.n_bytes_upload - before.n_bytes_upload
                 cpu_bytes = moved / max(n, 1)

@@ -4,6 +4,7 @@ held out by k-fold over the traces."""
 from __future__ import annotations
 
 import argparse
+import sys
 
 from ..profile import write_profile
 from ..tools.budget import cache_mib_for_vram, non_expert_bytes
@@ -76,7 +77,15 @@ def run(args: argparse.Namespace) -> int:
     if args.out and profile is not None:
         write_profile(args.out, profile)
     emit(args, plan, lambda p: format_plan(p, args.out))
+    warn_json(args, plan)
     return 0
+
+
+def warn_json(args: argparse.Namespace, plan: Plan) -> None:
+    """The plan's warnings on stderr too when stdout is JSON (the text report has them in its lines)."""
+    if args.json:
+        for w in plan.warnings:
+            print(f"warning: {w}", file=sys.stderr)
 
 
 def format_plan(p: Plan, profile_path: str | None) -> str:
@@ -92,20 +101,28 @@ def format_plan(p: Plan, profile_path: str | None) -> str:
         where = f"{profile_path}: " if profile_path else "(not written: --out P.strp) "
         lines.append(f"profile    {where}{p.profile_pairs} pairs, hottest first; the engine fills {p.n_prefilled} "
                      f"of the {p.slots * (p.n_layers - p.n_whole)} slots it looks up from it at load")
-    if p.hit_rate is not None and p.h_layer is not None:
+    if p.trace_tokens and p.hit_rate is not None and p.h_layer is not None:
         lines += [
             f"held out   hit rate {p.hit_rate.mean:.4f} [{p.hit_rate.low:.4f}, {p.hit_rate.high:.4f}], "
             f"h_layer {p.h_layer.mean:.4f} [{p.h_layer.low:.4f}, {p.h_layer.high:.4f}]  "
-            f"({p.folds}-fold over {p.trace_tokens} tokens, {p.policy} policy, {p.hit_rate.method})",
-            f"in-sample  hit rate {p.in_sample_hit_rate:.4f} (the profile scored on the text it was ranked on: "
-            f"optimistic, for contrast only)",
+            f"({p.folds}-fold over {p.trace_tokens} tokens, {p.policy} policy, {p.hit_rate.method}; "
+            f"hit rate = hits / (hits + misses + refused))",
+            f"in-sample  hit rate {rate(p.in_sample_hit_rate).strip()} (the profile scored on the text it was ranked "
+            f"on: optimistic, for contrast only)",
         ]
+    elif p.trace_tokens:
+        lines.append("held out   hit rate n/a: nothing is looked up (every layer held whole)")
     else:
         lines.append("held out   no traces: give --trace T.bin to rank a profile and estimate the hit rate")
-    lines += ["", "layer  slots  hit rate (held out)  misses/token"]
+    lines += [f"warning    {w}" for w in p.warnings]
+    refusing = any(l.refused_per_token for l in p.layers)
+    lines += ["", "layer  slots  hit rate (held out)  misses/token" + ("  refused/token" if refusing else "")]
     for l in p.layers:
         miss = "-" if l.misses_per_token is None else f"{l.misses_per_token:.3f}"
-        lines.append(f"{l.il:5d}  {l.slots:5d}  {'whole' if l.whole else rate(l.hit_rate):>19s}  {miss:>12s}")
+        line = f"{l.il:5d}  {l.slots:5d}  {'whole' if l.whole else rate(l.hit_rate):>19s}  {miss:>12s}"
+        if refusing:
+            line += f"  {l.refused_per_token or 0:13.3f}"
+        lines.append(line)
     w = p.whole_layers
     if w is not None:
         lines += ["", f"whole layers ({w.note})"]

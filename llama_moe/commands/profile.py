@@ -14,7 +14,7 @@ from ..tools.errors import ToolInputError
 from ..tools.routes import routes_from_records
 from ..tools.tracing import DEFAULT_UBATCH, trace_text
 from ..trace import write_trace
-from .plan import add_plan_options, check_plan_options, format_plan, plan_with_progress
+from .plan import add_plan_options, check_plan_options, format_plan, plan_with_progress, warn_json
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -62,4 +62,5 @@ def run(args: argparse.Namespace) -> int:
     assert profile is not None  # routing was given
     write_profile(out, profile)
     emit(args, plan, lambda p: format_plan(p, out))
+    warn_json(args, plan)
     return 0

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import argparse
 
-from ..tools.cmdline import add_output_options, check_files, emit, model_layout, progress, read_traces
+from ..tools.cmdline import add_output_options, check_files, emit, model_layout, progress, rate, read_traces
 from ..tools.errors import ToolInputError
+from ..tools.heldout import Estimate
 from ..tools.policies import POLICIES, PolicyResult
 from ..tools.simulation import SimulateReport, SizeResult, simulate_sizes
 
@@ -56,7 +57,7 @@ def _notes(r: PolicyResult) -> str:
     if r.n_slots and r.n_resident < r.n_slots:
         notes.append(f"{r.n_resident}/{r.n_slots} slots filled")
     if r.n_refused:
-        notes.append(f"{r.n_refused} lookups refused")
+        notes.append(f"{r.n_refused} selections refused in {r.n_refused_lookups} lookups (more experts than slots)")
     if r.policy == "adaptive":
         notes.append(f"{r.n_swap} swaps, {r.n_fill} fills")
     return "; ".join(notes)
@@ -67,8 +68,9 @@ def format_report(r: SimulateReport) -> str:
     lines = [f"model      {r.model}: {r.n_expert} experts, {r.n_expert_used} per token; slots as the {mode} mode computes them",
              f"routing    train {r.train_tokens} tokens" + (f", test {r.test_tokens} tokens (held out)" if r.test_tokens else "")
              + (f", {r.folds}-fold over the train tokens (contiguous blocks; mean [95% Student t interval])" if r.folds else ""),
-             "           each token is its own ubatch, as in generation; hit rate = hits / (hits + misses) of the "
-             "distinct experts looked up; h_layer = share of (layer, token) with all its experts resident", ""]
+             "           each token is its own ubatch, as in generation; hit rate = hits / (hits + misses + refused) of "
+             "the distinct experts looked up (n/a: nothing looked up); h_layer = share of (layer, token) with all its "
+             "experts resident", ""]
     head = f"{'MiB':>8s} {'slots':>5s}  {'policy':8s}"
     if r.test_tokens:
         head += f"  {'hit rate':>8s}  {'h_layer':>7s}"
@@ -89,14 +91,17 @@ def _size_lines(r: SimulateReport, s: SizeResult) -> list[str]:
         result = None
         if s.heldout is not None:
             result = s.heldout[name]
-            line += f"  {result.hit_rate:8.4f}  {result.h_layer:7.4f}"
+            line += f"  {rate(result.hit_rate):>8s}  {rate(result.h_layer):>7s}"
         if s.kfold is not None:
             k = s.kfold[name]
-            line += (f"  {k.hit_rate.mean:.4f} [{k.hit_rate.low:.4f},{k.hit_rate.high:.4f}]"
-                     f"  {k.h_layer.mean:.4f} [{k.h_layer.low:.4f},{k.h_layer.high:.4f}]")
+            line += f"  {_interval(k.hit_rate):<22s}  {_interval(k.h_layer):<22s}"
             result = result or k.pooled
         out.append(line + f"  {_WHAT[name]}" + (f"; {_notes(result)}" if result and _notes(result) else ""))
     if s.in_sample is not None:
-        out.append(f"{'':8s} {'':5s}  {'':8s}  in-sample static {s.in_sample.hit_rate:.4f} (the profile on its own "
-                   f"train routing: optimistic, for contrast only)")
+        out.append(f"{'':8s} {'':5s}  {'':8s}  in-sample static {rate(s.in_sample.hit_rate).strip()} (the profile on "
+                   f"its own train routing: optimistic, for contrast only)")
     return out
+
+
+def _interval(e: Estimate | None) -> str:
+    return "n/a" if e is None else f"{e.mean:.4f} [{e.low:.4f},{e.high:.4f}]"

@@ -66,4 +66,5 @@ def emit(args: argparse.Namespace, report: Any, text: Callable[[Any], str]) -> N
 
 
 def rate(x: float | None) -> str:
-    return "   -  " if x is None else f"{x:6.4f}"
+    """A hit rate, or "n/a" where there is none (no routing, or nothing looked up)."""
+    return "   n/a" if x is None else f"{x:6.4f}"

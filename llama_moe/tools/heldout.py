@@ -85,10 +85,11 @@ def kfold_splits(routes: Routes, k: int) -> list[tuple[JoinedRoutes, Routes]]:
 @dataclass(frozen=True)
 class KFoldResult:
     """One policy over k folds: the per-fold hit rate and h_layer as estimates, and the folds' counts pooled
-    (per layer too)."""
+    (per layer too). An estimate is None when fewer than two folds looked anything up (every layer held whole):
+    there is no rate to estimate."""
 
-    hit_rate: Estimate
-    h_layer: Estimate
+    hit_rate: Estimate | None
+    h_layer: Estimate | None
     pooled: PolicyResult
     folds: tuple[PolicyResult, ...] = field(default=(), repr=False)
 
@@ -111,9 +112,15 @@ def kfold(splits: Sequence[tuple[Routes | JoinedRoutes, Routes]], replay: Callab
     return kfold_result(results)
 
 
+def _estimate(values: Sequence[float | None]) -> Estimate | None:
+    """The folds that have a rate (something was looked up), as an estimate; None with fewer than two."""
+    rates = [v for v in values if v is not None]
+    return t_interval(rates) if len(rates) >= 2 else None
+
+
 def kfold_result(results: Sequence[PolicyResult]) -> KFoldResult:
     """The folds' results as estimates, and pooled."""
-    return KFoldResult(t_interval([r.hit_rate for r in results]), t_interval([r.h_layer for r in results]),
+    return KFoldResult(_estimate([r.hit_rate for r in results]), _estimate([r.h_layer for r in results]),
                        merge_results(results), tuple(results))
 
 

@@ -3,14 +3,16 @@ from, and what to expect, held out. The mode's own policy scores the plan: stati
 counters) with --hybrid, lru (the upload mode) without."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
 
+from ..cache_sim import MAX_UBATCH
 from ..experts import ExpertLayout
 from ..profile import Profile
-from .budget import MiB, _fixed_bytes, engine_buffer_bytes, engine_slots, mib_to_bytes
+from .budget import MiB, _fixed_bytes, cache_bytes_for_slots, engine_buffer_bytes, engine_slots, mib_to_bytes
 from .errors import ToolInputError
 from .heldout import Estimate, FoldCounts, KFoldResult, fold_bounds, fold_counts, kfold_result, t_interval
 from .policies import Job, _Meter, replay_jobs
@@ -24,8 +26,10 @@ class LayerPlan:
     il: int
     slots: int
     whole: bool
-    hit_rate: float | None          # held out, the folds pooled; None without routing
+    hit_rate: float | None          # held out, the folds pooled, hits / (hits + misses + refused); None without
+                                    # routing, or with nothing looked up
     misses_per_token: float | None  # held out: what the layer leaves to the CPU or to uploads
+    refused_per_token: float | None = None  # held out (upload mode): selections refused, computed from RAM
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,34 @@ class Plan:
     in_sample_hit_rate: float | None  # the profile on its own routing: optimistic, for contrast only
     layers: tuple[LayerPlan, ...]
     whole_layers: WholeLayersReport | None
+    warnings: tuple[str, ...] = ()  # what the budget cannot do (upload mode: ubatches it refuses)
+
+
+def refusal_warnings(layout: ExpertLayout, slots: dict[int, int], hybrid: bool) -> tuple[str, ...]:
+    """Upload mode gives every selected expert of a ubatch a slot at once, and refuses (computes from RAM, as
+    without a cache) a ubatch whose tokens x k exceed a layer's slots. A warning when the slots are fewer than
+    one token needs (k: every lookup refused), or than a ubatch of up to 32 tokens can need (k x 32, at most
+    n_expert). The hybrid refuses nothing: no warning."""
+    short = [l for l in layout.layers if slots[l.il] < l.n_expert]
+    if hybrid or not short:
+        return ()
+
+    def mib(n: int) -> str:  # up to the next 0.01 MiB, so that the size printed gives the slots
+        return f"{math.ceil(cache_bytes_for_slots(layout, n, False) / MiB * 100) / 100:g}"
+
+    k, per_layer = layout.n_expert_used, min(slots[l.il] for l in short)
+    if per_layer < k:
+        return (f"{per_layer} slots per layer are fewer than the {k} experts one token selects: upload mode refuses "
+                f"every lookup of the {len(short)} layers not held whole, which compute their experts from RAM as "
+                f"without a cache (hit rate 0); --moe-cache-mib {mib(k)} gives {k} slots, and the hybrid "
+                f"(--hybrid) refuses nothing",)
+    need = min(k * MAX_UBATCH, min(l.n_expert for l in short))
+    if per_layer < need:
+        return (f"{per_layer} slots per layer take ubatches of up to {per_layer // k} tokens: upload mode refuses "
+                f"larger ones of up to {MAX_UBATCH} tokens (short prompts, several sequences at once), which compute "
+                f"their experts from RAM; {need} slots (--moe-cache-mib {mib(need)}) take them all, and the hybrid "
+                f"(--hybrid) refuses nothing",)
+    return ()
 
 
 def plan_cache(model: str, layout: ExpertLayout, cache_mib: float, hybrid: bool,
@@ -87,11 +119,12 @@ def plan_cache(model: str, layout: ExpertLayout, cache_mib: float, hybrid: bool,
     whole = {il for il, n in slots.items() if n >= n_expert}
     head = (model, hybrid, budget, cache_mib, per_layer, len(slots), len(whole), n_expert, layout.n_expert_used,
             _fixed_bytes(layout, hybrid)[0], engine_buffer_bytes(layout, slots, hybrid), policy)
+    warnings = refusal_warnings(layout, slots, hybrid)
     if routes is None:
         if whole_layers:
             raise ToolInputError("--whole-layers needs routing (--trace T.bin) to know which layers miss most")
         layers = tuple(LayerPlan(il, n, il in whole, None, None) for il, n in slots.items())
-        return Plan(*head, 0, 0, None, None, None, None, None, layers, None), None
+        return Plan(*head, 0, 0, None, None, None, None, None, layers, None, warnings), None
 
     n = routes.n_tokens
     bounds = fold_bounds(n, folds)
@@ -109,8 +142,10 @@ def plan_cache(model: str, layout: ExpertLayout, cache_mib: float, hybrid: bool,
                           meter.part(w_replay))
     scored, in_sample = kfold_result(results[:-1]), results[-1]
     test_tokens = sum(b - a for a, b in bounds)
-    layers = tuple(LayerPlan(il, n_slots, il in whole, 1.0 if il in whole else scored.pooled.layer_hit_rate(il),
-                             scored.pooled.per_layer.get(il, (0, 0))[1] / test_tokens)
+    pooled = scored.pooled
+    layers = tuple(LayerPlan(il, n_slots, il in whole, 1.0 if il in whole else pooled.layer_hit_rate(il),
+                             pooled.per_layer.get(il, (0, 0))[1] / test_tokens,
+                             pooled.per_layer_refused.get(il, 0) / test_tokens)
                    for il, n_slots in slots.items())
 
     def replay(slot_map: dict[int, int]) -> KFoldResult:
@@ -124,7 +159,7 @@ def plan_cache(model: str, layout: ExpertLayout, cache_mib: float, hybrid: bool,
     if progress:
         progress(meter.total, meter.total)  # the alternative may not have been replayed: it did not fit
     plan = Plan(*head, n, folds, len(profile.ranked), prefilled, scored.hit_rate, scored.h_layer,
-                in_sample.hit_rate, layers, report)
+                in_sample.hit_rate, layers, report, warnings)
     return plan, profile
 
 
@@ -164,7 +199,9 @@ def _whole_layers(layout: ExpertLayout, route_layers: Sequence[int], lookups: np
     for l in layout.layers:
         if slots[l.il] < l.n_expert:
             extra = (l.n_expert - slots[l.il]) * l.bytes_per_expert / MiB
-            options.append(WholeLayer(l.il, scored.pooled.per_layer.get(l.il, (0, 0))[1] / test_tokens, extra))
+            # a layer held whole serves its refused selections too
+            left = scored.pooled.per_layer.get(l.il, (0, 0))[1] + scored.pooled.per_layer_refused.get(l.il, 0)
+            options.append(WholeLayer(l.il, left / test_tokens, extra))
     options.sort(key=lambda w: (-w.misses_per_token / w.extra_mib, w.il))  # most misses removed per MiB
     chosen = tuple(options[:n])
     whole = {w.il for w in chosen}

@@ -1,16 +1,23 @@
-"""Cache policies replayed over routing, counting like the engine: per layer, hits and misses of the
+"""Cache policies replayed over routing, counting like the engine: per layer, hits, misses and refused of the
 distinct experts of each ubatch of up to 32 tokens; layers held whole need no lookups and are not counted.
 
 - ``lru``: the upload mode (llama_moe_cache::lookup): a miss is uploaded into a free slot, else the least
-  recently used slot the ubatch does not use; a ubatch with more experts than slots is refused (not looked
-  up). It counts like ``cache_sim.simulate_lru`` and adds h_layer.
+  recently used slot the ubatch does not use; a ubatch whose tokens x k exceed the layer's slots is refused,
+  as the engine refuses it (its graph is built before the router picks): its distinct experts count as
+  refused and the slots stay as they were. It counts like ``cache_sim.simulate_lru`` and adds h_layer.
 - ``static``: the hybrid without adaptation (count_hybrid): the profile's experts stay, the others run on
   the CPU.
 - ``adaptive``: the hybrid that swaps hot experts in (the reference's "adaptive cache" and its constants).
 - ``belady``: per layer, the most hits a cache of that size could have, knowing the future (the ceiling).
 
-Every policy also reports h_layer: the share of looked-up (layer, token) pairs whose k experts were all
-resident when the ubatch was looked up (the tokens that need no CPU or upload work in that layer).
+Every policy also reports h_layer: the share of looked-up or refused (layer, token) pairs whose k experts were
+all resident when the ubatch was looked up (the tokens that need no CPU or upload work in that layer; a refused
+pair never is).
+
+The hit rate is hits / (hits + misses + refused): a refused lookup is in the denominator, so that a cache too
+small for its ubatches (upload mode at fewer slots than k) scores 0, not 1. With nothing looked up at all
+(every layer held whole) there is no hit rate: ``hit_rate``, ``h_layer`` and ``layer_hit_rate`` are None, and
+the reports print "n/a".
 
 Every policy but belady is a ``Replay``: a state fed the routing a chunk of whole ubatches at a time, in
 order, from a ``Routes`` in memory or from trace files as they are read (``TraceRoutes``); its memory is
@@ -54,44 +61,53 @@ class PolicyResult:
     n_hit: int
     n_hit_profile: int      # hits on experts the profile put there and that stayed since
     n_miss: int
-    n_token_layers: int     # (layer, token) pairs looked up
+    n_token_layers: int     # (layer, token) pairs looked up or refused: h_layer's denominator
     n_token_layers_all: int  # of them, with all k experts resident: h_layer's numerator
-    n_refused: int          # (ubatch, layer) lookups not made: over 32 tokens, or (upload) more experts than slots
+    n_refused: int          # (upload) selections of the lookups refused: distinct experts of a ubatch whose
+                            # tokens x k exceed the layer's slots, as the engine's n_refused
     n_slots: int            # slots of the layers looked up
     n_resident: int         # of them, holding an expert at the end: a cache that never fills caps the hit rate
     per_layer: dict[int, tuple[int, int]] = field(default_factory=dict)  # il -> (hits, misses)
     n_swap: int = 0         # adaptive: experts swapped in for colder ones
     n_fill: int = 0         # adaptive: free slots filled
+    per_layer_refused: dict[int, int] = field(default_factory=dict)  # il -> refused selections
+    n_refused_lookups: int = 0  # (ubatch, layer) lookups refused
+    n_large: int = 0        # (ubatch, layer) pairs of over 32 tokens: llama.cpp's path, neither looked up nor refused
 
     @property
     def n_lookup(self) -> int:
-        return self.n_hit + self.n_miss
+        """hits + misses + refused: the selections the cache was asked for."""
+        return self.n_hit + self.n_miss + self.n_refused
 
     @property
-    def hit_rate(self) -> float:
-        """hits / lookups; 1.0 when every layer is held whole (no lookups, everything resident)."""
-        return self.n_hit / self.n_lookup if self.n_lookup else 1.0
+    def hit_rate(self) -> float | None:
+        """hits / (hits + misses + refused); None when nothing was looked up (every layer held whole)."""
+        return self.n_hit / self.n_lookup if self.n_lookup else None
 
     @property
-    def h_layer(self) -> float:
-        return self.n_token_layers_all / self.n_token_layers if self.n_token_layers else 1.0
+    def h_layer(self) -> float | None:
+        return self.n_token_layers_all / self.n_token_layers if self.n_token_layers else None
 
-    def layer_hit_rate(self, il: int) -> float:
+    def layer_hit_rate(self, il: int) -> float | None:
         h, m = self.per_layer.get(il, (0, 0))
-        return h / (h + m) if h + m else 1.0
+        n = h + m + self.per_layer_refused.get(il, 0)
+        return h / n if n else None
 
 
 def merge_results(results: Sequence[PolicyResult]) -> PolicyResult:
     """Pools the counts of several replays (the folds of a k-fold): hits over lookups of all of them."""
     per_layer: dict[int, tuple[int, int]] = {}
+    per_layer_refused: dict[int, int] = {}
     for r in results:
         for il, (h, m) in r.per_layer.items():
             ph, pm = per_layer.get(il, (0, 0))
             per_layer[il] = (ph + h, pm + m)
+        for il, n in r.per_layer_refused.items():
+            per_layer_refused[il] = per_layer_refused.get(il, 0) + n
     sums = {name: sum(getattr(r, name) for r in results) for name in
             ("n_hit", "n_hit_profile", "n_miss", "n_token_layers", "n_token_layers_all", "n_refused", "n_slots",
-             "n_resident", "n_swap", "n_fill")}
-    return PolicyResult(results[0].policy, per_layer=per_layer, **sums)
+             "n_resident", "n_swap", "n_fill", "n_refused_lookups", "n_large")}
+    return PolicyResult(results[0].policy, per_layer=per_layer, per_layer_refused=per_layer_refused, **sums)
 
 
 def _looked_up(layers: Sequence[int], slots: dict[int, int], n_expert: int) -> list[int]:
@@ -127,7 +143,7 @@ def _ubatches(routes: Routes, u0: int, u1: int) -> Routes:
     return Routes(routes.layers, routes.experts[a:b], routes.starts[u0:u1 + 1] - a)
 
 
-def _too_big(routes: Routes, looked: list[int]) -> int:
+def _large(routes: Routes, looked: list[int]) -> int:
     """(ubatch, layer) pairs of over 32 tokens: llama.cpp's path, no lookup."""
     if routes.one_token_ubatches:
         return 0
@@ -182,7 +198,7 @@ class StaticReplay(Replay):
         self.jj = np.arange(len(self.looked))[None, :, None]
         self.hits = np.zeros(len(self.looked), dtype=np.int64)
         self.misses = np.zeros(len(self.looked), dtype=np.int64)
-        self.n_tokens = self.n_all_in = self.n_refused = 0
+        self.n_tokens = self.n_all_in = self.n_large = 0
         self.n_slots = sum(slots[il] for il in self.layers)
 
     def feed(self, chunk: Routes) -> None:
@@ -198,13 +214,14 @@ class StaticReplay(Replay):
             tokens = counted[chunk.ubatch_of_token] & chunk.computed[:, cols]
         self.n_tokens += int(tokens.sum())
         self.n_all_in += int((resident[jj, chunk.experts[:, cols]].all(axis=-1) & tokens).sum())
-        self.n_refused += _too_big(chunk, self.looked)
+        self.n_large += _large(chunk, self.looked)
 
     def result(self) -> PolicyResult:
         h = int(self.hits.sum())
-        return PolicyResult("static", h, h, int(self.misses.sum()), self.n_tokens, self.n_all_in, self.n_refused,
+        return PolicyResult("static", h, h, int(self.misses.sum()), self.n_tokens, self.n_all_in, 0,
                             self.n_slots, int(self.resident.sum()),
-                            {il: (int(a), int(b)) for il, a, b in zip(self.layers, self.hits, self.misses)})
+                            {il: (int(a), int(b)) for il, a, b in zip(self.layers, self.hits, self.misses)},
+                            n_large=self.n_large)
 
 
 def static(routes: Routes | TraceRoutes, slots: dict[int, int], n_expert: int, profile: Sequence[tuple[int, int]],
@@ -240,12 +257,13 @@ class LruLoopReplay(Replay):
         self.looked = _looked_up(layers, slots, n_expert)
         self.layers = [layers[j] for j in self.looked]
         filled = prefill_resident(profile, slots, n_expert)
-        self.state = []  # per looked-up layer: slots, expert_in, slot_of, last_use, from_profile, [stamp, hits, misses]
+        # per looked-up layer: slots, expert_in, slot_of, last_use, from_profile, [stamp, hits, misses, refused]
+        self.state = []
         for il in self.layers:
             n = slots[il]
             self.state.append((n, filled[il] + [-1] * (n - len(filled[il])), {e: s for s, e in enumerate(filled[il])},
-                               [0] * n, [e >= 0 for e in filled[il]] + [False] * (n - len(filled[il])), [0, 0, 0]))
-        self.hits_profile = self.refused = self.token_layers = self.all_in = 0
+                               [0] * n, [e >= 0 for e in filled[il]] + [False] * (n - len(filled[il])), [0, 0, 0, 0]))
+        self.hits_profile = self.refused_lookups = self.large = self.token_layers = self.all_in = 0
         self.n_slots = sum(slots[il] for il in self.layers)
 
     def feed(self, chunk: Routes) -> None:
@@ -253,16 +271,22 @@ class LruLoopReplay(Replay):
         k = self.k
         for j, (n, expert_in, slot_of, last_use, from_profile, acc) in zip(self.looked, self.state):
             counted, n_tokens = chunk.counted[:, j].tolist(), chunk.layer_tokens[:, j].tolist()
-            stamp, lh, lm = acc
+            stamp, lh, lm, lr = acc
             for u, (a, b) in enumerate(bounds):
                 if not n_tokens[u]:
                     continue
-                # the engine looks up only ubatches whose experts all fit the slots at once
-                if not counted[u] or n_tokens[u] * k > n:
-                    self.refused += 1
+                if not counted[u]:  # over 32 tokens: llama.cpp's path
+                    self.large += 1
+                    continue
+                rows = [row for row in chunk.experts[a:b, j].tolist() if row[0] >= 0]
+                # the engine looks up only ubatches whose experts all fit the slots at once; it refuses the
+                # others, and counts their distinct experts
+                if n_tokens[u] * k > n:
+                    self.refused_lookups += 1
+                    self.token_layers += len(rows)
+                    lr += len({e for row in rows for e in row})
                     continue
                 stamp += 1
-                rows = [row for row in chunk.experts[a:b, j].tolist() if row[0] >= 0]
                 for row in rows:  # h_layer: resident before this ubatch's uploads
                     self.all_in += all(e in slot_of for e in row)
                 self.token_layers += len(rows)
@@ -287,13 +311,15 @@ class LruLoopReplay(Replay):
                         del slot_of[expert_in[victim]]
                     expert_in[victim], slot_of[e], from_profile[victim], last_use[victim] = e, victim, False, stamp
                     lm += 1
-            acc[:] = stamp, lh, lm
+            acc[:] = stamp, lh, lm, lr
 
     def result(self) -> PolicyResult:
         per_layer = {il: (acc[1], acc[2]) for il, (*_, acc) in zip(self.layers, self.state)}
+        refused = {il: acc[3] for il, (*_, acc) in zip(self.layers, self.state)}
         return PolicyResult("lru", sum(h for h, _ in per_layer.values()), self.hits_profile,
-                            sum(m for _, m in per_layer.values()), self.token_layers, self.all_in, self.refused,
-                            self.n_slots, sum(len(st[2]) for st in self.state), per_layer)
+                            sum(m for _, m in per_layer.values()), self.token_layers, self.all_in,
+                            sum(refused.values()), self.n_slots, sum(len(st[2]) for st in self.state), per_layer,
+                            per_layer_refused=refused, n_refused_lookups=self.refused_lookups, n_large=self.large)
 
 
 class LruTokensReplay(Replay):
@@ -301,7 +327,8 @@ class LruTokensReplay(Replay):
     then each layer's misses into its slots in key order, key = (occupied, last use, slot) among the slots
     the token does not use: exactly the victims the slot-by-slot loop picks one after another (each victim
     it takes is then used by the token and drops out). A token's lookup is refused in a layer whose slots
-    are fewer than k. An id repeated within a token counts once, as in the loop."""
+    are fewer than k (its distinct experts count as refused). An id repeated within a token counts once, as
+    in the loop."""
 
     def __init__(self, layers: Sequence[int], k: int, slots: dict[int, int], n_expert: int,
                  profile: Sequence[tuple[int, int]]) -> None:
@@ -326,7 +353,8 @@ class LruTokensReplay(Replay):
         self.later = np.tril(np.ones((k, k), dtype=bool), -1)  # [i, j]: position j comes before position i
         self.hits = np.zeros(n_l, dtype=np.int64)
         self.misses = np.zeros(n_l, dtype=np.int64)
-        self.hits_profile = self.token_layers = self.all_in = self.refused = 0
+        self.refused = np.zeros(n_l, dtype=np.int64)
+        self.hits_profile = self.token_layers = self.all_in = self.refused_lookups = 0
         self.fed = 0  # tokens fed: the stamps go on from there
 
     def feed(self, chunk: Routes) -> None:
@@ -335,12 +363,16 @@ class LruTokensReplay(Replay):
         slot_no, absent, rows, never = self.slot_no, self.absent, self.rows, np.iinfo(np.int64).max
         ids = chunk.experts[:, self.cols].astype(np.int64)  # [tokens, layers, k], converted and checked for repeats at once
         active = chunk.computed[:, self.cols]
-        self.refused += int((active & ~self.fits).sum())
-        active = active & self.fits
-        self.token_layers += int(active.sum())
         repeats = (ids[:, :, :, None] == ids[:, :, None, :]) & self.later
         repeated = repeats.any(axis=3) if repeats.any() else None
         del repeats
+        refused = active & ~self.fits
+        if refused.any():
+            distinct = self.k - (repeated.sum(axis=2) if repeated is not None else 0)  # per (token, layer)
+            self.refused += (refused * distinct).sum(axis=0)
+            self.refused_lookups += int(refused.sum())
+        self.token_layers += int(active.sum())  # refused ones too: they are never all resident
+        active = active & self.fits
         a = self.fed
         self.fed += chunk.n_tokens
         for t in range(chunk.n_tokens):
@@ -388,8 +420,11 @@ class LruTokensReplay(Replay):
 
     def result(self) -> PolicyResult:
         return PolicyResult("lru", int(self.hits.sum()), self.hits_profile, int(self.misses.sum()), self.token_layers,
-                            self.all_in, self.refused, int(self.n_slots.sum()), int((self.expert_in >= 0).sum()),
-                            {il: (int(h), int(m)) for il, h, m in zip(self.layers, self.hits, self.misses)})
+                            self.all_in, int(self.refused.sum()), int(self.n_slots.sum()),
+                            int((self.expert_in >= 0).sum()),
+                            {il: (int(h), int(m)) for il, h, m in zip(self.layers, self.hits, self.misses)},
+                            per_layer_refused={il: int(r) for il, r in zip(self.layers, self.refused)},
+                            n_refused_lookups=self.refused_lookups)
 
 
 class AdaptiveReplay(Replay):
@@ -418,7 +453,7 @@ class AdaptiveReplay(Replay):
         self.hits = np.zeros(len(self.looked), dtype=np.int64)
         self.misses = np.zeros(len(self.looked), dtype=np.int64)
         self.hits_profile = self.token_layers = self.all_in = self.n_swap = self.n_fill = self.generated = 0
-        self.refused = 0
+        self.large = 0
 
     def feed(self, chunk: Routes) -> None:
         cols, jj, resident, from_profile, heat = self.cols, self.jj, self.resident, self.from_profile, self.heat
@@ -449,13 +484,13 @@ class AdaptiveReplay(Replay):
                 self.n_fill += _fill(resident, from_profile, heat, self.cap, n_expert, self.max_fills)
             if self.generated // self.swap_every > before // self.swap_every:
                 self.n_swap += _swap(resident, from_profile, heat, n_expert, self.max_swaps)
-        self.refused += _too_big(chunk, self.looked)
+        self.large += _large(chunk, self.looked)
 
     def result(self) -> PolicyResult:
         return PolicyResult("adaptive", int(self.hits.sum()), self.hits_profile, int(self.misses.sum()),
-                            self.token_layers, self.all_in, self.refused, int(self.cap.sum()), int(self.resident.sum()),
+                            self.token_layers, self.all_in, 0, int(self.cap.sum()), int(self.resident.sum()),
                             {il: (int(h), int(m)) for il, h, m in zip(self.layers, self.hits, self.misses)},
-                            self.n_swap, self.n_fill)
+                            self.n_swap, self.n_fill, n_large=self.large)
 
 
 def adaptive(routes: Routes | TraceRoutes, slots: dict[int, int], n_expert: int, profile: Sequence[tuple[int, int]] = (),
@@ -617,8 +652,9 @@ def _belady_routes(routes: Routes, slots: dict[int, int], n_expert: int, progres
         n_resident += len(when)
         if progress:
             progress(done + 1, len(looked))
-    return PolicyResult("belady", hits, 0, misses, token_layers, all_in, _too_big(routes, looked),
-                        sum(slots[routes.layers[j]] for j in looked), n_resident, per_layer)
+    return PolicyResult("belady", hits, 0, misses, token_layers, all_in, 0,
+                        sum(slots[routes.layers[j]] for j in looked), n_resident, per_layer,
+                        n_large=_large(routes, looked))
 
 
 def _next_uses(flat: np.ndarray, n_expert: int, never: int, pos_type: type, chunk: int) -> tuple[np.ndarray, np.ndarray]:
