@@ -18,6 +18,7 @@ from llama_moe.gguf.quants import KVALUES_MXFP4, dequantize_mxfp4, quantize_mxfp
 from llama_moe.gguf.reader import read_tensor_bytes
 from llama_moe.synth import SHAPES, load_design, parse_shape, route, split_paragraphs, synthesize
 from llama_moe.synth import cli as synth_cli
+from llama_moe.synth import recency
 from cache_sizes import mib_for_slots
 
 PROMPT = "The ship left the harbour at dawn, and the crew"
@@ -177,13 +178,25 @@ def test_synthesized_file_is_gpt_oss(tmp_path: Path) -> None:
             assert (t[p + name].ne, t[p + name].type) == (ne, ty), p + name
         assert not any(n.startswith(p) and n[len(p):] not in want for n in t), "unexpected tensors"
     assert {"token_embd.weight", "output_norm.weight", "output.weight"} <= set(t)
-    for x in g.tensors:  # every tensor is real data
-        assert np.any(dequantize(read_tensor_bytes(info.path, x), x.type) != 0), x.name
     d = load_design(info.path)
+    for x in g.tensors:  # every tensor is real data, but layer 0's queries of the recency head's kv head
+        values = dequantize(read_tensor_bytes(info.path, x), x.type)
+        if x.name in ("blk.0.attn_q.weight", "blk.0.attn_k.weight"):  # MICRO: one kv head, the recency head's
+            assert np.all(values == 0), x.name
+        else:
+            assert np.any(values != 0), x.name
     assert d.shape == info.shape and d.shape.arch == "gpt-oss"
-    # the router's bias carries the hot-expert term; the sinks are the design's
+    # the recency head's query and key are biases: the fitted vectors (recency.py)
+    q, k = recency.head_vectors(d.shape, d.routing.recency_tokens)
+    hd = d.shape.head_dim
+    qb = np.frombuffer(read_tensor_bytes(info.path, t["blk.0.attn_q.bias"]), np.float32)
+    kb = np.frombuffer(read_tensor_bytes(info.path, t["blk.0.attn_k.bias"]), np.float32)
+    np.testing.assert_array_equal(qb[hd : 2 * hd], q)
+    np.testing.assert_array_equal(qb[:hd], 0)
+    np.testing.assert_array_equal(kb[:hd], k)
+    # the router's bias carries the hot-expert term, scaled by the depth profile; the sinks are the design's
     b = np.frombuffer(read_tensor_bytes(info.path, t["blk.1.ffn_gate_inp.bias"]), np.float32)
-    np.testing.assert_allclose(b, d.routing.skew * d.bias[1], rtol=1e-6)
+    np.testing.assert_allclose(b, d.routing.depth(2)[1] * d.routing.skew * d.bias[1], rtol=1e-6)
     s = np.frombuffer(read_tensor_bytes(info.path, t["blk.0.attn_sinks.weight"]), np.float32)
     np.testing.assert_array_equal(s, d.sinks[0])
     assert expert_layout(info.path).layers[0].bytes_per_expert == 3 * 64 * 64 // 32 * 17

@@ -10,7 +10,7 @@ from llama_moe.synth.config import RoutingConfig
 from llama_moe.synth.corpus import CorpusSplit, load_corpus, paragraphs, split_paragraphs
 from llama_moe.synth.design import Design, build_design
 from llama_moe.synth.hitrate import lru_hit_rate, static_hit_rate
-from llama_moe.synth.routing import next_token_logits, route, router_logits
+from llama_moe.synth.routing import corpus_routes, next_token_logits, route, router_logits, sample_routes
 from llama_moe.synth.shapes import SHAPES, Shape, get_shape, parse_shape
 from llama_moe.synth.synthesize import SynthInfo, load_design, synthesize
 from llama_moe.synth.tokenizer import CHAT_TEMPLATE, BpeTokenizer
@@ -25,6 +25,7 @@ __all__ = [
     "Shape",
     "SynthInfo",
     "build_design",
+    "corpus_routes",
     "get_shape",
     "load_corpus",
     "load_design",
@@ -34,6 +35,7 @@ __all__ = [
     "parse_shape",
     "route",
     "router_logits",
+    "sample_routes",
     "split_paragraphs",
     "static_hit_rate",
     "synthesize",

@@ -18,6 +18,7 @@ from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
+from llama_moe.errors import LlamaMoeError
 from llama_moe.synth.config import RoutingConfig, routing_for
 from llama_moe.synth.design import build_design
 from llama_moe.synth.hitrate import adjacent_overlap, belady_per_prompt, lru_per_prompt, prompt_concentration, shuffled
@@ -141,13 +142,14 @@ def error(rep: CalibrationReport) -> float:
     return float(e)
 
 
-SEARCHED = ("skew", "topic", "recency", "recency_tokens", "token", "first", "last")
+SEARCHED = ("skew", "topic", "recency", "recency_tokens", "token", "first", "last", "rise", "fall")
 
 
 def search(shape: str | Shape, seeds: Sequence[int], start: RoutingConfig, rounds: int = 3,
            log: Callable[[str], None] = print) -> tuple[RoutingConfig, CalibrationReport]:
     """Coordinate descent on the knobs in SEARCHED, halving the steps each round."""
-    steps = {"skew": 0.2, "topic": 0.5, "recency": 0.5, "recency_tokens": 2.0, "token": 0.1, "first": 0.05, "last": 0.05}
+    steps = {"skew": 0.2, "topic": 0.5, "recency": 0.5, "recency_tokens": 2.0, "token": 0.1, "first": 0.05, "last": 0.05,
+             "rise": 0.05, "fall": 0.1}
     best = start
     rep = measure(shape, seeds, best)
     err = error(rep)
@@ -158,7 +160,10 @@ def search(shape: str | Shape, seeds: Sequence[int], start: RoutingConfig, round
                 value = round(max(0.0, getattr(best, name) + sign * steps[name]), 4)
                 if name == "recency_tokens":
                     value = max(1.0, value)
-                cand = replace(best, **{name: value})
+                try:
+                    cand = replace(best, **{name: value})
+                except LlamaMoeError:
+                    continue  # out of the knob's range
                 r = measure(shape, seeds, cand)
                 if error(r) < err:
                     best, rep, err = cand, r, error(r)

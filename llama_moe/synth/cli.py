@@ -75,6 +75,7 @@ ROUTING_HELP = {
     "skew": "hot-expert bias", "topic": "topic affinity", "recency": "recent-token term",
     "recency_tokens": "time constant of the recency head, tokens", "token": "token-identity term",
     "first": "depth profile at the first layer", "last": "depth profile at the last layer",
+    "rise": "relative depth where the profile reaches 1", "fall": "relative depth where it starts to fall",
 }
 
 

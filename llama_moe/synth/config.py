@@ -8,12 +8,6 @@ import numpy as np
 
 from llama_moe.errors import LlamaMoeError
 
-# depth profile: the share of skew, topic and recency a layer gets, at relative depths 0, RISE,
-# FALL and 1 (first, 1, 1, last), linear between; token identity is the same at every depth
-RISE = 0.125
-FALL = 0.7
-
-
 @dataclass(frozen=True)
 class RoutingConfig:
     """Router logit of expert e for a token u at position t in layer l (before softmax)::
@@ -28,18 +22,20 @@ class RoutingConfig:
     layer 0 to ``context`` in the last layer. ``M(t)`` is the recency memory: layer 0's recency
     head averages a random projection of the last ~``recency_tokens`` tokens' embeddings
     (recency.py), and ``m`` reads it with unit-RMS random rows (the term has RMS ``recency``).
-    ``p_l`` is the depth profile: ``first`` at layer 0, 1 in the middle layers, ``last`` at the
-    last layer. ``layer_corr`` correlates each layer's router with the previous layer's, up to a
+    ``p_l`` is the depth profile: ``first`` at layer 0, rising linearly to 1 at relative depth
+    ``rise``, 1 until ``fall``, then falling linearly to ``last`` at the last layer. ``layer_corr`` correlates each layer's router with the previous layer's, up to a
     permutation of experts. ``rho`` is the RMS norm of the residual stream.
     """
 
-    skew: float = 0.75
-    topic: float = 3.625
-    recency: float = 2.125
-    recency_tokens: float = 9.25
+    skew: float = 1.05
+    topic: float = 3.375
+    recency: float = 1.375
+    recency_tokens: float = 10.25
     token: float = 0.55
     first: float = 0.05
     last: float = 0.15
+    rise: float = 0.225
+    fall: float = 0.6
     context: float = 2.0
     layer_corr: float = 0.5
 
@@ -52,13 +48,15 @@ class RoutingConfig:
                 raise LlamaMoeError(f"routing: {f.name} must be >= 0, got {v}")
         if self.recency_tokens < 1:
             raise LlamaMoeError(f"routing: recency_tokens must be >= 1, got {self.recency_tokens}")
+        if not 0.0 < self.rise <= self.fall < 1.0:
+            raise LlamaMoeError(f"routing: need 0 < rise <= fall < 1, got rise={self.rise}, fall={self.fall}")
         if not 0.0 <= self.layer_corr < 1.0:
             raise LlamaMoeError(f"routing: layer_corr must be in [0, 1), got {self.layer_corr}")
 
     def depth(self, n_layer: int) -> np.ndarray:
         """[n_layer] the depth profile p_l."""
         x = np.arange(n_layer, dtype=np.float64) / max(1, n_layer - 1)
-        return np.interp(x, [0.0, RISE, FALL, 1.0], [self.first, 1.0, 1.0, self.last])
+        return np.interp(x, [0.0, self.rise, self.fall, 1.0], [self.first, 1.0, 1.0, self.last])
 
 
 # One calibration per shape that performance figures use (calibrate.py; docs/synthetic-models.md).
