@@ -172,7 +172,7 @@ def test_the_trace_command_writes_every_token_of_every_layer(lib, tiny_model_pat
 
 def test_simulate_reports_every_policy_held_out_and_by_kfold(lib, tiny_model_path, traces, capsys) -> None:
     report = _run_json(capsys, "simulate", str(tiny_model_path), "--cache-mib", "0.8", "1.4", "5",
-                       "--train", str(traces["train"]), "--test", str(traces["test"]), "--kfold", "4")
+                       "--train", str(traces["train"]), "--test", str(traces["test"]), "--kfold", "3")
     assert [s["slots"] for s in report["sizes"]] == [5, 9, 32]
     assert report["sizes"][2]["whole"]
     for size in report["sizes"][:2]:
@@ -180,7 +180,7 @@ def test_simulate_reports_every_policy_held_out_and_by_kfold(lib, tiny_model_pat
         for name in ("lru", "static", "adaptive", "belady"):
             assert 0 < held[name]["h_layer"] < held[name]["hit_rate"] < 1
             est = size["kfold"][name]["hit_rate"]
-            assert est["low"] <= est["mean"] <= est["high"] and len(est["folds"]) == 4
+            assert est["low"] <= est["mean"] <= est["high"] and len(est["folds"]) == 3  # of over 350 tokens
         assert held["belady"]["hit_rate"] >= max(held[p]["hit_rate"] for p in ("lru", "static"))
         assert held["static"]["n_hit_profile"] == held["static"]["n_hit"]
         assert size["in_sample"]["policy"] == "static"

@@ -1,6 +1,6 @@
 """``python -m llama_moe plan MODEL (--vram-gib G | --cache-mib N) [--trace T.bin ...]``: the slots the engine
 will give each layer for a budget, the profile to fill them from (--out), and the hit rate to expect,
-held out by k-fold over the traces."""
+held out by k-fold over the traces (one trace left out at a time, with two or more)."""
 from __future__ import annotations
 
 import argparse
@@ -10,6 +10,7 @@ from ..profile import write_profile
 from ..tools.budget import cache_mib_for_vram, non_expert_bytes
 from ..tools.cmdline import add_output_options, emit, model_layout, progress, rate, read_traces
 from ..tools.errors import ToolInputError
+from ..tools.heldout import kfold_arg
 from ..tools.planning import Plan, plan_cache
 
 
@@ -34,7 +35,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 def add_plan_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hybrid", action="store_true",
                    help="plan for --moe-cache-hybrid (one null slot per layer; scored by the static policy)")
-    p.add_argument("--kfold", type=int, default=10, metavar="K", help="folds of the held-out estimate (default 10)")
+    p.add_argument("--kfold", type=kfold_arg, metavar="K", help="folds of the held-out estimate: K contiguous blocks of "
+                   "the tokens, or 'trace' (leave one trace out); default: one per trace with two or more traces, "
+                   "else 10 contiguous blocks")
     p.add_argument("--whole-layers", type=int, default=0, metavar="N", help="report the N layers that gain most from being held whole")
 
 
@@ -53,7 +56,7 @@ def check_plan_options(args: argparse.Namespace) -> None:
                             ("--reserve-gib", "reserve_gib", 0), ("--whole-layers", "whole_layers", 0),
                             ("--kfold", "kfold", 2)):
         value = getattr(args, name, None)
-        if value is None:
+        if value is None or isinstance(value, str):  # --kfold trace / auto
             continue
         if low is None and not value > 0:  # also NaN
             raise ToolInputError(f"{flag} must be > 0, got {value:g}")
@@ -105,7 +108,7 @@ def format_plan(p: Plan, profile_path: str | None) -> str:
         lines += [
             f"held out   hit rate {p.hit_rate.mean:.4f} [{p.hit_rate.low:.4f}, {p.hit_rate.high:.4f}], "
             f"h_layer {p.h_layer.mean:.4f} [{p.h_layer.low:.4f}, {p.h_layer.high:.4f}]  "
-            f"({p.folds}-fold over {p.trace_tokens} tokens, {p.policy} policy, {p.hit_rate.method}; "
+            f"({p.held_out or f'{p.folds} folds'}; {p.trace_tokens} tokens, {p.policy} policy, {p.hit_rate.method}; "
             f"hit rate = hits / (hits + misses + refused))",
             f"in-sample  hit rate {rate(p.in_sample_hit_rate).strip()} (the profile scored on the text it was ranked "
             f"on: optimistic, for contrast only)",

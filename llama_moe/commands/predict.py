@@ -1,6 +1,6 @@
 """``python -m llama_moe predict MODEL T.bin``: per MoE layer, how well its experts are guessed from the
-previous layer's routing of the same token (a co-occurrence predictor ranked on the first half of the
-trace, scored on the second), against the layer's most frequent experts."""
+previous layer's routing of the same token (a co-occurrence predictor ranked on the first traces, scored on
+the others; a single trace's first half, scored on its second), against the layer's most frequent experts."""
 from __future__ import annotations
 
 import argparse
@@ -34,6 +34,7 @@ def run(args: argparse.Namespace) -> int:
 def format_report(r: PredictReport) -> str:
     lines = [f"model      {r.model}: trained on tokens 0..{r.n_train - 1}, scored on the {r.n_test} after; "
              f"{r.top} guesses per token, {r.k} experts selected",
+             f"held out   {r.held_out}",
              "           share of a layer's selected experts among the guesses: from the previous layer's routing "
              "(predictor) and the layer's most frequent experts (baseline)", "",
              "layer  from  predictor  baseline    lift"]

@@ -1,15 +1,15 @@
 """``python -m llama_moe simulate MODEL --cache-mib N [N...] --train T.bin (--test H.bin | --kfold K)``: replays
 held-out routing through the cache policies at each size: lru (the upload mode), static (the hybrid from
 a profile), adaptive (the hybrid that swaps hot experts in) and belady (the ceiling). Profiles are ranked
-on the train traces and scored on the test traces, or by k-fold over the train traces; an in-sample figure
-is printed beside them for contrast only."""
+on the train traces and scored on the test traces, or by k-fold over the train traces (one trace left out at
+a time, with two or more); an in-sample figure is printed beside them for contrast only."""
 from __future__ import annotations
 
 import argparse
 
 from ..tools.cmdline import add_output_options, check_files, emit, model_layout, progress, rate, read_traces
 from ..tools.errors import ToolInputError
-from ..tools.heldout import Estimate
+from ..tools.heldout import Estimate, kfold_arg
 from ..tools.policies import POLICIES, PolicyResult
 from ..tools.simulation import SimulateReport, SizeResult, simulate_sizes
 
@@ -21,7 +21,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cache-mib", type=float, nargs="+", required=True, metavar="N", help="cache sizes to simulate")
     p.add_argument("--train", nargs="+", required=True, metavar="T.bin", help="traces to rank profiles on")
     p.add_argument("--test", nargs="+", default=[], metavar="H.bin", help="held-out traces to score on")
-    p.add_argument("--kfold", type=int, metavar="K", help="also (or instead) K-fold over the train traces, in contiguous blocks of tokens")
+    p.add_argument("--kfold", type=kfold_arg, nargs="?", const="auto", metavar="K",
+                   help="also (or instead) k-fold over the train traces: alone, one fold per trace with two or more "
+                   "traces (leave one out), else 10 contiguous blocks; K: K contiguous blocks of the tokens; 'trace': "
+                   "one per trace")
     p.add_argument("--hybrid", action="store_true", help="slots as --moe-cache-hybrid computes them (one null slot per layer)")
     p.add_argument("--policies", default=",".join(POLICIES), help=f"comma-separated, from {','.join(POLICIES)} (default: all)")
     add_output_options(p)
@@ -66,8 +69,10 @@ def _notes(r: PolicyResult) -> str:
 def format_report(r: SimulateReport) -> str:
     mode = "hybrid" if r.hybrid else "upload"
     lines = [f"model      {r.model}: {r.n_expert} experts, {r.n_expert_used} per token; slots as the {mode} mode computes them",
-             f"routing    train {r.train_tokens} tokens" + (f", test {r.test_tokens} tokens (held out)" if r.test_tokens else "")
-             + (f", {r.folds}-fold over the train tokens (contiguous blocks; mean [95% Student t interval])" if r.folds else ""),
+             f"routing    train {r.train_tokens} tokens" + (f", test {r.test_tokens} tokens" if r.test_tokens else ""),
+             *([f"held out   test: {r.held_out_test}"] if r.test_tokens else []),
+             *([f"held out   k-fold: {r.held_out_kfold or f'{r.folds} folds'}; mean [95% Student t interval over the folds]"]
+               if r.folds else []),
              "           each token is its own ubatch, as in generation; hit rate = hits / (hits + misses + refused) of "
              "the distinct experts looked up (n/a: nothing looked up); h_layer = share of (layer, token) with all its "
              "experts resident", ""]
@@ -96,7 +101,9 @@ def _size_lines(r: SimulateReport, s: SizeResult) -> list[str]:
             k = s.kfold[name]
             line += f"  {_interval(k.hit_rate):<22s}  {_interval(k.h_layer):<22s}"
             result = result or k.pooled
-        out.append(line + f"  {_WHAT[name]}" + (f"; {_notes(result)}" if result and _notes(result) else ""))
+        short = s.kfold[name].short_note() if s.kfold is not None else ""
+        notes = [x for x in (_notes(result) if result else "", short and f"k-fold: {short}") if x]
+        out.append(line + f"  {_WHAT[name]}" + "".join(f"; {x}" for x in notes))
     if s.in_sample is not None:
         out.append(f"{'':8s} {'':5s}  {'':8s}  in-sample static {rate(s.in_sample.hit_rate).strip()} (the profile on "
                    f"its own train routing: optimistic, for contrast only)")

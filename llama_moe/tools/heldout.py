@@ -1,7 +1,16 @@
 """Held-out hit rates: a profile is ranked on some routing and scored on other routing, never on its own
-(the Strata lesson: 0.6573 in-sample against 0.6447 held out). Two designs: a train trace against a test
-trace, and k-fold over one trace cut into k contiguous blocks of tokens (each block scored with a profile
-ranked on the others), reported as the mean of the folds with a Student t 95% interval.
+(the Strata lesson: 0.6573 in-sample against 0.6447 held out). Two designs: train traces against test
+traces, and k-fold (each fold scored with a profile ranked on the others), reported as the mean of the
+folds with a Student t 95% interval.
+
+The folds (``choose_folds``): with two or more traces, one per trace (leave one trace out: each document is
+scored with a profile from the other documents, as a profile meets new text); with one trace, k contiguous
+blocks of its tokens, which share their document with the blocks the profile was ranked on, so the estimate
+is likely optimistic on new text (on the synthetic Qwen3-30B-A3B routing of the corpus's eight topics, 10
+contiguous folds put a static profile 2-5 points above leave-one-topic-out: docs/tools.md). Every estimate
+carries how it was held out (``Folds.describe``). A policy that needs a warm-up (adaptive: its heats halve
+over ``policies.HALF_LIFE_TOKENS``) is not estimated on folds shorter than that (``min_fold_tokens``): they
+are reported as too short and left out of its estimate.
 
 Streamed: a fold's profile needs only the counts of the other folds, so one pass over trace files counts
 every fold (``fold_counts``: the train side of a fold is everything less its own block), and one more
@@ -9,6 +18,7 @@ replays every fold at once, each with a fresh cache from its own profile (``poli
 token is kept."""
 from __future__ import annotations
 
+import argparse
 import math
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -16,10 +26,10 @@ from typing import Callable, Sequence
 import numpy as np
 
 from .errors import ToolInputError
-from .policies import PolicyResult, merge_results, run_policy
+from .policies import HALF_LIFE_TOKENS, PolicyResult, merge_results, run_policy
 from .ranking import pair_counts, rank_counts, rank_pairs, segment_counts
 from .routes import JoinedRoutes, Routes
-from .tracefiles import TraceRoutes
+from .tracefiles import FileRoutes, TraceRoutes
 
 # Student t 0.975 quantiles for 1..30 degrees of freedom (two-sided 95%)
 _T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
@@ -40,8 +50,8 @@ def t975(df: int) -> float:
 @dataclass(frozen=True)
 class Estimate:
     """A held-out figure over k folds: their mean and a 95% Student t interval (mean +- t * sd / sqrt(k)).
-    The folds are contiguous blocks of one text, so they are not independent: read the interval as the
-    spread of the figure over parts of the text, not as an exact coverage guarantee."""
+    Folds by trace are documents; contiguous folds are parts of one text, not independent: read the interval
+    as the spread of the figure over documents (or parts of the text), not as an exact coverage guarantee."""
 
     mean: float
     low: float
@@ -70,6 +80,106 @@ def fold_bounds(n_tokens: int, k: int) -> list[tuple[int, int]]:
     return list(zip(edges[:-1], edges[1:]))
 
 
+DEFAULT_FOLDS = 10  # contiguous folds of a single trace, when none are asked for
+
+
+@dataclass(frozen=True)
+class Folds:
+    """How a k-fold estimate is held out: its test blocks (token ranges of the routing, in order, from 0 to
+    the end) and what they are: one per trace (``by_trace``: leave one trace out) or contiguous blocks of the
+    tokens (of one trace, or across ``n_traces``)."""
+
+    bounds: tuple[tuple[int, int], ...]
+    by_trace: bool
+    n_traces: int
+
+    @property
+    def k(self) -> int:
+        return len(self.bounds)
+
+    @property
+    def optimistic(self) -> bool:
+        """The folds share documents with the routing their profiles are ranked on."""
+        return not self.by_trace
+
+    def lengths(self) -> tuple[int, ...]:
+        return tuple(b - a for a, b in self.bounds)
+
+    def describe(self) -> str:
+        """How the estimate was held out, for a report: "leave one of 4 traces out", "10 contiguous folds of
+        one trace: within one document, likely optimistic on new text"."""
+        if self.by_trace:
+            return f"leave one of {self.k} traces out"
+        if self.n_traces == 1:
+            return f"{self.k} contiguous folds of one trace: within one document, likely optimistic on new text"
+        return f"{self.k} contiguous folds over {self.n_traces} traces: they share documents, likely optimistic on new text"
+
+
+def trace_lengths(routes: Routes | JoinedRoutes | TraceRoutes) -> tuple[int, ...]:
+    """The tokens of each trace the routing holds, in order: the files of a ``TraceRoutes`` or of what
+    ``load_traces`` read (``FileRoutes``), within the view; any other routing in memory is one trace (give
+    ``trace_folds`` its documents' lengths to fold it by document)."""
+    if isinstance(routes, (TraceRoutes, FileRoutes)):
+        return routes.trace_tokens()
+    return (routes.n_tokens,)
+
+
+def trace_folds(lengths: Sequence[int]) -> Folds:
+    """One fold per trace (leave one trace out), from the traces' token counts in order."""
+    lengths = [int(n) for n in lengths]
+    if len(lengths) < 2:
+        raise ToolInputError(f"leave-one-trace-out needs at least 2 traces, got {len(lengths)}")
+    if min(lengths) < 1:
+        raise ToolInputError(f"a trace of {min(lengths)} tokens cannot be a fold")
+    edges = np.concatenate(([0], np.cumsum(lengths))).tolist()
+    return Folds(tuple(zip(edges[:-1], edges[1:])), True, len(lengths))
+
+
+def choose_folds(routes: Routes | JoinedRoutes | TraceRoutes, folds: "int | str | Folds | None" = None) -> Folds:
+    """The folds of a k-fold estimate. ``None`` or ``"auto"``: one per trace with two or more traces (leave one
+    out), else ``DEFAULT_FOLDS`` contiguous blocks; ``"trace"``: one per trace (refused with one trace); an int
+    K: K contiguous blocks of the tokens, as even as can be, across traces; a ``Folds``: as given (checked
+    against the routing's tokens)."""
+    lengths = trace_lengths(routes)
+    n = routes.n_tokens
+    if isinstance(folds, Folds):
+        b = folds.bounds
+        if (len(b) < 2 or b[0][0] != 0 or b[-1][1] != n or any(x >= y for x, y in b)
+                or any(b[i][1] != b[i + 1][0] for i in range(len(b) - 1))):
+            raise ToolInputError(f"the folds {list(folds.bounds)} do not cut {n} tokens into consecutive blocks")
+        return folds
+    if folds is None or folds == "auto":
+        if len(lengths) >= 2:
+            return trace_folds(lengths)
+        folds = DEFAULT_FOLDS
+    if folds == "trace":
+        if len(lengths) < 2:
+            raise ToolInputError("leave-one-trace-out needs two or more traces; one trace is folded in contiguous "
+                                 "blocks (--kfold K)")
+        return trace_folds(lengths)
+    if isinstance(folds, bool) or not isinstance(folds, (int, np.integer)):
+        raise ToolInputError(f"folds: a number, 'auto' or 'trace', got {folds!r}")
+    return Folds(tuple(fold_bounds(n, int(folds))), False, len(lengths))
+
+
+def kfold_arg(text: str) -> int | str:
+    """``--kfold``'s value: a number of contiguous folds, or ``trace`` / ``auto``."""
+    if text in ("trace", "auto"):
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of folds, 'trace' or 'auto', got {text!r}") from None
+
+
+def min_fold_tokens(policy: str) -> int:
+    """The fewest tokens a fold needs for ``policy``'s figure to mean anything: the adaptive cache starts from
+    the profile and follows the text through heats that halve over ``HALF_LIFE_TOKENS``, so on a shorter
+    fold it has not yet adapted (on the synthetic Qwen3-30B-A3B routing its hit rate per token reaches its
+    plateau after about 256-350 tokens: docs/tools.md). The others need no warm-up."""
+    return HALF_LIFE_TOKENS if policy == "adaptive" else 0
+
+
 def kfold_splits(routes: Routes, k: int) -> list[tuple[JoinedRoutes, Routes]]:
     """(train, test) per fold: the test is one block, the train the others. Neither is a copy: the blocks
     are views of ``routes``, and the train side is a ``JoinedRoutes`` that ranking reads in place (its pair
@@ -86,12 +196,25 @@ def kfold_splits(routes: Routes, k: int) -> list[tuple[JoinedRoutes, Routes]]:
 class KFoldResult:
     """One policy over k folds: the per-fold hit rate and h_layer as estimates, and the folds' counts pooled
     (per layer too). An estimate is None when fewer than two folds looked anything up (every layer held whole):
-    there is no rate to estimate."""
+    there is no rate to estimate. Folds shorter than the policy needs (``min_tokens``, ``min_fold_tokens``)
+    are left out of the estimates and of ``pooled`` (their indices in ``too_short``; ``pooled`` is None when
+    every fold is); ``folds`` keeps every fold's result."""
 
     hit_rate: Estimate | None
     h_layer: Estimate | None
-    pooled: PolicyResult
+    pooled: PolicyResult | None
     folds: tuple[PolicyResult, ...] = field(default=(), repr=False)
+    too_short: tuple[int, ...] = ()
+    min_tokens: int = 0
+
+    def short_note(self) -> str:
+        """What was left out and why, for a report ("" when nothing was)."""
+        if not self.too_short:
+            return ""
+        n, k = len(self.too_short), len(self.folds)
+        what = "every fold is" if n == k else f"{n} of {k} folds left out:"
+        return (f"{what} under {self.min_tokens} tokens, too short to mean anything for this policy (the adaptive "
+                f"cache's heats halve over {HALF_LIFE_TOKENS} tokens: a shorter fold measures its warm-up)")
 
 
 def ranked_replay(policy: str, slots: dict[int, int], n_expert: int) -> Callable[[Routes | JoinedRoutes, Routes], PolicyResult]:
@@ -118,10 +241,34 @@ def _estimate(values: Sequence[float | None]) -> Estimate | None:
     return t_interval(rates) if len(rates) >= 2 else None
 
 
-def kfold_result(results: Sequence[PolicyResult]) -> KFoldResult:
-    """The folds' results as estimates, and pooled."""
-    return KFoldResult(_estimate([r.hit_rate for r in results]), _estimate([r.h_layer for r in results]),
-                       merge_results(results), tuple(results))
+def kfold_result(results: Sequence[PolicyResult], lengths: Sequence[int] = (), min_tokens: int = 0) -> KFoldResult:
+    """The folds' results as estimates, and pooled; given the folds' ``lengths`` in tokens, those under
+    ``min_tokens`` are left out of both (``KFoldResult.too_short``)."""
+    short = tuple(i for i, n in enumerate(lengths) if n < min_tokens) if min_tokens else ()
+    kept = [r for i, r in enumerate(results) if i not in short]
+    return KFoldResult(_estimate([r.hit_rate for r in kept]), _estimate([r.h_layer for r in kept]),
+                       merge_results(kept) if kept else None, tuple(results), short, min_tokens if short else 0)
+
+
+def policy_kfold(policy: str, results: Sequence[PolicyResult], folds: Folds) -> KFoldResult:
+    """``kfold_result`` with the folds too short for ``policy`` left out (``min_fold_tokens``)."""
+    return kfold_result(results, folds.lengths(), min_fold_tokens(policy))
+
+
+def document_split(routes: Routes | JoinedRoutes | TraceRoutes) -> tuple[int, str]:
+    """Where a train-then-score tool (predict) cuts the routing, and how that holds out: with two or more
+    traces, at the edge between traces nearest the middle (whole documents on each side); with one trace, at
+    its middle (one document on both sides: likely optimistic on new text)."""
+    lengths = trace_lengths(routes)
+    n = routes.n_tokens
+    if len(lengths) >= 2:
+        edges = np.cumsum(lengths)[:-1]
+        i = int(np.argmin(np.abs(edges - n / 2)))  # ties: the earlier edge
+        first = "trace 1" if i == 0 else f"traces 1-{i + 1}"
+        last = f"trace {len(lengths)}" if i + 2 == len(lengths) else f"traces {i + 2}-{len(lengths)}"
+        return int(edges[i]), f"trained on {first} of {len(lengths)}, scored on {last}"
+    return n // 2, ("trained on the first half of one trace, scored on the second: within one document, likely "
+                    "optimistic on new text")
 
 
 @dataclass(frozen=True)

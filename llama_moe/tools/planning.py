@@ -14,7 +14,7 @@ from ..experts import ExpertLayout
 from ..profile import Profile
 from .budget import MiB, _fixed_bytes, cache_bytes_for_slots, engine_buffer_bytes, engine_slots, mib_to_bytes
 from .errors import ToolInputError
-from .heldout import Estimate, FoldCounts, KFoldResult, fold_bounds, fold_counts, kfold_result, t_interval
+from .heldout import Estimate, FoldCounts, Folds, KFoldResult, choose_folds, fold_counts, kfold_result, t_interval
 from .policies import Job, _Meter, replay_jobs
 from .ranking import prefill_resident
 from .routes import Routes
@@ -67,7 +67,7 @@ class Plan:
     buffer_bytes: int            # the device memory the engine allocates: slots, null slots, maps
     policy: str                  # the policy that scores the plan: static (hybrid) or lru (upload)
     trace_tokens: int
-    folds: int
+    folds: int                   # how many (see held_out)
     profile_pairs: int | None    # ranked pairs in the profile
     n_prefilled: int | None      # slots the engine fills from it at load
     hit_rate: Estimate | None    # held out (k-fold)
@@ -76,6 +76,7 @@ class Plan:
     layers: tuple[LayerPlan, ...]
     whole_layers: WholeLayersReport | None
     warnings: tuple[str, ...] = ()  # what the budget cannot do (upload mode: ubatches it refuses)
+    held_out: str = ""              # how the estimates were held out: "leave one of 4 traces out", ...
 
 
 def refusal_warnings(layout: ExpertLayout, slots: dict[int, int], hybrid: bool) -> tuple[str, ...]:
@@ -106,10 +107,13 @@ def refusal_warnings(layout: ExpertLayout, slots: dict[int, int], hybrid: bool) 
 
 
 def plan_cache(model: str, layout: ExpertLayout, cache_mib: float, hybrid: bool,
-               routes: Routes | TraceRoutes | None = None, folds: int = 10, whole_layers: int = 0, budget: str = "",
+               routes: Routes | TraceRoutes | None = None, folds: int | str | Folds | None = None,
+               whole_layers: int = 0, budget: str = "",
                progress: Callable[[int, int], None] | None = None) -> tuple[Plan, Profile | None]:
     """The plan for a cache of ``cache_mib`` and, with routing, its profile (every selected pair, hottest
-    first) scored by k-fold. ``whole_layers``: report the N layers that gain most from being held whole.
+    first) scored by k-fold: ``folds`` as ``heldout.choose_folds`` takes them (by default one per trace with
+    two or more trace files, else 10 contiguous blocks). ``whole_layers``: report the N layers that gain most
+    from being held whole.
     Streamed trace files are read once to count the folds (the profile is their sum), once to replay every
     fold and the in-sample figure, and once more for the whole-layers alternative."""
     slots = engine_slots(layout, mib_to_bytes(cache_mib), hybrid)
@@ -127,7 +131,8 @@ def plan_cache(model: str, layout: ExpertLayout, cache_mib: float, hybrid: bool,
         return Plan(*head, 0, 0, None, None, None, None, None, layers, None, warnings), None
 
     n = routes.n_tokens
-    bounds = fold_bounds(n, folds)
+    scheme = choose_folds(routes, folds)
+    bounds = list(scheme.bounds)
     w_count, w_replay = n // 8 + 1, 2 * n  # progress: the counts, the folds and the in-sample replay
     meter = _Meter(w_count + w_replay * (2 if whole_layers else 1), progress)
     counts = fold_counts(routes, bounds, n_expert, meter.part(w_count))
@@ -158,8 +163,8 @@ def plan_cache(model: str, layout: ExpertLayout, cache_mib: float, hybrid: bool,
                                whole_layers, replay)
     if progress:
         progress(meter.total, meter.total)  # the alternative may not have been replayed: it did not fit
-    plan = Plan(*head, n, folds, len(profile.ranked), prefilled, scored.hit_rate, scored.h_layer,
-                in_sample.hit_rate, layers, report, warnings)
+    plan = Plan(*head, n, scheme.k, len(profile.ranked), prefilled, scored.hit_rate, scored.h_layer,
+                in_sample.hit_rate, layers, report, warnings, scheme.describe())
     return plan, profile
 
 

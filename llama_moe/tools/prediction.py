@@ -1,6 +1,7 @@
 """How well a layer's experts can be guessed before its router runs, from the previous layer's routing of
-the same token: a co-occurrence predictor ranked on the first half of a trace and scored on the second,
-against the layer's most frequent experts (what a static profile knows)."""
+the same token: a co-occurrence predictor ranked on the first traces and scored on the others (on the first
+half of a single trace and scored on its second), against the layer's most frequent experts (what a static
+profile knows)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -9,6 +10,7 @@ from typing import Callable
 import numpy as np
 
 from .errors import ToolInputError
+from .heldout import document_split
 from .routes import Routes
 from .tracefiles import TraceRoutes, token_blocks
 
@@ -37,6 +39,7 @@ class PredictReport:
     k: int
     top: int                 # guesses per token and layer
     layers: tuple[LayerPrediction, ...]
+    held_out: str = ""       # how: "trained on traces 1-2 of 4, scored on traces 3-4", ...
 
     @property
     def mean_predictor(self) -> float | None:
@@ -64,7 +67,8 @@ def _cooccur(co: np.ndarray, prev: np.ndarray, cur: np.ndarray, n_expert: int) -
 
 def predict_routes(model: str, routes: Routes | TraceRoutes, n_expert: int, top: int | None = None,
                    progress: Callable[[int, int], None] | None = None) -> PredictReport:
-    """Per MoE layer: train on the first half of the tokens, score on the second. The predictor guesses the
+    """Per MoE layer: train on the first traces, score on the others (``heldout.document_split``: the edge
+    between trace files nearest the middle; a single trace at its middle, likely optimistic). The predictor guesses the
     ``top`` experts (default k) with the highest sum, over the previous layer's selected experts p, of
     P(expert | p) counted on the train half; ties go to the more frequent expert. The baseline guesses the
     layer's ``top`` most frequent experts. One pass over the tokens (trace files streamed): the train half
@@ -75,8 +79,8 @@ def predict_routes(model: str, routes: Routes | TraceRoutes, n_expert: int, top:
     top = k if top is None else top
     if not 1 <= top <= n_expert:
         raise ToolInputError(f"--top must be from 1 to {n_expert}, got {top}")
-    half = routes.n_tokens // 2
-    if half < 2:
+    half, held_out = document_split(routes)
+    if half < 2 or routes.n_tokens - half < 1:
         raise ToolInputError(f"{routes.n_tokens} tokens: too few to train on one half and score the other")
     n_layers = len(routes.layers)
     freq = np.zeros((n_layers, n_expert), dtype=np.int64)
@@ -124,4 +128,4 @@ def predict_routes(model: str, routes: Routes | TraceRoutes, n_expert: int, top:
         predictor = int(found_pred[j]) / max(int(size_pred[j]), 1) if j > 0 else None
         layers.append(LayerPrediction(il, routes.layers[j - 1] if j > 0 else None, predictor,
                                       int(found_base[j]) / max(int(size_base[j]), 1), int(n_test[j])))
-    return PredictReport(model, routes.n_tokens, half, routes.n_tokens - half, k, top, tuple(layers))
+    return PredictReport(model, routes.n_tokens, half, routes.n_tokens - half, k, top, tuple(layers), held_out)

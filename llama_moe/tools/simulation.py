@@ -9,7 +9,7 @@ from typing import Callable, Sequence
 from ..experts import ExpertLayout
 from .budget import engine_slots, mib_to_bytes
 from .errors import ToolInputError
-from .heldout import KFoldResult, fold_bounds, fold_counts, kfold_result
+from .heldout import Folds, KFoldResult, choose_folds, fold_counts, policy_kfold, trace_lengths
 from .policies import POLICIES, Job, PolicyResult, _Meter, replay_jobs
 from .routes import Routes
 from .tracefiles import TraceRoutes
@@ -22,7 +22,7 @@ class SizeResult:
     n_layers: int
     whole: bool                # every layer holds all its experts: nothing to look up
     heldout: dict[str, PolicyResult] | None   # profile ranked on the train routing, replayed on the test
-    kfold: dict[str, KFoldResult] | None      # k-fold over the train routing
+    kfold: dict[str, KFoldResult] | None      # k-fold over the train routing (folds too short for a policy left out)
     in_sample: PolicyResult | None            # static, scored on the routing it was ranked on: optimistic
 
 
@@ -37,14 +37,19 @@ class SimulateReport:
     folds: int | None
     policies: tuple[str, ...]
     sizes: tuple[SizeResult, ...]
+    held_out_test: str | None = None   # how the test figures are held out
+    held_out_kfold: str | None = None  # how the k-fold figures are: "leave one of 4 traces out", ...
 
 
 def simulate_sizes(model: str, layout: ExpertLayout, sizes_mib: Sequence[float], train: Routes | TraceRoutes,
-                   test: Routes | TraceRoutes | None = None, folds: int | None = None, hybrid: bool = False,
+                   test: Routes | TraceRoutes | None = None, folds: int | str | Folds | None = None, hybrid: bool = False,
                    policies: Sequence[str] = POLICIES,
                    progress: Callable[[int, int], None] | None = None) -> SimulateReport:
     """Every size's slots as the engine computes them, and every policy on held-out routing: ``test`` (the
-    profile ranked on ``train``) and/or ``folds``-fold over ``train``. Profiles fill lru, static and adaptive
+    profile ranked on ``train``) and/or k-fold over ``train``: ``folds`` as ``heldout.choose_folds`` takes them
+    (``"auto"``: one per trace with two or more trace files, else 10 contiguous blocks; K: K contiguous
+    blocks; None: no k-fold); adaptive's estimate leaves out folds too short for it
+    (``heldout.min_fold_tokens``). Profiles fill lru, static and adaptive
     at the start, as --moe-cache-profile does. Streamed trace files (``TraceRoutes``) are read: once to count
     the folds' selections (profiles), once for the test replays of every size and policy, once for the
     k-fold and in-sample replays of every size and policy, and for belady once per group of layers (test and
@@ -53,7 +58,9 @@ def simulate_sizes(model: str, layout: ExpertLayout, sizes_mib: Sequence[float],
         raise ToolInputError("a held-out hit rate needs a test trace or k-fold: an in-sample one alone misleads")
     n_expert = layout.n_expert
     n = train.n_tokens
-    bounds = fold_bounds(n, folds) if folds else [(0, n)]
+    scheme = choose_folds(train, folds) if folds is not None else None
+    folds = scheme.k if scheme else None
+    bounds = list(scheme.bounds) if scheme else [(0, n)]
     n_sizes, n_policies = len(sizes_mib), len(policies)
     # progress: reading the counts, the test replays, the train replays (k-fold and in-sample), by tokens
     w_count = n // 8 + 1
@@ -83,8 +90,14 @@ def simulate_sizes(model: str, layout: ExpertLayout, sizes_mib: Sequence[float],
             kfolds = {}
             for p, name in enumerate(policies):
                 at = n_sizes + (i * n_policies + p) * folds
-                kfolds[name] = kfold_result(train_results[at:at + folds])
+                kfolds[name] = policy_kfold(name, train_results[at:at + folds], scheme)
         out.append(SizeResult(mib, per_layer, len(slots), all(v == n_expert for v in slots.values()), heldout,
                               kfolds, train_results[i]))
+    held_test = None
+    if test is not None:
+        n_train, n_test = len(trace_lengths(train)), len(trace_lengths(test))
+        held_test = (f"the profile ranked on the train routing ({n_train} trace{'s' * (n_train > 1)}), scored on the "
+                     f"test routing ({n_test} trace{'s' * (n_test > 1)})")
     return SimulateReport(model, hybrid, n_expert, layout.n_expert_used, n,
-                          test.n_tokens if test is not None else None, folds, tuple(policies), tuple(out))
+                          test.n_tokens if test is not None else None, folds, tuple(policies), tuple(out), held_test,
+                          scheme.describe() if scheme else None)

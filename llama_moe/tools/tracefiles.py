@@ -9,7 +9,8 @@ in memory until the others catch up, so such a file takes memory as far as its l
 its whole routing, compact, as ``load_traces`` holds it).
 
 ``load_traces`` / ``read_routes`` read the same stream into one ``Routes`` (1 byte per expert id up to 128
-experts: 12.5% of the file at k=8), for small traces and for what needs every token at once. Both validate
+experts: 12.5% of the file at k=8; a ``FileRoutes``, which keeps each file's tokens), for small traces and for
+what needs every token at once. Both validate
 every record as they read (``trace.iter_trace_chunks``): errors name the file, the record and its byte
 offset; whole records missing (layers with different token counts) are found at the end of the file.
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 import copy
 import os
 from collections import deque
+from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
 
 import numpy as np
@@ -79,6 +81,11 @@ class TraceRoutes:
     @property
     def paths(self) -> tuple[str, ...]:
         return tuple(h.path for h in self.heads)
+
+    def trace_tokens(self) -> tuple[int, ...]:
+        """The tokens of each trace file within this view, in order (files the view does not reach left out):
+        the documents a leave-one-trace-out estimate folds by."""
+        return _cut_lengths(self.file_tokens, self.start, self.stop)
 
     def tokens(self, a: int, b: int) -> "TraceRoutes":
         """Tokens ``a:b`` (a < b) of this routing, streamed from the same files."""
@@ -168,6 +175,33 @@ class TraceRoutes:
         for t, block in self.blocks(progress=progress):
             out[t:t + len(block)] = block[:, js]
         return Routes(tuple(self.layers[j] for j in js), out, np.arange(self.n_tokens + 1, dtype=np.int64))
+
+
+def _cut_lengths(lengths: Sequence[int], a: int, b: int) -> tuple[int, ...]:
+    """The parts of consecutive runs of ``lengths`` tokens that fall in tokens a..b-1."""
+    out, f0 = [], 0
+    for n in lengths:
+        m = min(f0 + n, b) - max(f0, a)
+        if m > 0:
+            out.append(m)
+        f0 += n
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class FileRoutes(Routes):
+    """Routing read from trace files into memory (``load_traces``), one token per ubatch, with the tokens of each
+    file in order (``file_tokens``): the documents a leave-one-trace-out estimate folds by, as for a
+    ``TraceRoutes`` of the same files."""
+
+    file_tokens: tuple[int, ...] = ()
+
+    def trace_tokens(self) -> tuple[int, ...]:
+        return self.file_tokens or (self.n_tokens,)
+
+    def tokens(self, a: int, b: int) -> "FileRoutes":
+        view = Routes.tokens(self, a, b)
+        return FileRoutes(view.layers, view.experts, view.starts, _cut_lengths(self.trace_tokens(), a, b))
 
 
 def _pieces(lo: int, hi: int, cuts: Sequence[int], chunk: int | None) -> Iterator[tuple[int, int]]:
@@ -280,7 +314,7 @@ def _file_blocks(head: TraceHeader, layers: tuple[int, ...], n_expert: int | Non
 
 
 def read_routes(path: str | os.PathLike[str], layout: ExpertLayout | None = None,
-                progress: Progress | None = None, chunk_records: int | None = None) -> Routes:
+                progress: Progress | None = None, chunk_records: int | None = None) -> FileRoutes:
     """Reads a reference-format trace into per-token routing in memory (one token per ubatch) and, given the
     model's layout, checks that it was made for that model. For large traces the tools stream
     (``TraceRoutes``) instead."""
@@ -288,9 +322,9 @@ def read_routes(path: str | os.PathLike[str], layout: ExpertLayout | None = None
 
 
 def load_traces(paths: Sequence[str | os.PathLike[str]], layout: ExpertLayout | None = None,
-                progress: Progress | None = None, chunk_records: int | None = None) -> Routes:
+                progress: Progress | None = None, chunk_records: int | None = None) -> FileRoutes:
     """Several trace files of one model, one after another, read chunk by chunk into one compact array
-    (``expert_dtype``): 1 byte per expert id up to 128 experts. Validated as ``TraceRoutes`` validates;
+    (``expert_dtype``): 1 byte per expert id up to 128 experts, with each file's tokens (``FileRoutes``). Validated as ``TraceRoutes`` validates;
     without the model's layout the files are read twice. ``progress(bytes read, bytes in all)`` after every
     chunk; ``chunk_records`` (default 64Ki, rounded down to whole tokens) bounds what is read at once."""
     heads = [trace_header(p) for p in paths] if paths else []
@@ -302,7 +336,7 @@ def load_traces(paths: Sequence[str | os.PathLike[str]], layout: ExpertLayout | 
     done = total - size
     for t, block in routes.blocks(progress=None if progress is None else (lambda d, _: progress(done + d, total))):
         experts[t:t + len(block)] = block
-    return Routes(routes.layers, experts, np.arange(len(experts) + 1, dtype=np.int64))
+    return FileRoutes(routes.layers, experts, np.arange(len(experts) + 1, dtype=np.int64), routes.trace_tokens())
 
 
 def token_blocks(source: Routes | TraceRoutes, cuts: Sequence[int] = (), chunk_tokens: int = 2048,
