@@ -35,7 +35,7 @@ EXPERT_BIAS = 0.1  # gpt-oss gate/up expert biases (the pre-activations have uni
 DOWN_BIAS = 0.005  # gpt-oss down-projection biases, ~ an expert's output
 ATTN_OUT_BIAS = 1e-3  # gpt-oss attention output bias: added to the residual in every layer
 K_BIAS = 0.1  # gpt-oss key bias: shifts every score of a query alike (tiny queries: ~0)
-Q_NORM = 2e-3  # tiny q_norm weights: all attention scores ~0, so attention is a uniform average
+Q_NORM = 2e-3  # tiny queries (gpt-oss) or q_norm weights: attention scores ~0, a uniform average
 NOISE = 0.02  # relative size of the attention weights that carry nothing
 DOWN_SCALE = 0.01  # experts' down projections: output RMS ~0.5% of the residual's per layer
 ROW_CHUNK = 8192  # vocabulary rows generated per chunk (bounds memory for 200k-token vocabs)
@@ -216,7 +216,7 @@ class _Plan:
         d = self.d
         n, n_q = d.shape.n_embd, d.shape.n_head * d.shape.head_dim
         if d.shape.arch == "gpt-oss":
-            w = next(iter(self._random_dense_f32(layer, 0, n_q, Q_NORM)))
+            w = self._random_dense_f32(layer, 0, n_q, Q_NORM)
             if layer == 0:
                 w[self._query_group()] = 0.0  # exact zeros: uniform over the recency head's keys
         else:
@@ -235,7 +235,7 @@ class _Plan:
     def _attn_k(self, layer: int) -> Iterator[np.ndarray]:
         d = self.d
         n_kv = d.shape.n_head_kv * d.shape.head_dim
-        w = next(iter(self._random_dense_f32(layer, 1, n_kv, 1.0)))
+        w = self._random_dense_f32(layer, 1, n_kv, 1.0)
         if layer == 0:
             rows = self._head_rows(recency.kv_head(d.shape))
             w[rows] = 0.0 if d.shape.arch == "gpt-oss" else d.rot[0] / d.c0  # gpt-oss: the key is the bias
@@ -247,10 +247,10 @@ class _Plan:
             b[self._head_rows(recency.kv_head(self.d.shape))] = self._recency_vectors()[1]
         yield b
 
-    def _random_dense_f32(self, layer: int, kind: int, rows: int, gain: float) -> Iterator[np.ndarray]:
+    def _random_dense_f32(self, layer: int, kind: int, rows: int, gain: float) -> np.ndarray:
         n = self.d.shape.n_embd
         rng = _rng(self.d.seed, 20, layer, kind)
-        yield rng.standard_normal((rows, n), dtype=np.float32) * np.float32(gain / np.sqrt(n))
+        return rng.standard_normal((rows, n), dtype=np.float32) * np.float32(gain / np.sqrt(n))
 
     def _rows(self, real: np.ndarray, pad: Callable[[int, int], np.ndarray]) -> Iterator[np.ndarray]:
         """Vocabulary-sized matrix: real rows (rotated) first, then padding rows in chunks."""
@@ -279,10 +279,6 @@ class _Plan:
             return quantize(noise + floor[None, :], self.dense)
 
         return self._rows(d.out, pad)
-
-    def _random_dense(self, layer: int, kind: int, rows: int, gain: float = 1.0) -> Iterator[np.ndarray]:
-        n = self.d.shape.n_embd
-        yield random_quantized(self.dense, (rows, n), _rng(self.d.seed, 20, layer, kind), gain / np.sqrt(n))
 
     def _attn_v(self, layer: int) -> Iterator[np.ndarray]:
         d = self.d
