@@ -16,7 +16,7 @@ from llama_moe.experts import expert_layout
 from llama_moe.gguf import GgmlType, dequantize, quantize, random_quantized, read_gguf
 from llama_moe.gguf.quants import KVALUES_MXFP4, dequantize_mxfp4, quantize_mxfp4
 from llama_moe.gguf.reader import read_tensor_bytes
-from llama_moe.synth import SHAPES, load_design, parse_shape, route, split_paragraphs, synthesize
+from llama_moe.synth import SHAPES, load_design, parse_shape, synthesize
 from llama_moe.synth import cli as synth_cli
 from llama_moe.synth import recency
 from cache_sizes import mib_for_slots
@@ -232,28 +232,6 @@ def test_loads_decodes_and_generates(lib, which: str, request: pytest.FixtureReq
         assert np.all(np.isfinite(logits))
         d = load_design(path)
         assert max(tokens) < d.n_real  # padding tokens are never generated
-
-
-def test_numpy_routing_matches_the_engine(lib, gpt_oss_mxfp4) -> None:
-    """Paragraphs longer than the 32-token window: the numpy router (windows, sinks, router bias)
-    picks what llama.cpp picks (97.7% measured; a router without the windows agrees less, 95.2%)."""
-    d = load_design(gpt_oss_mxfp4)
-    paras = [p for p in split_paragraphs().test_paragraphs() if len(d.tokenizer.encode(p)) > 80][:6]
-    agree = total = 0
-    with Model(gpt_oss_mxfp4, RAM) as model, Context(model, ContextParams(n_ctx=512, n_threads=2)) as ctx:
-        for p in paras:
-            ids = model.tokenize(p, add_special=False)
-            assert ids == d.tokenizer.encode(p)
-            ctx.reset()
-            ctx.start_trace()
-            ctx.decode(ids)
-            want = route(ids, d)
-            for r in ctx.stop_trace():
-                if r.n_tokens == len(ids):
-                    agree += sum(len(set(a) & set(b)) for a, b in zip(r.experts.tolist(), want[:, r.il].tolist()))
-                    total += r.experts.size
-    assert total >= 6 * 80 * 4 * 4
-    assert agree / total > 0.95
 
 
 def test_moe_cache_upload_mode_is_identical(lib, gpt_oss_mxfp4, monkeypatch: pytest.MonkeyPatch) -> None:

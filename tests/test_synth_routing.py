@@ -12,7 +12,7 @@ import pytest
 
 from llama_moe import Context, ContextParams, Model, ModelParams
 from llama_moe.errors import LlamaMoeError
-from llama_moe.synth import RoutingConfig, load_design, recency, route, sample_routes, split_paragraphs
+from llama_moe.synth import RoutingConfig, load_design, lru_hit_rate, recency, route, sample_routes, split_paragraphs
 from llama_moe.synth.calibrate import FRACTIONS, measure
 from llama_moe.synth.corpus import load_corpus, paragraphs
 from llama_moe.synth.hitrate import adjacent_overlap, belady_per_prompt, lru_per_prompt, shuffled
@@ -20,26 +20,11 @@ from llama_moe.synth.shapes import SHAPES
 
 
 def _lru_replay(routes: list[np.ndarray], n_expert: int, slots: int) -> tuple[int, int]:
-    """The LRU of the definition, one expert at a time (an independent replay of lru_per_prompt)."""
-    from collections import OrderedDict
-
-    hits = total = 0
+    """The same LRU by hitrate.lru_hit_rate's one-expert-at-a-time replay, emptied per prompt."""
+    hits = 0.0
     for r in routes:
-        caches = [OrderedDict() for _ in range(r.shape[1])]
-        for tok in r.tolist():
-            for layer, sel in enumerate(tok):
-                c = caches[layer]
-                for e in sel:
-                    if e in c:
-                        hits += 1
-                        c.move_to_end(e)
-                for e in sel:
-                    if e not in c:
-                        c[e] = None
-                while len(c) > max(slots, len(sel)):
-                    c.popitem(last=False)
-                total += len(sel)
-    return hits, total
+        hits += lru_hit_rate([r], n_expert, slots / n_expert) * r.size
+    return round(hits), sum(r.size for r in routes)
 
 
 def test_per_prompt_measures_on_known_traces() -> None:
