@@ -8,6 +8,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable
 
+from ._atomic import atomic_writer
 from .errors import LlamaMoeError
 
 if TYPE_CHECKING:
@@ -66,8 +67,9 @@ def plot_decode(rows: Iterable[BenchRow], path: Path, *, title: str | None = Non
     fig = decode_figure(rows, title=title)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    # no Software tag: the same rows give the same bytes whatever matplotlib wrote them
-    fig.savefig(path, format="png", bbox_inches="tight", metadata={"Software": None})
+    # no Software tag: the same rows give the same bytes whatever matplotlib wrote them; whole or not at all
+    with atomic_writer(path, "wb") as f:
+        fig.savefig(f, format="png", bbox_inches="tight", metadata={"Software": None})
     return path
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ._atomic import write_bytes
 from .errors import ProfileError
 
 MAGIC = b"STRP"
@@ -51,9 +52,8 @@ class Profile:
 
 
 def write_profile(path: str | os.PathLike[str], profile: Profile) -> None:
-    tmp = Path(path).with_name(Path(path).name + ".part")
-    tmp.write_bytes(profile.to_bytes())
-    tmp.replace(path)
+    """Writes the profile whole or not at all (a failure leaves no file behind)."""
+    write_bytes(path, profile.to_bytes())
 
 
 def read_profile(path: str | os.PathLike[str], n_layers: int | None = None, n_expert: int | None = None) -> Profile:

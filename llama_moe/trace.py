@@ -16,6 +16,7 @@ from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
+from ._atomic import atomic_writer
 from .errors import LlamaMoeError
 
 
@@ -55,15 +56,13 @@ def write_trace(path: str | os.PathLike[str], records: Iterable[RoutingRecord]) 
     """Writes records in the reference format, one per token and layer (token-major within a ubatch's
     layers is not kept: records are written in engine order, token by token). Returns the records written."""
     n = 0
-    tmp = Path(path).with_name(Path(path).name + ".part")
-    with open(tmp, "wb") as f:
+    with atomic_writer(path, "wb") as f:  # whole or not at all: a failure (or Ctrl-C) mid-trace leaves no file
         for rec in records:
             n_tokens, k = rec.experts.shape
             rows = np.zeros((n_tokens, 2 + 2 * k), dtype="<i4")  # the weights' zeros are float32 zeros too
             rows[:, 0], rows[:, 1], rows[:, 2:2 + k] = rec.il, k, rec.experts
             f.write(rows.tobytes())
             n += n_tokens
-    tmp.replace(path)
     return n
 
 

@@ -14,6 +14,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from .._atomic import atomic_writer
 from ..errors import BuildError
 
 log = logging.getLogger(__name__)
@@ -184,9 +185,8 @@ def _excluded(rel: str) -> bool:
 def write_bundle(pristine: Path, pin: BasePin, out: Path) -> int:
     """Writes a trimmed tar.xz of the pristine tree for machines without network; returns its size."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".part")
     marker = json.dumps({"commit": pin.commit, "from": pin.package, "sha256": pin.sha256}).encode()
-    with tarfile.open(tmp, "w:xz", preset=9) as tar:
+    with atomic_writer(out, "wb") as f, tarfile.open(fileobj=f, mode="w:xz", preset=9) as tar:  # whole or not at all
         for path in sorted(pristine.rglob("*")):
             rel = path.relative_to(pristine).as_posix()
             if _excluded(rel) or not (path.is_file() or path.is_symlink()):
@@ -195,5 +195,4 @@ def write_bundle(pristine: Path, pin: BasePin, out: Path) -> int:
         info = tarfile.TarInfo(f"llama.cpp/{BUNDLE_MARKER}")
         info.size = len(marker)
         tar.addfile(info, io.BytesIO(marker))
-    tmp.rename(out)
     return out.stat().st_size

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from .._atomic import write_text
 from .._env import environment
 from ..context import Context, Sampling
 from ..bandwidth import gpu_copy_gbps, ram_read_gbps
@@ -331,9 +332,9 @@ def run(args: argparse.Namespace) -> int:
     table = to_markdown(rows, args.pp)
     print(table)
     if args.md:
-        Path(args.md).write_text(table + "\n")
+        write_text(args.md, table + "\n")
     if args.json:
-        Path(args.json).write_text(json.dumps([dataclasses.asdict(r) for r in rows], indent=2) + "\n")
+        write_text(args.json, json.dumps([dataclasses.asdict(r) for r in rows], indent=2) + "\n")
     # last: the table and the JSON are written even if drawing fails
     if args.png:
         from ..bench_plot import plot_decode

@@ -61,11 +61,8 @@ def run(args: argparse.Namespace) -> int:
             yield rec
 
     t0 = time.monotonic()
-    try:
+    try:  # written whole or not at all (write_trace)
         n = write_trace(args.out, counted(iter_trace(args.model, text, args.ctx, args.threads, args.ubatch, bar)))
-    except BaseException:
-        Path(args.out).with_name(Path(args.out).name + ".part").unlink(missing_ok=True)  # write_trace's temporary
-        raise
     finally:
         bar.close()
     report = TraceReport(args.model, args.text, args.out, tokens, layout.n_moe_layers, layout.n_expert_used, n,

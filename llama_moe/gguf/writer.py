@@ -295,9 +295,17 @@ class GgufWriter:
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         if exc_type is not None:
             self.abort()
+            _name_write_error(exc, self.path)
             return
         try:
             self.finish()
-        except BaseException:
+        except BaseException as e:
             self.abort()
+            _name_write_error(e, self.path)
             raise
+
+
+def _name_write_error(exc: object, path: Path) -> None:
+    """A write's OSError names no file ("No space left on device"): raised again naming the model's path."""
+    if isinstance(exc, OSError) and exc.filename is None and exc.errno is not None:
+        raise type(exc)(exc.errno, exc.strerror, str(path)) from None
