@@ -14,7 +14,7 @@ from ._ffi import ffi
 from ._handle import NativeHandle
 from .errors import MoeCacheWarning, NativeCallError
 from .model import Model
-from .params import ContextParams, ParameterError
+from .params import ContextParams, ParameterError, check_sampling
 from .stats import LayerStats, MoeCacheStats
 from .trace import RoutingRecord, parse_stream
 
@@ -29,12 +29,7 @@ class Sampling:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        check_sampling(self)  # ParameterError (a ValueError) naming the field
 
 
 GREEDY = Sampling()

@@ -56,11 +56,12 @@ class Model(NativeHandle):
         super().__init__()
         self.path = Path(path)
         self.params = params or ModelParams()
+        self.params.validate()  # before the file is read: a bad parameter is the first thing said
         if not self.path.is_file():
             raise ModelLoadError(f"{self.path}: no such model file")
         self.geometry, self._data_end = _check_gguf(self.path)
         lib = get_lib()
-        native, keep = self.params._to_native(lib)
+        native, keep = self.params._to_native(lib, self.geometry.n_layer or None)
         _log.clear_recent_problems()
         ptr = lib.llama_model_load_from_file(str(self.path).encode(), native)
         del keep  # the loader copied what it needs

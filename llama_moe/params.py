@@ -1,6 +1,8 @@
 """Model and context parameters as dataclasses, validated in Python and turned into llama.cpp's structs."""
 from __future__ import annotations
 
+import math
+import numbers
 import os
 import warnings
 from dataclasses import dataclass
@@ -15,6 +17,46 @@ EXPERTS_REGEX = r"\.ffn_(up|down|gate|gate_up)_(ch|)exps"
 
 class ParameterError(LlamaMoeError, ValueError):
     """A parameter is out of range or contradicts another."""
+
+
+INT32_MAX = 2**31 - 1
+UINT32_MAX = 2**32 - 1
+
+
+def check_whole(name: str, value: Any, low: int, high: int, what: str = "") -> int:
+    """``value`` as an int from ``low`` to ``high`` (the range of the C field it goes to, or less), or a
+    ParameterError that names the field. A bool is no number here (True would pass as 1)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not low <= value <= high:
+        raise ParameterError(f"{name} must be {what or 'a whole number'} from {low} to {high}, got {value!r}")
+    return int(value)
+
+
+def check_real(name: str, value: Any, low: float, high: float = math.inf, *, low_open: bool = False) -> float:
+    """``value`` as a finite float in [low, high] (or (low, high] with ``low_open``), or a ParameterError."""
+    ok = (not isinstance(value, bool) and isinstance(value, numbers.Real) and math.isfinite(value)
+          and (low < value if low_open else low <= value) and value <= high)
+    if not ok:
+        interval = (f"{'>' if low_open else '>='} {low:g}" if high == math.inf else
+                    f"in {'(' if low_open else '['}{low:g}, {high:g}]")
+        raise ParameterError(f"{name} must be a finite number {interval}, got {value!r}")
+    return float(value)
+
+
+def check_sampling(sampling: Any) -> None:
+    """Sampling's fields: the floats and int32_t/uint32_t the sampler chain's constructors take."""
+    check_real("temperature", sampling.temperature, 0)
+    check_real("top_p", sampling.top_p, 0, 1, low_open=True)
+    check_whole("top_k", sampling.top_k, 0, INT32_MAX, "a whole number (0: off)")
+    check_whole("seed", sampling.seed, 0, UINT32_MAX)
+
+
+def check_flags(obj: Any, names: tuple[str, ...], none_ok: tuple[str, ...] = ()) -> None:
+    """Each of ``names`` is True or False (or None, for those in ``none_ok``): a C bool takes nothing else."""
+    for name in names:
+        value = getattr(obj, name)
+        if not isinstance(value, bool) and not (value is None and name in none_ok):
+            allowed = "True, False or None" if name in none_ok else "True or False"
+            raise ParameterError(f"{name} must be {allowed}, got {value!r}")
 
 
 def default_threads() -> int:
@@ -43,32 +85,44 @@ class ModelParams:
     repack: bool = True
 
     def validate(self) -> None:
-        if self.n_cpu_moe < 0:
-            raise ParameterError(f"n_cpu_moe must be >= 0, got {self.n_cpu_moe}")
+        """Raises ParameterError naming the field for any value llama.cpp's struct cannot take or would misread."""
+        # int32_t n_gpu_layers: -1 (or any negative, to llama.cpp) is every layer; -1 is the one spelling taken here
+        check_whole("n_gpu_layers", self.n_gpu_layers, -1, INT32_MAX, "a whole number of layers (-1: all)")
+        # n_cpu_moe becomes one tensor pattern per layer: no model has 65536 layers (a profile's u16 cannot count them)
+        check_whole("n_cpu_moe", self.n_cpu_moe, 0, 65535, "a whole number of layers")
+        check_whole("main_gpu", self.main_gpu, 0, INT32_MAX, "a device index")
+        check_flags(self, ("cpu_moe", "use_mmap", "check_tensors", "repack"))
+        patterns = self.cpu_tensor_patterns
+        if isinstance(patterns, (str, bytes)) or not isinstance(patterns, (tuple, list)):
+            raise ParameterError(f"cpu_tensor_patterns must be a tuple of regex strings, got {patterns!r}")
+        for pattern in patterns:
+            if not isinstance(pattern, str) or not pattern or "\0" in pattern:
+                raise ParameterError(f"cpu_tensor_patterns: each pattern must be a non-empty string without NUL, "
+                                     f"got {pattern!r}")
         if self.cpu_moe and self.n_cpu_moe:
             raise ParameterError("cpu_moe already keeps every layer's experts in RAM; n_cpu_moe would contradict it")
-        if self.main_gpu < 0:
-            raise ParameterError(f"main_gpu must be >= 0, got {self.main_gpu}")
 
-    def override_patterns(self) -> list[str]:
-        """The tensor patterns placed in RAM, in the order llama.cpp's common library would add them."""
+    def override_patterns(self, n_layer: int | None = None) -> list[str]:
+        """The tensor patterns placed in RAM, in the order llama.cpp's common library would add them; with the
+        model's ``n_layer``, none for the layers it does not have (they would match no tensor)."""
         patterns = list(self.cpu_tensor_patterns)
         if self.cpu_moe:
             patterns.append(EXPERTS_REGEX)
-        patterns += [rf"blk\.{i}{EXPERTS_REGEX}" for i in range(self.n_cpu_moe)]
+        n_cpu_moe = int(self.n_cpu_moe) if n_layer is None else min(int(self.n_cpu_moe), max(n_layer, 0))
+        patterns += [rf"blk\.{i}{EXPERTS_REGEX}" for i in range(n_cpu_moe)]
         return patterns
 
-    def _to_native(self, lib: Any) -> tuple[Any, list[Any]]:
+    def _to_native(self, lib: Any, n_layer: int | None = None) -> tuple[Any, list[Any]]:
         """The struct, and the cdata that must outlive the load (strings and the override array)."""
         self.validate()
         p = lib.llama_model_default_params()
-        p.n_gpu_layers = self.n_gpu_layers
-        p.main_gpu = self.main_gpu
+        p.n_gpu_layers = int(self.n_gpu_layers)
+        p.main_gpu = int(self.main_gpu)
         p.check_tensors = self.check_tensors
         p.use_extra_bufts = self.repack
         p.load_mode = lib.LLAMA_LOAD_MODE_MMAP if self.use_mmap else lib.LLAMA_LOAD_MODE_NONE
         keep: list[Any] = []
-        patterns = self.override_patterns()
+        patterns = self.override_patterns(n_layer)
         if patterns:
             overrides = ffi.new("struct llama_model_tensor_buft_override[]", len(patterns) + 1)
             cpu = lib.ggml_backend_cpu_buffer_type()
@@ -103,16 +157,29 @@ class ContextParams:
     moe_cache_adaptive: bool = False
 
     def validate(self) -> None:
-        for name in ("n_ctx", "n_batch", "n_ubatch"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 0 or value > 1 << 24:
-                raise ParameterError(f"{name} must be a whole number from 0 to {1 << 24}, got {value!r}")
-        if self.n_batch == 0 or self.n_ubatch == 0:
-            raise ParameterError("n_batch and n_ubatch must be at least 1")
+        """Raises ParameterError naming the field for any value llama.cpp's struct cannot take or would misread
+        (uint32_t sizes, int32_t thread counts, C bools), and warns where the cache options do nothing."""
+        check_whole("n_ctx", self.n_ctx, 0, 1 << 24, "a whole number (0: the model's own context size)")
+        check_whole("n_batch", self.n_batch, 1, 1 << 24)
+        check_whole("n_ubatch", self.n_ubatch, 1, 1 << 24)
         if self.n_ubatch > self.n_batch:
             raise ParameterError(f"n_ubatch ({self.n_ubatch}) cannot exceed n_batch ({self.n_batch})")
+        for name in ("n_threads", "n_threads_batch"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral)
+                                      or not 1 <= value <= 1024):
+                raise ParameterError(f"{name} must be from 1 to 1024 or None, got {value!r}")
+        check_flags(self, ("flash_attn", "offload_kqv", "op_offload", "no_perf", "moe_cache_hybrid", "moe_cache_adaptive"),
+                    none_ok=("flash_attn",))
+        profile = self.moe_cache_profile
+        if profile is not None:
+            if not isinstance(profile, (str, bytes, os.PathLike)):
+                raise ParameterError(f"moe_cache_profile must be a path or None, got {profile!r}")
+            raw = os.fsencode(profile)
+            if not raw or b"\0" in raw:
+                raise ParameterError(f"moe_cache_profile must be a non-empty path without NUL, got {profile!r}")
         mib = self.moe_cache_mib
-        if isinstance(mib, bool) or not isinstance(mib, (int, float)) or not 0 <= mib <= 1 << 24:
+        if isinstance(mib, bool) or not isinstance(mib, numbers.Real) or not 0 <= mib <= 1 << 24:
             raise ParameterError(f"moe_cache_mib must be a number of MiB from 0 to {1 << 24}, got {mib!r}")
         if self.moe_cache_adaptive and not self.moe_cache_hybrid and mib:
             # ignored, as llama.cpp's --moe-cache-adaptive without --moe-cache-hybrid is (the reference's rule)
@@ -124,20 +191,16 @@ class ContextParams:
             if given:
                 warnings.warn(f"{', '.join(given)} {'does' if len(given) == 1 else 'do'} nothing without moe_cache_mib: "
                               f"there is no MoE cache", MoeCacheWarning, stacklevel=4)
-        for name in ("n_threads", "n_threads_batch"):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or value < 1 or value > 1024):
-                raise ParameterError(f"{name} must be from 1 to 1024 or None, got {value!r}")
 
     def _to_native(self, lib: Any) -> tuple[Any, list[Any]]:
         self.validate()
         p = lib.llama_context_default_params()
-        p.n_ctx = self.n_ctx
-        p.n_batch = self.n_batch
-        p.n_ubatch = self.n_ubatch
-        threads = self.n_threads or default_threads()
+        p.n_ctx = int(self.n_ctx)
+        p.n_batch = int(self.n_batch)
+        p.n_ubatch = int(self.n_ubatch)
+        threads = int(self.n_threads or default_threads())
         p.n_threads = threads
-        p.n_threads_batch = self.n_threads_batch or threads
+        p.n_threads_batch = int(self.n_threads_batch or threads)
         p.flash_attn_type = {None: lib.LLAMA_FLASH_ATTN_TYPE_AUTO, True: lib.LLAMA_FLASH_ATTN_TYPE_ENABLED,
                              False: lib.LLAMA_FLASH_ATTN_TYPE_DISABLED}[self.flash_attn]
         p.offload_kqv = self.offload_kqv

@@ -166,9 +166,9 @@ def test_cache_options_without_a_cache_size_warn(kw, said) -> None:
 
 
 @pytest.mark.parametrize("kw, said", [
-    (dict(n_cpu_moe=-1), "n_cpu_moe must be >= 0"),
+    (dict(n_cpu_moe=-1), "n_cpu_moe must be a whole number of layers from 0 to 65535, got -1"),
     (dict(cpu_moe=True, n_cpu_moe=2), "would contradict it"),
-    (dict(main_gpu=-1), "main_gpu must be >= 0"),
+    (dict(main_gpu=-1), "main_gpu must be a device index from 0 to 2147483647, got -1"),
 ])
 def test_model_params_out_of_range_or_contradicting_are_refused(kw, said) -> None:
     with pytest.raises(ParameterError, match=said):

@@ -24,10 +24,11 @@ def iter_trace(model_path: str | os.PathLike[str], text: str, n_ctx: int = 4096,
     if not text.strip():
         raise ToolInputError("the text is empty: nothing to trace")
     ubatch = min(ubatch, n_ctx)
+    cp = ContextParams(n_ctx=n_ctx, n_batch=ubatch, n_ubatch=ubatch, n_threads=n_threads)
+    cp.validate()  # before the model loads
     # experts in RAM in their file layout, as the cache runs them; the routing is the same anywhere
     with Model(model_path, ModelParams(cpu_moe=True, repack=False)) as model:
         tokens = model.tokenize(text)
-        cp = ContextParams(n_ctx=n_ctx, n_batch=ubatch, n_ubatch=ubatch, n_threads=n_threads)
         with Context(model, cp) as ctx:
             done = 0
             for start in range(0, len(tokens), n_ctx):
