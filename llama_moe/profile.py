@@ -58,7 +58,10 @@ def write_profile(path: str | os.PathLike[str], profile: Profile) -> None:
 
 def read_profile(path: str | os.PathLike[str], n_layers: int | None = None, n_expert: int | None = None) -> Profile:
     """Reads and validates a profile; with n_layers and n_expert, also that it was made for that model."""
-    data = Path(path).read_bytes()
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise ProfileError(f"{path}: cannot read it: {exc.strerror or exc}") from None
     if data[:4] != MAGIC:
         raise ProfileError(f"{path}: not a profile (the magic is not STRP)")
     if len(data) < _HEADER.size:
