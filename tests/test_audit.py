@@ -291,7 +291,7 @@ def test_cli_check_and_summary(tmp_path: Path) -> None:
     js = json.loads(cli("summary", "--json", str(good)).stdout)
     assert js[0]["requests"] == 3 and js[0]["hits"] == 156 and js[0]["exited"] is True
     missing = cli("summary", str(tmp_path / "nope.jsonl"))
-    assert missing.returncode == 1 and "cannot read the audit log" in missing.stderr
+    assert missing.returncode == 2 and "cannot read the audit log" in missing.stderr
 
 
 def test_a_cut_record_followed_by_the_next_process_on_the_same_line(tmp_path: Path) -> None:

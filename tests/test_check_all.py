@@ -37,4 +37,4 @@ def test_cpu_only_stops_after_the_cpu_checks_and_the_default_model_is_used(lib) 
 
 def test_bad_numbers_are_refused() -> None:
     out = _run("-n", "0")
-    assert out.returncode == 1 and "error: -n must be >= 1, got 0" in out.stderr and "Traceback" not in out.stderr
+    assert out.returncode == 2 and "error: -n must be >= 1, got 0" in out.stderr and "Traceback" not in out.stderr

@@ -46,6 +46,6 @@ def test_the_command_line_reports_and_refuses(lib, tiny_model_path, profile, tmp
     for argv, said in ((["--cache-mib", "0"], "--cache-mib must be > 0, got 0"), (["-n", "0"], "-n must be >= 1, got 0")):
         bad = subprocess.run([sys.executable, "-m", "llama_moe", "check-audit", str(tiny_model_path), str(profile), *argv],
                              capture_output=True, text=True, timeout=120)
-        assert bad.returncode == 1 and said in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
+        assert bad.returncode == 2 and said in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
     with pytest.raises(CheckAuditError, match="no such file"):
         check_audit_run(tiny_model_path, tmp_path / "missing.strp")

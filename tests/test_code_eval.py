@@ -128,4 +128,4 @@ def test_it_serves_the_model_itself(lib, tiny_model_path) -> None:
 def test_no_server_listening_is_a_clear_error(lib, tiny_model_path) -> None:
     out = subprocess.run([sys.executable, "-m", "llama_moe", "code-eval", str(tiny_model_path), "--no-server", "--port",
                           str(free_port())], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 1 and "error: http://127.0.0.1:" in out.stderr and "Traceback" not in out.stderr
+    assert out.returncode == 2 and "error: http://127.0.0.1:" in out.stderr and "Traceback" not in out.stderr

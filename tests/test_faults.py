@@ -18,6 +18,8 @@ from llama_moe import Context, ContextParams, Model, ModelLoadError, ModelParams
 from llama_moe.cli import main
 from llama_moe.commands.serve import ServePlanError, plan_serve
 from llama_moe.devices import Device
+from llama_moe.experts import expert_layout
+from llama_moe.profile import Profile, write_profile
 
 RAM = ModelParams(cpu_moe=True, repack=False)
 ROOT = Path(__file__).resolve().parent.parent
@@ -209,9 +211,9 @@ CLI_CASES = [
     (["stats", "{model}", "-n", "-5"], "-n/--n-gen must be >= 1, got -5"),
     (["stats", "{model}", "--moe-cache-mib", "-1"], "--moe-cache-mib must be from 0 to 16777216 (MiB), got -1"),
     (["stats", "{model}", "--moe-cache-mib", "1e9"], "--moe-cache-mib must be from 0 to 16777216 (MiB), got 1e+09"),
-    (["stats", "{model}", "--moe-cache-mib", "nan"], "--moe-cache-mib must be from 0 to 16777216 (MiB), got nan"),
+    (["stats", "{model}", "--moe-cache-mib", "nan"], "--moe-cache-mib must be a finite number, got nan"),
     (["stats", "{model}", "--moe-cache-hybrid"], "--moe-cache-hybrid needs a cache: give --moe-cache-mib N"),
-    (["stats", "{model}", "--moe-cache-profile", "{model}", "--moe-cache-hybrid"],
+    (["stats", "{model}", "--moe-cache-profile", "{profile}", "--moe-cache-hybrid"],
      "--moe-cache-profile, --moe-cache-hybrid need a cache"),
     (["stats", "{model}", "--moe-cache-mib", "2", "--moe-cache-adaptive"],
      "--moe-cache-adaptive works with --moe-cache-hybrid only"),
@@ -247,9 +249,12 @@ CLI_CASES = [
 
 @pytest.mark.parametrize("argv, said", CLI_CASES, ids=[" ".join(a[2:]) + f" [{a[0]}]" for a, _ in CLI_CASES])
 def test_command_lines_refuse_bad_cache_options_with_their_names(lib, tiny_model_path, tmp_path, capsys, argv, said) -> None:
-    args = [a.format(model=tiny_model_path, missing=tmp_path / "missing.strp") for a in argv]
+    layout = expert_layout(tiny_model_path)
+    profile = tmp_path / "fits.strp"
+    write_profile(profile, Profile(layout.n_layer, layout.n_expert, 1, ()))
+    args = [a.format(model=tiny_model_path, missing=tmp_path / "missing.strp", profile=profile) for a in argv]
     capsys.readouterr()
-    assert main(args) == 1
+    assert main(args) == 2
     err = capsys.readouterr().err
     assert "error: " in err and said in err, err
     assert "Traceback" not in err

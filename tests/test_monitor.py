@@ -181,7 +181,7 @@ def test_the_monitor_command(stub: StubLlamaServer) -> None:
         proc.wait(timeout=10)
     busy = subprocess.run([sys.executable, "-m", "llama_moe", "monitor", "--server", stub.url, "--port",
                            str(stub.server_address[1])], capture_output=True, text=True, timeout=30)
-    assert busy.returncode == 1 and "cannot listen on 127.0.0.1:" in busy.stderr
+    assert busy.returncode == 2 and "cannot listen on 127.0.0.1:" in busy.stderr
 
 
 # ----------------------------------------------------------------------------------------------- the browser

@@ -191,7 +191,7 @@ def test_stats_server_on_fixed_metrics(fixed_server: ThreadingHTTPServer) -> Non
     assert js["moe_cache"]["n_refused"] == 88 and js["moe_cache"]["layers_refused"]["1"] == 88
     fixed_server.status = 501  # type: ignore[attr-defined]
     out = _stats(url)
-    assert out.returncode == 1 and "start llama-server with --metrics" in out.stderr
+    assert out.returncode == 2 and "start llama-server with --metrics" in out.stderr
     with pytest.raises(ServerError, match="cannot reach"):
         fetch_server_metrics(f"http://127.0.0.1:{free_port()}", timeout=2)
 

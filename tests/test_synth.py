@@ -384,7 +384,7 @@ def test_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert d.routing.skew == 0.5 and d.seed == 2
     assert read_gguf(out).tensor("blk.0.ffn_up_exps.weight").type == GgmlType.F16
     bad = ap.parse_args(["synth", str(tmp_path / "x.gguf"), "--shape", "n_embd=70"])
-    assert synth_cli.run(bad) == 1
+    assert synth_cli.run(bad) == 2
 
 
 # --- routing --------------------------------------------------------------------------------

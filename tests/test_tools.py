@@ -56,7 +56,7 @@ def _run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:
 
 def _fails(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
     capsys.readouterr()
-    assert main([*argv, "-q"]) == 1
+    assert main([*argv, "-q"]) == 2
     return capsys.readouterr().err
 
 

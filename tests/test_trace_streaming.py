@@ -412,7 +412,7 @@ def test_the_cli_says_where_a_trace_breaks(tiny_model_path, tmp_path, capsys) ->
                  ["simulate", str(tiny_model_path), "--cache-mib", "1", "--train", str(bad), "--kfold", "2"],
                  ["plan", str(tiny_model_path), "--cache-mib", "1", "--trace", str(bad)]):
         capsys.readouterr()
-        assert main([*argv, "-q"]) == 1
+        assert main([*argv, "-q"]) == 2
         err = capsys.readouterr().err
         assert f"error: {bad}: record 12 (byte {12 * REC}) selects expert 32, outside the model's 0..31" in err, err
 

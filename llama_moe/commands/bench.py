@@ -297,9 +297,12 @@ def _check_numbers(args: argparse.Namespace) -> None:
     """Refuse what cannot run before loading anything (a model load can take a minute)."""
     bad = [f"--cache-pct must be above 0 and at most 100, got {p:g}" for p in args.cache_pct if not 0 < p <= 100]
     bad += [f"-t/--threads must be >= 1, got {t}" for t in args.threads if t < 1]
+    bad += [f"-t/--threads must be at most 1024, got {t}" for t in args.threads if t > 1024]
     for name, value in (("-n/--n-gen", args.n_gen), ("--pp", args.pp), ("--runs", args.runs), ("--profile-stride", args.profile_stride)):
         if value < 1:
             bad.append(f"{name} must be >= 1, got {value}")
+    if args.pp + args.n_gen + 128 > 1 << 24:  # the context holds both (ContextParams.n_ctx)
+        bad.append(f"--pp and -n/--n-gen must add up to at most {(1 << 24) - 128}, got {args.pp} + {args.n_gen}")
     if bad:
         raise ParameterError("; ".join(bad))
 

@@ -101,7 +101,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def _reachable(server: str) -> None:
+    """A server that does not answer at all is an error (exit 2), not four failed checks: any HTTP answer to
+    /health, even a refusal, is a server to check."""
+    import requests
+
+    from ..tools.cmdline import request_error
+
+    try:
+        requests.get(server.rstrip("/") + "/health", timeout=30)
+    except requests.RequestException as exc:
+        raise LlamaMoeError(f"cannot reach {server}: {request_error(exc)}") from None
+
+
 def run(args: argparse.Namespace) -> int:
+    _reachable(args.server)
     checks = check_api(args.server, args.api_key, args.model)
     if args.json:
         print(json.dumps([asdict(c) for c in checks], indent=2))

@@ -16,6 +16,7 @@ import requests
 from ..code_eval import SUITES, evaluate
 from ..errors import LlamaMoeError
 from ..server_process import ServerStartError, launch, server_binary
+from ..tools.cmdline import request_error
 
 
 class CodeEvalError(LlamaMoeError, RuntimeError):
@@ -42,6 +43,8 @@ def run(args: argparse.Namespace) -> int:
     log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
     if args.max_tokens < 1:
         raise CodeEvalError(f"--max-tokens must be >= 1, got {args.max_tokens}")
+    if not 0 < args.port < 65536:
+        raise CodeEvalError(f"--port must be from 1 to 65535, got {args.port}")
     url = f"http://127.0.0.1:{args.port}"
     tasks = SUITES[args.suite]
     try:
@@ -49,8 +52,10 @@ def run(args: argparse.Namespace) -> int:
             result = evaluate(url, tasks, args.suite, args.max_tokens, args.api_key, log)
         else:
             result = _serve_and_evaluate(args, url, tasks, log)
-    except (ServerStartError, requests.RequestException) as exc:
+    except ServerStartError as exc:
         raise CodeEvalError(f"{url}: {exc}") from exc
+    except requests.RequestException as exc:
+        raise CodeEvalError(f"{url}: {request_error(exc)}") from exc
     if args.json:
         print(json.dumps(asdict(result) | {"n_passed": result.n_passed}, indent=2))
     else:

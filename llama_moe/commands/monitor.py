@@ -25,6 +25,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..monitor import MonitorServer
 
+    if not 0 <= args.port < 65536:
+        raise MonitorError(f"--port must be from 0 (any free port) to 65535, got {args.port}")
+    if not args.server.startswith(("http://", "https://")):
+        raise MonitorError(f"--server must be an http:// or https:// URL, got {args.server!r}")
     try:
         httpd = MonitorServer(args.server, args.port, api_key=args.api_key or os.environ.get("LLAMA_API_KEY"))
     except OSError as exc:

@@ -51,10 +51,11 @@ def plan_with_progress(args: argparse.Namespace, layout, mib: float, routes, bud
 
 
 def check_plan_options(args: argparse.Namespace) -> None:
-    """Numbers no budget can mean, refused with the option's name (shared with ``profile``)."""
-    for flag, name, low in (("--cache-mib", "cache_mib", None), ("--vram-gib", "vram_gib", None),
-                            ("--reserve-gib", "reserve_gib", 0), ("--whole-layers", "whole_layers", 0),
-                            ("--kfold", "kfold", 2)):
+    """Numbers no budget can mean, refused with the option's name (shared with ``profile``). Sizes stop at
+    16 TiB, as ContextParams.moe_cache_mib does (beyond it the arithmetic overflows into nonsense)."""
+    for flag, name, low, high in (("--cache-mib", "cache_mib", None, 1 << 24), ("--vram-gib", "vram_gib", None, 1 << 14),
+                                  ("--reserve-gib", "reserve_gib", 0, 1 << 14), ("--whole-layers", "whole_layers", 0, None),
+                                  ("--kfold", "kfold", 2, None)):
         value = getattr(args, name, None)
         if value is None or isinstance(value, str):  # --kfold trace / auto
             continue
@@ -62,6 +63,8 @@ def check_plan_options(args: argparse.Namespace) -> None:
             raise ToolInputError(f"{flag} must be > 0, got {value:g}")
         if low is not None and not value >= low:
             raise ToolInputError(f"{flag} must be >= {low}, got {value:g}")
+        if high is not None and not value <= high:  # also infinity
+            raise ToolInputError(f"{flag} must be at most {high}, got {value:g}")
 
 
 def run(args: argparse.Namespace) -> int:

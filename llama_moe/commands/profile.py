@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..profile import write_profile
 from ..tools.budget import MiB, cache_bytes_for_slots
-from ..tools.cmdline import add_output_options, emit, model_layout, progress, read_text
+from ..tools.cmdline import add_output_options, check_output_file, emit, model_layout, progress, read_text
 from ..tools.errors import ToolInputError
 from ..tools.routes import routes_from_records
 from ..tools.tracing import DEFAULT_UBATCH, trace_text
@@ -42,6 +42,7 @@ def run(args: argparse.Namespace) -> int:
     layout = model_layout(args.model)
     text = read_text(args.text)
     out = args.out or str(Path(args.model).with_suffix(".strp"))
+    check_output_file(out, "-o/--out")  # the default beside the model too, before the tracing
     if args.cache_mib is not None:
         mib, budget = args.cache_mib, ""
     else:

@@ -71,9 +71,13 @@ def plan_serve(model: Path, server: Path, *, gpu_free_mib: float | None, gpu_nam
                threads: int | None = None, extra: tuple[str, ...] = ()) -> ServePlan:
     if n_ctx < 256 or parallel < 1:
         raise ServePlanError(f"--ctx must be >= 256 and --parallel >= 1, got {n_ctx} and {parallel}")
+    if n_ctx > 1 << 24 or parallel > 1024:
+        raise ServePlanError(f"--ctx must be at most {1 << 24} and --parallel at most 1024, got {n_ctx} and {parallel}")
     for flag, value in (("--cache-mib", cache_mib), ("--min-cache-mib", min_cache_mib), ("--margin-mib", margin_mib)):
         if value is not None and not value >= 0:  # also NaN
             raise ServePlanError(f"{flag} must be >= 0, got {value:g}")
+        if value is not None and not value <= 1 << 24:  # also infinity
+            raise ServePlanError(f"{flag} must be at most {1 << 24} (16 TiB), got {value:g}")
     if cache_mib == 0:
         raise ServePlanError("--cache-mib 0 turns the cache off: serve the model with llama-server directly, or leave "
                              "--cache-mib out to fit the cache to the GPU")
@@ -81,6 +85,8 @@ def plan_serve(model: Path, server: Path, *, gpu_free_mib: float | None, gpu_nam
         raise ServePlanError(f"--ubatch must be from 1 to {1 << 16} or auto, got {ubatch}")
     if threads is not None and threads < 1:
         raise ServePlanError(f"--threads must be >= 1 or auto, got {threads}")
+    if threads is not None and threads > 1024:
+        raise ServePlanError(f"--threads must be at most 1024 or auto, got {threads}")
     if not 0 < port < 65536:
         raise ServePlanError(f"--port must be from 1 to 65535, got {port}")
     if hybrid and not profile and "--moe-cache-adaptive" not in extra:

@@ -32,6 +32,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    for mib in args.cache_mib:  # as plan's --cache-mib
+        if not 0 < mib <= 1 << 24:  # also NaN and infinity
+            raise ToolInputError(f"--cache-mib must be > 0 and at most {1 << 24}, got {mib:g}")
+    if args.kfold is not None and args.kfold < 2:
+        raise ToolInputError(f"--kfold must be >= 2, got {args.kfold}")
     layout = model_layout(args.model)
     if not args.test and not args.kfold:
         raise ToolInputError("a hit rate must be held out: give --test H.bin, or --kfold K (an in-sample one alone misleads)")

@@ -96,6 +96,7 @@ def _given(args: argparse.Namespace) -> dict[str, float | None]:
 
 
 def run(args: argparse.Namespace) -> int:
+    bar = None
     try:
         shape = parse_shape(args.shape)
         routing = routing_from(_given(args), shape)
@@ -104,9 +105,12 @@ def run(args: argparse.Namespace) -> int:
         t0 = time.monotonic()
         experts = args.experts or ("mxfp4" if shape.arch == "gpt-oss" else "q8_0")
         info = synthesize(args.out, shape_arg, experts, args.seed, routing, progress=bar)
-    except (LlamaMoeError, OSError) as e:
-        print(f"\nsynth: error: {e}", file=sys.stderr)
-        return 1
+    except (LlamaMoeError, OSError) as e:  # one line, as every command's (llama_moe/cli.py)
+        from llama_moe.cli import one_line
+
+        drawn = bar is not None and bar.start is not None  # the bar's line is ended first
+        print(f"{chr(10) if drawn else ''}llama_moe synth: error: {one_line(e)}", file=sys.stderr)
+        return 2
     print(f"wrote {info.path}: {info.shape.arch}, {_size(info.file_bytes)}, {info.shape.n_layer} layers x {info.shape.n_expert} "
           f"experts ({info.expert_type}, {_size(info.expert_bytes)} per expert), {info.n_vocab_used} of "
           f"{info.shape.n_vocab} tokens used, seed {info.seed}, {time.monotonic() - t0:.1f}s", file=sys.stderr)
@@ -158,10 +162,10 @@ def run_report(args: argparse.Namespace) -> int:
         else:
             rep = calibrate.measure(name, seeds, routing)
     except ValueError as e:
-        print(f"synth-report: error: {e}", file=sys.stderr)
+        print(f"llama_moe synth-report: error: {e}", file=sys.stderr)
         return 2
     except LlamaMoeError as e:
-        print(f"synth-report: error: {e}", file=sys.stderr)
+        print(f"llama_moe synth-report: error: {e}", file=sys.stderr)
         return 2
     if args.json:
         import json

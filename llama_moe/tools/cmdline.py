@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from ..errors import ProfileError
 from ..experts import ExpertLayout, expert_layout
 from . import jsonout
 from .errors import ToolInputError
@@ -15,9 +16,14 @@ from .progress import Progress
 from .tracefiles import TraceRoutes
 
 
+def _not_a_file(path: str | os.PathLike[str], what: str) -> str:
+    p = Path(path)
+    return f"{path}: a directory, not a {what}" if p.is_dir() else f"{path}: no such {what}"
+
+
 def model_layout(path: str | os.PathLike[str]) -> ExpertLayout:
     if not Path(path).is_file():
-        raise ToolInputError(f"{path}: no such model file")
+        raise ToolInputError(_not_a_file(path, "model file"))
     layout = expert_layout(path)
     if not layout.layers:
         raise ToolInputError(f"{path}: no MoE expert tensors: the tools are for MoE models")
@@ -34,7 +40,85 @@ def read_text(path: str | os.PathLike[str]) -> str:
 def check_files(paths: list[str]) -> None:
     for p in paths:
         if not Path(p).is_file():
-            raise ToolInputError(f"{p}: no such trace file")
+            raise ToolInputError(_not_a_file(p, "trace file"))
+
+
+def check_profile_file(path: str | os.PathLike[str] | None, option: str, model: str | os.PathLike[str] | None = None) -> None:
+    """Refuses a profile a command hands to llama.cpp, which would only warn and start the cache empty: a
+    missing file, a damaged one, or (given the model, when it exists) one made for another model."""
+    from ..profile import read_profile
+
+    if path is None:
+        return
+    if not Path(path).is_file():
+        raise ToolInputError(f"{_where(option, _not_a_file(path, 'file'))}")
+    layout = expert_layout(model) if model is not None and Path(model).is_file() else None
+    try:
+        read_profile(path, *((layout.n_layer, layout.n_expert) if layout is not None and layout.layers else ()))
+    except ProfileError as exc:
+        raise ToolInputError(_where(option, str(exc))) from None
+
+
+def _where(option: str, path: str | os.PathLike[str]) -> str:
+    return f"{option} {path}" if option else str(path)
+
+
+def check_output_file(path: str | os.PathLike[str] | None, option: str = "") -> None:
+    """Refuses a file a command is to write, before it starts: a directory there, a folder that does not exist,
+    a place it cannot write (tried: its temporary is made and removed). The file itself is written whole or not
+    at all (llama_moe._atomic)."""
+    from .._atomic import part_path
+
+    if path is None:
+        return
+    p = Path(path)
+    if p.is_dir():
+        raise ToolInputError(f"{_where(option, path)}: a directory; give the file to write")
+    if p.exists() and not p.is_file():  # a device, a pipe: not every writer could write it in place
+        raise ToolInputError(f"{_where(option, path)}: not a regular file")
+    if not p.parent.is_dir():
+        state = "is not a folder" if p.parent.exists() else "does not exist"
+        raise ToolInputError(f"{_where(option, path)}: the folder {p.parent} {state}")
+    tmp = part_path(os.path.realpath(p))  # where the writer puts it: beside the file a symlink names
+    if not tmp.exists():
+        try:
+            tmp.open("xb").close()
+            tmp.unlink()
+        except OSError as exc:
+            raise ToolInputError(f"{_where(option, path)}: cannot write there ({exc.strerror or exc})") from None
+
+
+def check_output_dir(path: str | os.PathLike[str] | None, option: str = "") -> None:
+    """Refuses a folder a command is to write into (and make, if need be): a file there, or a place where it
+    cannot be made or written."""
+    if path is None:
+        return
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise ToolInputError(f"{_where(option, path)}: not a folder")
+    existing = p
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ToolInputError(f"{_where(option, path)}: {existing} is not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ToolInputError(f"{_where(option, path)}: cannot write in {existing} (permission denied)")
+
+
+def request_error(exc: BaseException) -> str:
+    """What went wrong with an HTTP request, in a few words: the socket's own error ("Connection refused")
+    when there is one, not the client library's chain of wrappers."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        e = todo.pop(0)
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.strerror:
+            return e.strerror
+        todo += [getattr(e, "reason", None), e.__cause__, e.__context__, *(a for a in e.args if isinstance(a, BaseException))]
+    return str(exc)
 
 
 def add_output_options(p: argparse.ArgumentParser) -> None:
