@@ -10,16 +10,22 @@ from llama_moe import server_process
 from llama_moe.server_process import free_port  # noqa: F401 (the tests' import)
 
 
+# Our patches' llama-server options (0002-0005): the tests' servers use them all.
+OUR_OPTIONS = ("--moe-cache-mib", "--moe-cache-profile", "--moe-cache-hybrid", "--moe-cache-adaptive", "--moe-cache-audit")
+
+
 def find_server_binary() -> Path:
-    """llama-server next to the loaded libllama, if it is built with patch 0005 (--moe-cache-audit)."""
+    """llama-server next to the loaded libllama. It is part of our build (build_native.py makes it with the library),
+    so a missing binary or a missing option of ours fails the test that needs it: it never skips."""
     import llama_moe
 
     binary = Path(llama_moe.native_version()["path"]).parent / "llama-server"
     if not binary.is_file():
-        pytest.skip(f"no llama-server next to the loaded libllama ({binary})")
+        pytest.fail(f"no llama-server next to the loaded libllama ({binary}): build_native.py builds it with the library")
     helptext = subprocess.run([str(binary), "--help"], capture_output=True, text=True, timeout=60)
-    if "--moe-cache-audit" not in helptext.stdout + helptext.stderr:
-        pytest.skip("llama-server has no --moe-cache-audit: patch 0005-moe-cache-server.patch is not built yet")
+    missing = [o for o in OUR_OPTIONS if o not in helptext.stdout + helptext.stderr]
+    if missing:
+        pytest.fail(f"{binary} lacks {', '.join(missing)}: it was not built from these patches (build_native.py)")
     return binary
 
 
