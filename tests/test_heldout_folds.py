@@ -193,7 +193,7 @@ def test_plan_folds_by_trace_and_says_so(tiny_model_path: Path, tiny_topics: lis
     out = _text(capsys, "plan", model, "--cache-mib", mib, "--trace", traces[0], "--kfold", "5")
     assert "(5 contiguous folds of one trace: within one document, likely optimistic on new text; " in out
     capsys.readouterr()
-    assert main(["plan", model, "--cache-mib", mib, "--trace", traces[0], "--kfold", "trace", "-q"]) == 1
+    assert main(["plan", model, "--cache-mib", mib, "--trace", traces[0], "--kfold", "trace", "-q"]) == 2
     assert "two or more traces" in capsys.readouterr().err
 
 

@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     for mib in args.cache_mib:  # as plan's --cache-mib
         if not 0 < mib <= 1 << 24:  # also NaN and infinity
             raise ToolInputError(f"--cache-mib must be > 0 and at most {1 << 24}, got {mib:g}")
-    if args.kfold is not None and args.kfold < 2:
+    if isinstance(args.kfold, int) and args.kfold < 2:  # a number of folds; "trace" and "auto" are checked later
         raise ToolInputError(f"--kfold must be >= 2, got {args.kfold}")
     layout = model_layout(args.model)
     if not args.test and not args.kfold:
