@@ -2,7 +2,8 @@
 through the static and adaptive policies of tools/policies.py, which the engine's cache mirrors. Seconds where
 the engine takes an hour on a GPU; for choosing the adaptive cache's constants before measuring them.
 
-    python tests/replay_adaptive.py --shape qwen3-30b-a3b --cache-pct 50 [--prior 0 16 64]
+    python tests/replay_adaptive.py --shape qwen3-30b-a3b --cache-pct 50 [--prior 0 16 64] [--warmup 256]
+        [--measure 0] [--order interleaved|topic]
 
 Prints, per prior (the heat a profile's expert starts with, in tokens' picks: tools.policies.PRIOR_TOKENS),
 the feed's hit rates after the warm-up for the five configurations and the recovery of the gap between a
@@ -43,6 +44,7 @@ def main() -> int:
     ap.add_argument("--shape", default="qwen3-30b-a3b")
     ap.add_argument("--cache-pct", type=float, default=50)
     ap.add_argument("--warmup", type=int, default=256)
+    ap.add_argument("--measure", type=int, default=0, help="tokens measured after the warm-up (0: all the rest)")
     ap.add_argument("--prior", type=float, nargs="+", default=[0.0, 16.0, 64.0])
     ap.add_argument("--order", default="interleaved")
     args = ap.parse_args()
@@ -61,12 +63,19 @@ def main() -> int:
     wrong = _ranked(seqs_of([p for t in others for p in split.train[t]]), layers)
     feed = _routes(seqs_of(held_out_paragraphs(split, topics, args.order)), layers)
     slots = {il: min(max(1, round(shape.n_expert * args.cache_pct / 100)), shape.n_expert) for il in layers}
-    warm = feed.tokens(0, args.warmup)
+    if not 0 <= args.warmup < feed.n_tokens or args.measure < 0:
+        ap.error(f"--warmup must be in 0..{feed.n_tokens - 1} and --measure >= 0")
+    end = feed.n_tokens if args.measure == 0 else min(feed.n_tokens, args.warmup + args.measure)
+    fed, warm = feed.tokens(0, end), feed.tokens(0, args.warmup) if args.warmup else None
     print(f"{args.shape}: {shape.n_layer} layers x {shape.n_expert} experts, top-{shape.n_expert_used}, "
-          f"{slots[0]} slots a layer; {feed.n_tokens} tokens fed, {args.warmup} of them warm-up")
+          f"{slots[0]} slots a layer; {end} of {feed.n_tokens} tokens fed ({args.order}), {args.warmup} of them "
+          f"warm-up")
 
     def measured(run) -> float:
-        a, b = run(feed), run(warm)
+        a = run(fed)
+        if warm is None:
+            return a.n_hit / max(1, a.n_hit + a.n_miss)
+        b = run(warm)
         return (a.n_hit - b.n_hit) / max(1, (a.n_hit + a.n_miss) - (b.n_hit + b.n_miss))
 
     static_rates = {name: measured(lambda r, p=p: static(r, slots, shape.n_expert, p)) for name, p in (("wrong", wrong), ("right", right))}
