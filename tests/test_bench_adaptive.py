@@ -37,12 +37,15 @@ def test_five_configurations_side_by_side(lib, tiny_model_path, tmp_path) -> Non
         # swaps only where the cache adapts; the empty one fills its free slots first
         assert (r.n_swap > 0) == r.adaptive and r.n_swap >= r.n_swap_measured >= 0
     assert by["empty+adaptive"].n_swap >= 16 * 6
-    # topic-dependent routing: the right text's profile beats the other text's by a wide margin
+    # topic-dependent routing: the right text's profile beats the other text's by a wide margin. Measured on
+    # this protocol (synthetic format 2, seed 0): wrong 0.705, wrong+adaptive 0.738, right 0.775, recovery
+    # 0.47; the numpy replay of the same protocol (tests/replay_adaptive.py --shape tiny --warmup 128
+    # --measure 384) 0.705, 0.735, 0.775 and 0.43. The adaptive margin is thin (0.033 against 0.03)
     assert by["right"].hit_rate > by["wrong"].hit_rate + 0.05
     assert by["wrong+adaptive"].hit_rate > by["wrong"].hit_rate + 0.03
     assert b.recovery_hit == pytest.approx((by["wrong+adaptive"].hit_rate - by["wrong"].hit_rate)
                                            / (by["right"].hit_rate - by["wrong"].hit_rate))
-    assert b.recovery_hit > 0.3  # numpy replay of the same protocol (tools.policies): 0.72
+    assert b.recovery_hit > 0.3
     assert b.recovery_decode_tps is None or isinstance(b.recovery_decode_tps, float)
     table = to_markdown(b)
     assert all(f"| {c} |" in table for c in CONFIGS) and "Recovery" in table and "..512" in table
