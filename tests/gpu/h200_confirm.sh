@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One call on a fresh H200 (about 9.5 min), sixth session (issue 9): the fused mailbox kernels plus the device's
+# One call on a fresh H200 (about 9.5 min), the 2026-11-30 run (issue 9): the fused mailbox kernels plus the device's
 # own step counts, checked against the scheduler bit for bit on the tiny model, then the hybrid at 50% against
 # the scheduler's and all in VRAM over 15 runs each, the old kernels (LLAMA_MOE_MAILBOX_FUSE=0) over 15, the
 # hand-over alone (LLAMA_MOE_MAILBOX_TEST_EMPTY=1), and 25% and 75% beside upload mode.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One call on a fresh H200 (about 7 min): the fifth session's last build (gpt-oss's activation vectorized, the
+# One call on a fresh H200 (about 7 min): the 2026-11-30 last build (gpt-oss's activation vectorized, the
 # mailbox's threads a slice of rows each), its CUDA equivalence on the tiny model and a tiny gpt-oss (the
 # mailbox against the scheduler bit for bit), then the hybrid at 50% with and without the mailbox against all
 # in VRAM, 5 runs, with the mailbox's exit lines (issue 9).

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One call on a fresh H200 (about 9 min), sixth session (issue 9): the mailbox's fused kernels (the send writes
+# One call on a fresh H200 (about 9 min), the 2026-11-30 run (issue 9): the mailbox's fused kernels (the send writes
 # the device's input rows, the recv adds the CPU's rows) checked against the scheduler bit for bit, the hybrid
 # at 50% against the scheduler's and all in VRAM, then the same hybrid with the old kernels
 # (LLAMA_MOE_MAILBOX_FUSE=0), with the hand-over alone (LLAMA_MOE_MAILBOX_TEST_EMPTY=1: wrong output, timing

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One call on a fresh H200 (about 9.5 min), seventh session (issue 9): where the hybrid's one-token decode spends
+# One call on a fresh H200 (about 9.5 min), the 2026-11-30 run (issue 9): where the hybrid's one-token decode spends
 # its device time against all in VRAM. ncu times every kernel (CUDA graphs off, so each is its own launch) of
 # one_token_kernels.py with 1 and with 3 tokens after the prompt; ncu_diff.py gives the 2 tokens between.
 # The mailbox with the CPU computing every miss (LLAMA_MOE_MAILBOX_GPU_SHARE=0), 50% of the experts cached.

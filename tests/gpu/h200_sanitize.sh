@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One call on a fresh H200 (about 6 min), sixth session: the build with the fused mailbox kernels and the
+# One call on a fresh H200 (about 6 min), the 2026-11-30 run: the build with the fused mailbox kernels and the
 # device's step counts, then the lifecycle loop under compute-sanitizer memcheck (every cache mode, the hybrid
 # through the mailbox; tests/gpu/lifecycle_cuda.sh).
 set -u

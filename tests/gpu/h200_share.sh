@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One call on a fresh H200 (about 9.5 min), seventh session (issue 9): the route that splits a layer's misses
+# One call on a fresh H200 (about 9.5 min), the 2026-11-30 run (issue 9): the route that splits a layer's misses
 # between the CPU and the GPU's own reads of the page-locked experts, and the steps with nothing for the CPU
 # that the GPU no longer waits for. Equivalence on tiny models (Q8_0 and Q4_0 experts: the GPU's host reads
 # against no cache, the CPU-only mailbox against the scheduler bit for bit), then the hybrid at 50% at the

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The fifth session's plan in stages that survive between calls on one machine (markers in /tmp/stages): run
+# The 2026-11-30 plan in stages that survive between calls on one machine (markers in /tmp/stages): run
 # the same command back to back until it prints "all stages done". A stage starts only when the call has the
 # time it needs left (each call is cut at 590 s); else the call ends with "run this again".
 #   gpt-oss-120b shape (issue 8): the model (MXFP4, 61 GB) written while the build runs; the hybrids' profile

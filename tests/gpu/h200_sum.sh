@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One call on a fresh H200 (about 9 min), seventh session (issue 9): the send that also routes (one kernel fewer
+# One call on a fresh H200 (about 9 min), the 2026-11-30 run (issue 9): the send that also routes (one kernel fewer
 # a layer) and the recv that weights and sums the layer's rows (two fewer), after ncu put the hand-over's cost in
 # the mailbox's own three kernels (h200_kernels.sh). Equivalence on the tiny model with Q4_0 experts (the
 # mailbox against the scheduler bit for bit, and the GPU's host reads against no cache), then the hybrid at 50%

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One call on a fresh H200 (about 9.5 min; third session: the mailbox's thread split, n_threads - 1 for the
+# One call on a fresh H200 (about 9.5 min; the 2026-11-29 run: the mailbox's thread split, n_threads - 1 for the
 # mailbox and one for the rest of a one-token graph): the CUDA build, then on the Qwen3-30B-A3B shape the hybrid with and
 # without the mailbox at 25/50/75% (issue 9), where the time goes with the mailbox, and on the tiny model the
 # logit gaps where CUDA's greedy tokens part from the reference, and the trace-window trap with blocking launches.
