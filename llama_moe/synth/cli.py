@@ -161,10 +161,7 @@ def run_report(args: argparse.Namespace) -> int:
             routing, rep = calibrate.search(name, seeds, routing, log=lambda m: print(m, file=sys.stderr, flush=True))
         else:
             rep = calibrate.measure(name, seeds, routing)
-    except ValueError as e:
-        print(f"llama_moe synth-report: error: {e}", file=sys.stderr)
-        return 2
-    except LlamaMoeError as e:
+    except (ValueError, LlamaMoeError) as e:
         print(f"llama_moe synth-report: error: {e}", file=sys.stderr)
         return 2
     if args.json:
