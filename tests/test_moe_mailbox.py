@@ -5,6 +5,7 @@ side, the graph building and the counting are the same code as on CUDA; only the
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 
 import numpy as np
@@ -79,7 +80,7 @@ def test_mailbox_gives_the_same_tokens_logits_and_counts(lib, tiny_model_path, t
             line = next(l for l in caplog.text.splitlines() if "hand-overs had nothing for the CPU" in l)
             no_wait = int(line.split("mailbox: ")[1].split()[0])
             device_reads = int(line.split("the device read ")[1].split()[0])
-            assert " 0 steps read too late to count" in line
+            assert " 0 records lost after a timeout" in line
             if share == "1":
                 # every miss read by the device: the CPU never computes, the device never waits
                 assert device_reads > 0 and no_wait == n and not parts
@@ -159,7 +160,7 @@ def test_mailbox_off_switch_and_lifecycles(lib, tiny_model_path, monkeypatch, ca
 
 
 def test_a_stuck_cpu_side_fails_the_decode_with_the_layer_named_never_hangs(lib, tiny_model_path, monkeypatch) -> None:
-    """LLAMA_MOE_MAILBOX_TEST_STALL=3 makes the CPU side never answer layer 3: the device's wait ends at
+    """LLAMA_MOE_MAILBOX_TEST_STALL=3 makes the CPU side leave layer 3 unanswered: the device's wait ends at
     LLAMA_MOE_MAILBOX_TIMEOUT_MS, the decode fails naming the layer, and the context still frees cleanly."""
     import time
 
@@ -176,6 +177,65 @@ def test_a_stuck_cpu_side_fails_the_decode_with_the_layer_named_never_hangs(lib,
             with pytest.raises(NativeCallError, match=r"mailbox: layer 3: the CPU's part did not come within LLAMA_MOE_MAILBOX_TIMEOUT_MS"):
                 list(ctx.generate(PROMPTS[0], max_tokens=4, stop_at_eog=False))
         assert time.monotonic() - t0 < 30
+
+
+def test_a_failed_decode_leaves_the_context_as_before_and_one_timeout_ends_it(lib, tiny_model_path, monkeypatch, caplog) -> None:
+    """A decode of eight one-token ubatches whose layer 3 the CPU side leaves unanswered: the first wait that
+    times out raises the shared abort flag, so every later wait of the same decode gives up at once (one timeout,
+    said in the log), and the failed decode takes its tokens out of the KV cache: the prompt decodes again from
+    position 0, and generation goes on with the tokens of no cache."""
+    from llama_moe.errors import NativeCallError
+
+    caplog.set_level(logging.INFO, logger="llama_moe.native")
+    with Model(tiny_model_path, RAM) as model:
+        prompt = model.tokenize(PROMPTS[0])
+        plain = _run(model, ContextParams(n_ctx=512), prompt)[0]
+        monkeypatch.setenv("LLAMA_MOE_MAILBOX_ON_CPU", "1")
+        monkeypatch.setenv("LLAMA_MOE_MAILBOX_TEST_STALL", "3")
+        monkeypatch.setenv("LLAMA_MOE_MAILBOX_TIMEOUT_MS", "400")
+        cp = ContextParams(n_ctx=512, n_batch=8, n_ubatch=1, moe_cache_hybrid=True,
+                           moe_cache_mib=mib_for_slots(tiny_model_path, 4, hybrid=True))
+        with Context(model, cp) as ctx:
+            with pytest.raises(NativeCallError, match=r"mailbox: layer 3: the CPU's part did not come within"):
+                ctx.decode(prompt[:8])
+            assert ctx.n_past == 0
+            assert re.search(r"mailbox: \d+ later layers did not wait for the CPU side after that", caplog.text), caplog.text
+            ctx.decode(prompt)  # from position 0 again: the failed decode left nothing in the KV cache
+            tokens = list(ctx.generate([], max_tokens=N_GEN, stop_at_eog=False))
+    assert tokens == plain
+
+
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_a_slow_cpu_side_loses_no_record_of_steps_the_device_did_not_wait_for(lib, tiny_model_path, tmp_path, monkeypatch,
+                                                                               caplog, adaptive) -> None:
+    """One-token ubatches back to back in one decode, the CPU side slowed before each record it reads
+    (LLAMA_MOE_MAILBOX_TEST_DELAY_US): steps with nothing for the CPU do not wait for it, so the device runs
+    ahead, up to the ring's length; every step is still read whole and counted once: no error, the tokens and
+    logits of no cache, and per layer the counts of the scheduler's path."""
+    caplog.set_level(logging.INFO, logger="llama_moe.native")
+    profile = _profile(tiny_model_path, tmp_path / "p.strp")
+    cp = ContextParams(n_ctx=512, n_batch=64, n_ubatch=1, moe_cache_mib=mib_for_slots(tiny_model_path, 24, hybrid=True),
+                       moe_cache_profile=profile, moe_cache_hybrid=True, moe_cache_adaptive=adaptive)
+
+    def run(model: Model) -> tuple:
+        with Context(model, cp) as ctx:
+            tokens = list(ctx.generate(PROMPTS[1], max_tokens=16, stop_at_eog=False))
+            return tokens, ctx.logits(), [(l.n_hit, l.n_miss) for l in ctx.layer_stats()]
+
+    with Model(tiny_model_path, RAM) as model:
+        plain_tokens, plain_logits, _ = _run(model, ContextParams(n_ctx=512), PROMPTS[1])
+        split = run(model)
+        monkeypatch.setenv("LLAMA_MOE_MAILBOX_ON_CPU", "1")
+        monkeypatch.setenv("LLAMA_MOE_MAILBOX_TEST_DELAY_US", "300")
+        caplog.clear()
+        tokens, logits, layers = run(model)
+    assert "LLAMA_MOE_MAILBOX_TEST_DELAY_US" in caplog.text
+    line = next(l for l in caplog.text.splitlines() if "hand-overs had nothing for the CPU" in l)
+    assert int(line.split("mailbox: ")[1].split()[0]) > 0, line  # steps the device did not wait for
+    assert "0 records lost after a timeout" in line, line
+    assert tokens == split[0] == plain_tokens[:16]
+    np.testing.assert_array_equal(logits, split[1])
+    assert layers == split[2]
 
 
 @pytest.mark.parametrize("ubatch", [1, 4])

@@ -59,9 +59,15 @@ std::unique_ptr<llama_moe_mailbox> llama_moe_mailbox::create(llama_moe_cache & c
         mb->test_empty = true;
         LLAMA_LOG_WARN("llama_moe_cache: mailbox: LLAMA_MOE_MAILBOX_TEST_EMPTY: the CPU computes none of its experts; the output is wrong (a timing test)\n");
     }
+    if (const char * t = getenv("LLAMA_MOE_MAILBOX_TEST_DELAY_US")) {
+        mb->test_delay_us = std::max(0, atoi(t));
+        LLAMA_LOG_WARN("llama_moe_cache: mailbox: LLAMA_MOE_MAILBOX_TEST_DELAY_US: the CPU side waits %d us before each record (a test)\n",
+                       mb->test_delay_us);
+    }
     if (const char * t = getenv("LLAMA_MOE_MAILBOX_TEST_STALL")) {
         mb->stall_il = atoi(t);
-        LLAMA_LOG_WARN("llama_moe_cache: mailbox: LLAMA_MOE_MAILBOX_TEST_STALL: layer %d will never be answered (a test)\n", mb->stall_il);
+        LLAMA_LOG_WARN("llama_moe_cache: mailbox: LLAMA_MOE_MAILBOX_TEST_STALL: layer %d will not be answered until a decode "
+                       "has failed on it (a test)\n", mb->stall_il.load());
     }
 
     // the layers that hand over (those the cache holds in part), each a slot: its input, ids and output
@@ -79,7 +85,8 @@ std::unique_ptr<llama_moe_mailbox> llama_moe_mailbox::create(llama_moe_cache & c
     if (shapes.empty()) {
         return nullptr; // every layer is held whole: nothing to hand over
     }
-    const size_t ids_bytes = GGML_PAD(shapes.size() * mb->n_used * sizeof(int32_t), 256);
+    // the CPU parts' ids, then the abort flag the slots share
+    const size_t ids_bytes = GGML_PAD(shapes.size() * mb->n_used * sizeof(int32_t) + sizeof(int32_t), 256);
     total += ids_bytes;
     ggml_backend_buffer_type_t buft = cuda ? ggml_backend_dev_host_buffer_type(dev) : ggml_backend_cpu_buffer_type();
     mb->buf = buft ? ggml_backend_buft_alloc_buffer(buft, total) : nullptr;
@@ -95,12 +102,16 @@ std::unique_ptr<llama_moe_mailbox> llama_moe_mailbox::create(llama_moe_cache & c
         return nullptr;
     }
     mb->cpu_ids_data = (int32_t *) (base + total - 256 - ids_bytes);
+    mb->abort_flag   = mb->cpu_ids_data + shapes.size() * mb->n_used;
+    *mb->abort_flag  = 0;
     mb->part_of_il.assign(max_il + 1, -1);
     for (const auto & s : shapes) {
         layer_part p;
         p.il   = s.il;
         p.slot = (ggml_mailbox_slot *) base;
         ggml_mailbox_slot_init(p.slot, s.n_x, mb->n_used, s.n_y);
+        p.slot->abort           = mb->abort_flag;
+        p.slot->send_timeout_ms = mb->timeout;
         base += ggml_mailbox_slot_size(s.n_x, mb->n_used, s.n_y);
         mb->part_of_il[s.il] = (int) mb->parts.size();
         mb->parts.push_back(std::move(p));
@@ -123,7 +134,7 @@ std::unique_ptr<llama_moe_mailbox> llama_moe_mailbox::create(llama_moe_cache & c
     }
     if (cuda) {
         // each slot's step count in device memory: the device keeps it without a round trip over the bus
-        mb->buf_steps = ggml_backend_buft_alloc_buffer(ggml_backend_dev_buffer_type(dev), mb->parts.size() * sizeof(uint64_t));
+        mb->buf_steps = ggml_backend_buft_alloc_buffer(ggml_backend_dev_buffer_type(dev), mb->parts.size() * 2 * sizeof(uint64_t));
         if (mb->buf_steps == nullptr) {
             LLAMA_LOG_WARN("llama_moe_cache: no device memory for the mailbox's step counts; the hybrid hands over through the scheduler\n");
             return nullptr;
@@ -131,7 +142,7 @@ std::unique_ptr<llama_moe_mailbox> llama_moe_mailbox::create(llama_moe_cache & c
         ggml_backend_buffer_clear(mb->buf_steps, 0);
         uint64_t * steps = (uint64_t *) ggml_backend_buffer_get_base(mb->buf_steps);
         for (size_t i = 0; i < mb->parts.size(); ++i) {
-            mb->parts[i].slot->step_dev = steps + i;
+            mb->parts[i].slot->step_dev = steps + 2 * i;
         }
     }
 
@@ -287,7 +298,7 @@ llama_moe_mailbox::~llama_moe_mailbox() {
         if (fuse) {
             LLAMA_LOG_INFO("llama_moe_cache: mailbox: %" PRIu64 " hand-overs had nothing for the CPU (the device did not wait); "
                            "the device read %" PRIu64 " missed experts from the host copy itself (LLAMA_MOE_MAILBOX_GPU_SHARE=%.2f); "
-                           "%" PRIu64 " steps read too late to count\n",
+                           "%" PRIu64 " records lost after a timeout\n",
                            n_no_wait.load(), n_rows_gpu.load(), gpu_share_milli / 1000.0, n_lost.load());
         }
     }
@@ -335,7 +346,12 @@ ggml_mailbox_slot * llama_moe_mailbox::slot(int il) const {
 }
 
 void llama_moe_mailbox::begin_graph() {
+    // the previous graph is done on the device, but the CPU side may still be reading its last records, which
+    // it must count, and it must not compute a rebuilt part for an old step
+    drain();
+    in_decode = false;
     std::lock_guard<std::mutex> lock(graph_mutex);
+    graph_hands_over = false;
     if (ctx_cpu) {
         ggml_free(ctx_cpu);
     }
@@ -412,13 +428,15 @@ void llama_moe_mailbox::end_graph() {
         }
         work.resize(std::max<size_t>({work_size, work.size(), 1}));
         p.ready = true;
+        graph_hands_over = true;
     }
 }
 
-void llama_moe_mailbox::begin_decode() {
+void llama_moe_mailbox::wake() {
     {
         std::lock_guard<std::mutex> lock(mutex);
         in_decode = true;
+        new_graph = true;
         wake_until_us = llama_moe_now_us() + LLAMA_MOE_MAILBOX_AWAKE_US;
     }
     cv.notify_all();
@@ -426,13 +444,13 @@ void llama_moe_mailbox::begin_decode() {
 }
 
 void llama_moe_mailbox::drain() {
-    // the device does not wait for the steps without rows for the CPU: their counts may still be on the way
+    // the device does not wait for the steps without rows for the CPU: their records may still be unread
     const int64_t t_end = llama_moe_now_us() + (int64_t) timeout * 1000;
     for (size_t i = 0; i < parts.size(); ++i) {
         while (parts[i].il != stall_il && done[i].load(std::memory_order_acquire) != parts[i].slot->stamp_in) {
             if (llama_moe_now_us() > t_end) {
-                LLAMA_LOG_WARN("llama_moe_cache: mailbox: layer %d: the CPU side did not read the last hand-over within "
-                               "LLAMA_MOE_MAILBOX_TIMEOUT_MS; its counts may lack it\n", parts[i].il);
+                LLAMA_LOG_WARN("%s: mailbox: layer %d: the CPU side did not read the last hand-over within "
+                               "LLAMA_MOE_MAILBOX_TIMEOUT_MS; its counts may lack it\n", __func__, parts[i].il);
                 return;
             }
             llama_moe_cpu_relax();
@@ -440,36 +458,75 @@ void llama_moe_mailbox::drain() {
     }
 }
 
-bool llama_moe_mailbox::end_decode() {
-    drain();
-    in_decode = false;
+bool llama_moe_mailbox::take_errors() {
     bool ok = !failed.exchange(false);
+    int n_aborted = 0;
     for (auto & p : parts) {
-        if (p.slot->error) {
-            LLAMA_LOG_ERROR("llama_moe_cache: mailbox: layer %d: %s; this decode's output is wrong\n", p.il,
-                            p.slot->error == 1 ? "the CPU's part did not come within LLAMA_MOE_MAILBOX_TIMEOUT_MS" :
-                            p.slot->error == 3 ? "the device's slot map and the CPU's disagree on which experts the cache holds"
-                                               : "the CPU's part could not be computed");
-            p.slot->error = 0;
-            ok = false;
+        const int32_t err = p.slot->error;
+        if (err == GGML_MAILBOX_ABORTED) {
+            n_aborted++;
+        } else if (err != GGML_MAILBOX_OK) {
+            LLAMA_LOG_ERROR("%s: mailbox: layer %d: %s; this decode's output is wrong\n", __func__, p.il,
+                            err == GGML_MAILBOX_TIMEOUT  ? "the CPU's part did not come within LLAMA_MOE_MAILBOX_TIMEOUT_MS" :
+                            err == GGML_MAILBOX_DISAGREE ? "the device's slot map and the CPU's disagree on which experts the cache holds"
+                                                         : "the CPU's part could not be computed");
         }
+        ok = ok && err == GGML_MAILBOX_OK;
+        p.slot->error = GGML_MAILBOX_OK;
     }
+    if (!ok && stall_il >= 0) {
+        // the stall switch has done its work: the failed decode's records of the layer are dropped unread, and
+        // the layer is answered again
+        for (size_t i = 0; i < parts.size(); ++i) {
+            if (parts[i].il == stall_il) {
+                parts[i].slot->stamp_read = parts[i].slot->stamp_in;
+                done[i].store(parts[i].slot->stamp_in, std::memory_order_release);
+            }
+        }
+        stall_il = -1;
+    }
+    if (n_aborted > 0) {
+        LLAMA_LOG_ERROR("%s: mailbox: %d later layers did not wait for the CPU side after that\n", __func__, n_aborted);
+    }
+    *abort_flag = 0; // the device is idle: the next decode waits again
     return ok;
 }
 
-bool llama_moe_mailbox::answer(size_t i, uint64_t step) {
+bool llama_moe_mailbox::end_decode() {
+    drain();
+    in_decode = false;
+    return take_errors();
+}
+
+void llama_moe_mailbox::idle() {
+    drain();
+    in_decode = false;
+    take_errors(); // a decode that returned early has said why; what the mailbox saw is logged, then cleared
+}
+
+void llama_moe_mailbox::answer(size_t i, uint64_t step, bool latest) {
     const int64_t t0 = llama_moe_now_us();
     std::lock_guard<std::mutex> lock(graph_mutex);
     layer_part & p = parts[i];
-    std::atomic_thread_fence(std::memory_order_acquire); // the stamp before the payload
+    if (test_delay_us > 0) {
+        std::this_thread::sleep_for(std::chrono::microseconds(test_delay_us)); // a slow CPU side (a test)
+    }
+    std::atomic_thread_fence(std::memory_order_acquire); // the stamp before the record
+    const ggml_mailbox_record * rec = ggml_mailbox_slot_record(p.slot, step);
     int32_t selected[64];
-    memcpy(selected, ggml_mailbox_slot_ids(p.slot), n_used * sizeof(int32_t));
-    const bool     routed   = p.slot->routed != 0;
-    const uint64_t rows_cpu = p.slot->rows_cpu;
-    const uint64_t rows_gpu = p.slot->rows_gpu;
-    std::atomic_thread_fence(std::memory_order_acquire); // the payload before the stamp's second read
-    if (p.slot->stamp_in != step) {
-        return false; // a step the device did not wait for, overwritten by its next one while we read it
+    const bool     valid    = rec->step == step;
+    std::atomic_thread_fence(std::memory_order_acquire); // the record's step before the record
+    memcpy(selected, rec->ids, n_used * sizeof(int32_t));
+    const bool     routed   = rec->routed != 0;
+    const uint64_t rows_cpu = rec->rows_cpu;
+    const uint64_t rows_gpu = rec->rows_gpu;
+    std::atomic_thread_fence(std::memory_order_release); // the record read before the device may overwrite it
+    p.slot->stamp_read = step;
+    done[i].store(step, std::memory_order_release);
+    if (!valid) {
+        // only after a timeout: the device gave up on the ring and went on (the decode fails)
+        n_lost++;
+        return;
     }
     int32_t * ids = cpu_ids_data + i * n_used;
     cache->count_selected(p.il, selected, ids);
@@ -484,18 +541,20 @@ bool llama_moe_mailbox::answer(size_t i, uint64_t step) {
         }
         rows |= (uint64_t) (ids[k] >= 0 && !test_empty) << k;
     }
-    if (disagree) {
-        p.slot->error = 3; // the maps disagree: fail the decode rather than leave an expert out
-        rows = 0;
-    }
     const int64_t t_lookup = llama_moe_now_us() - t0;
     if (routed && rows_cpu == 0) {
         n_no_wait++; // the device went on without an answer
     }
-    if (p.ready && rows == 0) {
-        // the cache holds every expert the token chose here: nothing to compute, nothing for the device to read;
-        // on the H200, 58-64% of the hand-overs at a 50% cache, 89% at 75% (docs/benchmarks.md)
+    if (disagree) {
+        p.slot->error = GGML_MAILBOX_DISAGREE; // fail the decode rather than leave an expert out
+        rows = 0;
+    } else if (rows == 0) {
+        // the cache holds every expert the token chose here: nothing to compute, nothing for the device to
+        // read, whatever graph the part now has
         n_empty++;
+    } else if (!latest) {
+        // the device has moved past a step with rows for the CPU: its wait timed out, its x may be gone
+        rows = 0;
     } else if (p.ready) {
         ggml_status st;
         if (p.steps) {
@@ -511,17 +570,16 @@ bool llama_moe_mailbox::answer(size_t i, uint64_t step) {
             st = ggml_graph_compute(p.gf, &plan);
         }
         if (st != GGML_STATUS_SUCCESS) {
-            p.slot->error = 2;
+            p.slot->error = GGML_MAILBOX_CPU_FAILED;
             rows = 0;
         }
     } else {
-        p.slot->error = 2; // a step for a graph we do not have: fail loudly rather than answer garbage
+        p.slot->error = GGML_MAILBOX_CPU_FAILED; // rows for a graph we do not have: fail loudly rather than answer garbage
         rows = 0;
     }
     p.slot->y_rows = rows;
     std::atomic_thread_fence(std::memory_order_release); // the payload before the stamp
     p.slot->stamp_out = step;
-    done[i].store(step, std::memory_order_release);
     n_handover++;
     const int64_t dt = llama_moe_now_us() - t0;
     t_compute_us += dt;
@@ -529,13 +587,15 @@ bool llama_moe_mailbox::answer(size_t i, uint64_t step) {
         t_busy_us   += dt;
         t_lookup_us += t_lookup;
     }
-    return true;
 }
 
 void llama_moe_mailbox::run() {
     int64_t t_idle = 0;   // when the last answer went out
     size_t  i_last = 0;   // its layer: a later layer's hand-over is the same token's, so the gap was a wait
     while (!stop) {
+        if (new_graph.exchange(false)) {
+            t_idle = 0; // the time between two graphs is not a wait for the device
+        }
         const int64_t now = llama_moe_now_us();
         if (!in_decode && now > wake_until_us) {
             std::unique_lock<std::mutex> lock(mutex);
@@ -558,12 +618,9 @@ void llama_moe_mailbox::run() {
                     t_wait_us += llama_moe_now_us() - t_idle;
                     n_wait++;
                 }
-                if (in > last + 1) {
-                    n_lost += in - last - 1; // steps the device did not wait for, overwritten before we came
-                }
-                if (!answer(i, in)) {
-                    n_lost++;
-                    done[i].store(in, std::memory_order_release);
+                // every step in order: the ring holds the records of those the device did not wait for
+                for (uint64_t step = last + 1; step <= in; ++step) {
+                    answer(i, step, step == in);
                 }
                 any = true;
                 t_idle = llama_moe_now_us();

@@ -64,17 +64,20 @@ struct llama_moe_mailbox {
     void           set_cpu_part(int il, ggml_tensor * out);
     void           end_graph();
 
-    // Decoding: the CPU side polls from begin_decode; end_decode (after the device is done) says whether every
-    // hand-over was answered in time.
-    void begin_decode();
+    // Decoding: the CPU side polls from wake (before a graph that hands over runs); end_decode (after the
+    // device is done) says whether every hand-over was answered in time and clears the errors; idle, for a decode
+    // that returned early, logs and clears them. Either way the CPU side goes back to sleep.
+    bool hands_over() const { return graph_hands_over; }
+    void wake();
     bool end_decode();
-    void idle() { drain(); in_decode = false; } // a decode that returned early: the CPU side goes back to sleep
+    void idle();
 
 private:
     llama_moe_mailbox() = default;
     void run();                        // the CPU side's thread
-    bool answer(size_t is, uint64_t step); // false: the device moved on while the CPU read the step (not counted)
+    void answer(size_t i, uint64_t step, bool latest); // one step's record, and the CPU's part where it is the latest
     void drain();                      // after the device is done: until the CPU side has read every step
+    bool take_errors();                // false where a slot failed (logged), then clears the slots and the abort flag
     bool set_host_reads(int32_t share_milli, bool cuda, std::string & why); // the device's reads of the host copy
 
     struct layer_part {
@@ -101,7 +104,8 @@ private:
     int64_t n_used = 0;
     int32_t timeout = LLAMA_MOE_MAILBOX_TIMEOUT_MS;
     bool fuse = true;
-    int stall_il = -1; // LLAMA_MOE_MAILBOX_TEST_STALL=il: never answer that layer (tests the device's timeout)
+    std::atomic<int> stall_il{-1}; // LLAMA_MOE_MAILBOX_TEST_STALL=il: that layer unanswered until a decode fails (tests the timeout)
+    int test_delay_us = 0; // LLAMA_MOE_MAILBOX_TEST_DELAY_US: a slow CPU side (tests the ring)
     bool test_empty = false; // LLAMA_MOE_MAILBOX_TEST_EMPTY=1: answer without computing (wrong output; times the hand-over alone)
 
     ggml_backend_buffer_t buf = nullptr;  // the slots, page-locked where the device has such memory
@@ -113,6 +117,7 @@ private:
     std::unique_ptr<std::atomic<uint64_t>[]> done; // per part: the last step the CPU side read
     std::vector<int> part_of_il;          // model layer -> index in parts, -1 for none
     int32_t * cpu_ids_data = nullptr;     // the ids tensors' memory, after the slots: n_used per part
+    int32_t * abort_flag   = nullptr;     // after them: the slots' shared abort flag (ggml-mailbox.h)
 
     // the CPU parts of the graph being decoded, a graph per layer
     std::mutex graph_mutex;
@@ -121,13 +126,15 @@ private:
     std::unique_ptr<llama_moe_cpu_team> team; // computes the parts' expert products
     ggml_threadpool * tp_one = nullptr;       // ggml's nodes of the parts, on the team's first thread
     bool building    = false;
+    bool graph_hands_over = false; // the graph built last hands over
     bool warned_slow = false;
 
     std::thread worker;
     std::mutex mutex;
     std::condition_variable cv;
     std::atomic<bool> stop{false};
-    std::atomic<bool>    in_decode{false}; // between begin_decode and end_decode the CPU side polls
+    std::atomic<bool>    in_decode{false}; // between wake and end_decode the CPU side polls
+    std::atomic<bool>    new_graph{false}; // set by wake: the CPU side's wait timing starts again
     std::atomic<int64_t> wake_until_us{0}; // and a little after its last answer, for the next token
 
     // for the exit line
@@ -144,7 +151,7 @@ private:
     std::atomic<uint64_t> n_wait{0};
     std::atomic<uint64_t> n_rows_gpu{0}; // misses the device read from the host copy itself
     std::atomic<uint64_t> n_no_wait{0};  // routed hand-overs with nothing for the CPU: the device did not wait
-    std::atomic<uint64_t> n_lost{0};     // steps the device had moved past when the CPU read them (not counted)
+    std::atomic<uint64_t> n_lost{0};     // records overwritten after a timeout (not counted; the decode failed)
     std::atomic<bool> failed{false};
     int32_t gpu_share_milli = 0;         // LLAMA_MOE_MAILBOX_GPU_SHARE, where the device can read the host copy
 };

@@ -5,22 +5,25 @@
 // its device pointer), instead of the scheduler's synchronous copies and stream synchronization.
 //
 // One slot per user (llama_moe: per MoE layer the cache holds only in part). A step goes:
-//   1. GGML_OP_MAILBOX send, on the device: stores x and ids in the slot, then, after a system-wide fence,
+//   1. GGML_OP_MAILBOX send, on the device: stores x (where the CPU has rows to compute) in the slot and the
+//      step's record (ids, rows) in a ring of GGML_MAILBOX_RING records, then, after a system-wide fence,
 //      raises stamp_in to the step's number (the previous stamp_in + 1).
-//   2. A CPU thread, already polling stamp_in, reads x and ids, computes the rows of y it has work for, marks
-//      them in y_rows and, after a fence, raises stamp_out to the same number.
+//   2. A CPU thread, already polling stamp_in, reads the records of every step up to stamp_in in order (raising
+//      stamp_read after each), computes the rows of y the latest one has work for, marks them in y_rows and,
+//      after a fence, raises stamp_out to the same number.
 //   3. GGML_OP_MAILBOX recv, on the device (after the work it is given as a source): waits until stamp_out
 //      equals stamp_in, then reads the rows of y marked in y_rows (added to that work's result, or copied out
 //      with zeros for the others). Reading host memory from the device is a round trip over the bus per load:
 //      a step whose rows are all zero (the cache held every expert) reads nothing but the stamps.
 // With a route (ggml_mailbox_send_routed), the send says which rows the CPU computes (rows_cpu) and which the device
 // computes itself from the host copy of the experts (rows_gpu); a step whose rows_cpu is empty only tells the CPU
-// what was selected (for its counts) and its recv does not wait: the CPU checks that stamp_in did not move while
-// it read ids, and counts a step it read too late as lost rather than counting a torn read.
-// A stamp is written after its payload and read before it, and a step's send cannot start before the previous
-// step's recv has returned, so neither side reads a stale or torn payload. A recv that waits longer than its
-// timeout sets error, returns without y and lets the stream go on: the host checks error after the graph, so a
-// stuck CPU side ends in an error, never in a hang.
+// what was selected (for its counts) and its recv does not wait. Such steps can follow each other faster than the
+// CPU reads them: the ring keeps each one's record until the CPU has read it (a send whose record would overwrite
+// one the CPU has not read waits for stamp_read), so the CPU never reads a torn record and never misses a step.
+// A stamp is written after its payload and read before it, and a step's x is written only after the previous
+// step's recv has returned. A wait longer than the timeout sets error and the shared abort flag, which every
+// later wait of the same decode sees at once: a stuck CPU side costs one timeout, never a hang; the host checks
+// error after the graph and clears the flag.
 
 #include "ggml.h"
 
@@ -30,22 +33,45 @@
 extern "C" {
 #endif
 
+    // records of steps the CPU has not read yet that the ring holds: a send waits only when all are unread
+#define GGML_MAILBOX_RING 16
+
+    struct ggml_mailbox_record {
+        volatile uint64_t step;      // written after the rest: the record of step `step` is in
+        uint64_t rows_cpu;           // bit i: the CPU computes row i (all bits without a route)
+        uint64_t rows_gpu;           // bit i: the device computes row i from the host copy
+        int32_t  routed;             // rows_cpu and rows_gpu come from a route
+        int32_t  n_ids;
+        int32_t  ids[64];            // the selected experts
+    };
+
+    enum ggml_mailbox_error {
+        GGML_MAILBOX_OK         = 0,
+        GGML_MAILBOX_TIMEOUT    = 1, // a wait of the device outlasted the timeout (the recv's, or the send's on a full ring)
+        GGML_MAILBOX_CPU_FAILED = 2, // the CPU could not compute its part (set by the CPU side)
+        GGML_MAILBOX_DISAGREE   = 3, // the device's slot map and the CPU's disagree (set by the CPU side)
+        GGML_MAILBOX_ABORTED    = 4, // an earlier wait of the same decode timed out: this one gave up at once
+    };
+
     struct ggml_mailbox_slot {
-        volatile uint64_t stamp_in;  // the device: x and ids of step stamp_in are in
+        volatile uint64_t stamp_in;  // the device: x and the record of step stamp_in are in
         volatile uint64_t stamp_out; // the CPU: y of step stamp_out is in
+        volatile uint64_t stamp_read;// the CPU: it has read the records of every step up to this one
         volatile uint64_t y_rows;    // the CPU: bit i: row i of y (of n_ids rows) holds values; the others read as zeros
-        volatile int32_t  error;     // the device: a recv timed out (its output lacks y)
-        volatile int32_t  routed;    // the device: rows_cpu and rows_gpu below come from a route
-        volatile uint64_t rows_cpu;  // the device: bit i: the CPU computes row i (all bits without a route)
-        volatile uint64_t rows_gpu;  // the device: bit i: the device computes row i from the host copy
-        uint64_t * step_dev;         // the device's count of its steps, in memory it reads without a bus round
-                                     // trip (set by whoever gives the device such memory; else step_host)
-        uint64_t   step_host;
+        volatile int32_t  error;     // enum ggml_mailbox_error, set by whichever side failed
+        int32_t  send_timeout_ms;    // the send's wait on a full ring
+        volatile int32_t * abort;    // shared by the slots of one user (default: abort_own); nonzero after a timeout
+        int32_t  abort_own;
+        int32_t  pad;
+        uint64_t * step_dev;         // [0] the device's count of its steps, [1] the last stamp_read it saw, in memory
+                                     // it reads without a bus round trip (set by whoever gives the device such
+                                     // memory; else step_host)
+        uint64_t   step_host[2];
         int32_t n_x;                 // F32 values of x
         int32_t n_ids;               // I32 values of ids
         int32_t n_y;                 // F32 values of y
         int64_t off_x;               // byte offsets of the payloads from the slot's start
-        int64_t off_ids;
+        int64_t off_rec;
         int64_t off_y;
     };
 
@@ -56,8 +82,9 @@ extern "C" {
     GGML_API void   ggml_mailbox_slot_init(struct ggml_mailbox_slot * slot, int64_t n_x, int64_t n_ids, int64_t n_y);
 
     GGML_API float   * ggml_mailbox_slot_x  (struct ggml_mailbox_slot * slot);
-    GGML_API int32_t * ggml_mailbox_slot_ids(struct ggml_mailbox_slot * slot);
     GGML_API float   * ggml_mailbox_slot_y  (struct ggml_mailbox_slot * slot);
+    // the ring's record of a step
+    GGML_API struct ggml_mailbox_record * ggml_mailbox_slot_record(struct ggml_mailbox_slot * slot, uint64_t step);
 
     // how many of a step's n_miss misses the device takes at a share of gpu_share_milli/1000: the nearest
     // integer, at least one where the share is above zero, at most n_miss (for the CPU and CUDA backends alike)

@@ -7,6 +7,13 @@
 // arguments (the host reads them when it launches), stamps are read through volatile pointers, the payload through loads that bypass the
 // caches, each ordered against the stamps with system-wide fences.
 
+// a short pause in a wait on host memory: fewer loads over the bus (__nanosleep exists from sm_70 on)
+static __device__ __forceinline__ void ggml_mailbox_pause() {
+#if __CUDA_ARCH__ >= 700
+    __nanosleep(100);
+#endif
+}
+
 static __device__ __forceinline__ uint64_t ggml_mailbox_now_ns() {
     uint64_t t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
@@ -69,21 +76,54 @@ static __device__ __forceinline__ uint64_t ggml_mailbox_rows(const int32_t * rou
     return cpu;
 }
 
-// one block: the route (if any), the payload, a fence, then the stamp; x_out gets n_rep copies of x. A step
-// without rows for the CPU carries only the ids and the rows (x stays on the device)
-static __global__ void k_mailbox_send(ggml_mailbox_slot * slot, uint64_t * step_dev, float * mx, int32_t * mids, const int n_x, const int n_ids,
+// one block: the route (if any); where the ring is full as far as the device knows, a wait for the CPU side to
+// have read the record this step overwrites; the payload and the record, a fence, then the stamp; x_out gets n_rep
+// copies of x. A step without rows for the CPU carries only its record (x stays on the device)
+static __global__ void k_mailbox_send(ggml_mailbox_slot * slot, uint64_t * step_dev, float * mx, ggml_mailbox_record * ring,
+                                      volatile int32_t * abort, const uint64_t timeout_ns, const int n_x, const int n_ids,
                                       const int n_rep, const float * x, const int32_t * ids, int32_t * route, const int32_t * slot_map,
                                       const int64_t map_stride, const int32_t miss_slot, const int32_t host_first, const int32_t gpu_share_milli,
                                       float * x_out) {
+    __shared__ uint64_t s_step;
+    __shared__ int      s_skip;
     uint64_t rows_cpu = ~(uint64_t) 0, rows_gpu = 0;
     if (route != nullptr) {
         ggml_mailbox_route(ids, slot_map, map_stride, n_ids, miss_slot, host_first, gpu_share_milli, route, &rows_cpu, &rows_gpu);
     }
+    if (threadIdx.x == 0) {
+        // the step from the device's own count: reading stamp_in would be a round trip over the bus
+        const uint64_t step = step_dev[0] + 1;
+        step_dev[0] = step;
+        int skip = 0;
+        if (step > GGML_MAILBOX_RING && step_dev[1] < step - GGML_MAILBOX_RING) {
+            const uint64_t t_end = ggml_mailbox_now_ns() + timeout_ns;
+            volatile uint64_t * stamp_read = &slot->stamp_read;
+            uint64_t read;
+            while ((read = *stamp_read) < step - GGML_MAILBOX_RING) {
+                if (*abort || ggml_mailbox_now_ns() > t_end) {
+                    // no record, no stamp: the recv gives up too, and the host fails the decode
+                    volatile int32_t * error = &slot->error;
+                    *error = *abort ? GGML_MAILBOX_ABORTED : GGML_MAILBOX_TIMEOUT;
+                    *abort = 1;
+                    skip = 1;
+                    break;
+                }
+                ggml_mailbox_pause();
+            }
+            if (!skip) {
+                step_dev[1] = read;
+            }
+        }
+        s_step = step;
+        s_skip = skip;
+    }
+    __syncthreads();
     const bool vec = n_x % 4 == 0 && (((uintptr_t) x | (uintptr_t) x_out | (uintptr_t) mx) & 15) == 0;
+    const bool to_cpu = rows_cpu != 0 && !s_skip;
     if (vec) {
         for (int i = threadIdx.x; i < n_x/4; i += blockDim.x) {
             const float4 v = ((const float4 *) x)[i];
-            if (rows_cpu != 0) {
+            if (to_cpu) {
                 ((float4 *) mx)[i] = v;
             }
             for (int r = 0; r < n_rep; ++r) {
@@ -93,7 +133,7 @@ static __global__ void k_mailbox_send(ggml_mailbox_slot * slot, uint64_t * step_
     } else {
         for (int i = threadIdx.x; i < n_x; i += blockDim.x) {
             const float v = x[i];
-            if (rows_cpu != 0) {
+            if (to_cpu) {
                 mx[i] = v;
             }
             for (int r = 0; r < n_rep; ++r) {
@@ -101,44 +141,57 @@ static __global__ void k_mailbox_send(ggml_mailbox_slot * slot, uint64_t * step_
             }
         }
     }
+    if (s_skip) {
+        return;
+    }
+    ggml_mailbox_record * rec = ring + s_step % GGML_MAILBOX_RING;
     for (int i = threadIdx.x; i < n_ids; i += blockDim.x) {
-        mids[i] = ids[i];
+        rec->ids[i] = ids[i];
     }
     if (threadIdx.x == 0) {
-        slot->rows_cpu = rows_cpu;
-        slot->rows_gpu = rows_gpu;
-        slot->routed   = route != nullptr;
+        rec->n_ids    = n_ids;
+        rec->rows_cpu = rows_cpu;
+        rec->rows_gpu = rows_gpu;
+        rec->routed   = route != nullptr;
     }
-    __threadfence_system(); // each thread's payload before the stamp
+    __threadfence_system(); // each thread's payload before the record's step
     __syncthreads();
     if (threadIdx.x == 0) {
-        // the step from the device's own count: reading stamp_in would be a round trip over the bus. The kernel's
-        // end makes the stamp visible: no fence after it
-        const uint64_t step = *step_dev + 1;
-        *step_dev = step;
+        volatile uint64_t * rec_step = &rec->step;
+        *rec_step = s_step;
+        __threadfence_system(); // the record before the stamp
+        // the kernel's end makes the stamp visible: no fence after it
         volatile uint64_t * stamp_in = &slot->stamp_in;
-        *stamp_in = step;
+        *stamp_in = s_step;
     }
 }
 
 // thread 0 of a block: the rows of y the CPU wrote for this step, after waiting for its stamp (at most timeout_ns;
 // then the slot's error is set and no row is read); no wait where the route left the CPU nothing
-static __device__ uint64_t ggml_mailbox_wait(ggml_mailbox_slot * slot, const uint64_t * step_dev, const int n_ids, const uint64_t timeout_ns,
-                                             const int32_t * route, const int32_t miss_slot) {
+static __device__ uint64_t ggml_mailbox_wait(ggml_mailbox_slot * slot, const uint64_t * step_dev, volatile int32_t * abort, const int n_ids,
+                                             const uint64_t timeout_ns, const int32_t * route, const int32_t miss_slot) {
     uint64_t rows_gpu;
     if (ggml_mailbox_rows(route, n_ids, miss_slot, &rows_gpu) == 0) {
         return 0; // nothing for the CPU in this step: nothing to read over the bus
     }
     volatile uint64_t * stamp_out = &slot->stamp_out;
+    volatile int32_t  * error     = &slot->error;
     const uint64_t step = *step_dev;
     const uint64_t t_end = ggml_mailbox_now_ns() + timeout_ns;
-    while (*stamp_out != step) {
-        if (ggml_mailbox_now_ns() > t_end) {
-            volatile int32_t * error = &slot->error;
-            *error = 1;
+    for (uint32_t n = 0; *stamp_out != step; ++n) {
+        // the shared flag now and then: each look is another round trip over the bus
+        if (n % 16 == 15 && *abort) {
+            if (*error == GGML_MAILBOX_OK) {
+                *error = GGML_MAILBOX_ABORTED; // an earlier wait of this decode timed out: the CPU side is stuck
+            }
             return 0;
         }
-        __nanosleep(100);
+        if (ggml_mailbox_now_ns() > t_end) {
+            *error = GGML_MAILBOX_TIMEOUT;
+            *abort = 1;
+            return 0;
+        }
+        ggml_mailbox_pause();
     }
     __threadfence_system();
     return *(volatile uint64_t *) &slot->y_rows;
@@ -146,11 +199,11 @@ static __device__ uint64_t ggml_mailbox_wait(ggml_mailbox_slot * slot, const uin
 
 // one block: each row base + the CPU's row where it computed one, else base (add), or the CPU's row, else zeros
 template <bool add>
-static __global__ void k_mailbox_recv(ggml_mailbox_slot * slot, const uint64_t * step_dev, const float * my, const int n_ids, const int n_row,
+static __global__ void k_mailbox_recv(ggml_mailbox_slot * slot, const uint64_t * step_dev, volatile int32_t * abort, const float * my, const int n_ids, const int n_row,
                                       const float * base, float * y_out, const uint64_t timeout_ns, const int32_t * route, const int32_t miss_slot) {
     __shared__ uint64_t rows;
     if (threadIdx.x == 0) {
-        rows = ggml_mailbox_wait(slot, step_dev, n_ids, timeout_ns, route, miss_slot);
+        rows = ggml_mailbox_wait(slot, step_dev, abort, n_ids, timeout_ns, route, miss_slot);
     }
     __syncthreads();
     const bool vec = n_row % 4 == 0 && (((uintptr_t) base | (uintptr_t) y_out) & 15) == 0;
@@ -185,12 +238,12 @@ static __global__ void k_mailbox_recv(ggml_mailbox_slot * slot, const uint64_t *
 // one block, a float4 of the output per thread and pass: sum over the rows r of (base_r + the CPU's y_r where it
 // computed one) * w_r, rounded as ggml's add, mul and chain of adds round them (no fused multiply-add). The CPU's
 // rows are loaded first, all at once: each load is a round trip over the bus
-static __global__ void k_mailbox_recv_sum(ggml_mailbox_slot * slot, const uint64_t * step_dev, const float * my, const int n_ids, const int n_row,
+static __global__ void k_mailbox_recv_sum(ggml_mailbox_slot * slot, const uint64_t * step_dev, volatile int32_t * abort, const float * my, const int n_ids, const int n_row,
                                           const float * base, const float * w, const int64_t w_stride, float * out, const uint64_t timeout_ns,
                                           const int32_t * route, const int32_t miss_slot) {
     __shared__ uint64_t rows;
     if (threadIdx.x == 0) {
-        rows = ggml_mailbox_wait(slot, step_dev, n_ids, timeout_ns, route, miss_slot);
+        rows = ggml_mailbox_wait(slot, step_dev, abort, n_ids, timeout_ns, route, miss_slot);
     }
     __syncthreads();
     constexpr int max_rows = 8; // the CPU's rows held in registers; more go row by row
@@ -235,7 +288,8 @@ void ggml_cuda_op_mailbox(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
         const ggml_tensor * map = dst->src[3];
         GGML_ASSERT(ggml_is_contiguous(x) && ggml_is_contiguous(ids) && ggml_is_contiguous(dst));
         GGML_ASSERT(dst->ne[0] == slot->n_x && slot->n_ids <= 64 && (route == nullptr || map != nullptr));
-        k_mailbox_send<<<1, 256, 0, stream>>>(slot, slot->step_dev, ggml_mailbox_slot_x(slot), ggml_mailbox_slot_ids(slot), slot->n_x, slot->n_ids,
+        k_mailbox_send<<<1, 256, 0, stream>>>(slot, slot->step_dev, ggml_mailbox_slot_x(slot), ggml_mailbox_slot_record(slot, 0), slot->abort,
+                                              (uint64_t) slot->send_timeout_ms * 1000000ull, slot->n_x, slot->n_ids,
                                               (int) ggml_nrows(dst), (const float *) x->data, (const int32_t *) ids->data, route,
                                               map ? (const int32_t *) map->data : nullptr, map ? map->nb[1] / sizeof(int32_t) : 0, miss_slot,
                                               ggml_mailbox_get_host_first(dst), ggml_mailbox_get_gpu_share(dst), (float *) dst->data);
@@ -251,14 +305,14 @@ void ggml_cuda_op_mailbox(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
         if (mode == GGML_MAILBOX_RECV_SUM) {
             const ggml_tensor * w = dst->src[3];
             GGML_ASSERT(n_row % 4 == 0 && (((uintptr_t) base->data | (uintptr_t) dst->data) & 15) == 0);
-            k_mailbox_recv_sum<<<1, 512, 0, stream>>>(slot, slot->step_dev, ggml_mailbox_slot_y(slot), slot->n_ids, n_row,
+            k_mailbox_recv_sum<<<1, 512, 0, stream>>>(slot, slot->step_dev, slot->abort, ggml_mailbox_slot_y(slot), slot->n_ids, n_row,
                                                       (const float *) base->data, w ? (const float *) w->data : nullptr,
                                                       w ? w->nb[1] / sizeof(float) : 0, (float *) dst->data, timeout_ns, route, miss_slot);
         } else if (mode == GGML_MAILBOX_RECV_ADD) {
-            k_mailbox_recv<true><<<1, 512, 0, stream>>>(slot, slot->step_dev, ggml_mailbox_slot_y(slot), slot->n_ids, n_row,
+            k_mailbox_recv<true><<<1, 512, 0, stream>>>(slot, slot->step_dev, slot->abort, ggml_mailbox_slot_y(slot), slot->n_ids, n_row,
                                                         (const float *) base->data, (float *) dst->data, timeout_ns, route, miss_slot);
         } else {
-            k_mailbox_recv<false><<<1, 512, 0, stream>>>(slot, slot->step_dev, ggml_mailbox_slot_y(slot), slot->n_ids, n_row,
+            k_mailbox_recv<false><<<1, 512, 0, stream>>>(slot, slot->step_dev, slot->abort, ggml_mailbox_slot_y(slot), slot->n_ids, n_row,
                                                          (const float *) base->data, (float *) dst->data, timeout_ns, route, miss_slot);
         }
     }
