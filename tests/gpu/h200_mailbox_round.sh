@@ -27,6 +27,11 @@ if [ "${PART:-1}" = 1 ]; then
 elif [ "${PART}" = 2 ]; then
   cuda_build
   q30_profile
+  for v in "NONE=1" "CUDA_LAUNCH_BLOCKING=1"; do
+    env $v timeout 100 python3 tests/gpu/h200_bisect.py /tmp/tiny.gguf trace-long > /tmp/trap_graphs.log 2>&1
+    echo "== trap with CUDA graphs ($v): rc $? $(grep -E 'CUDA error|in function|: ok' /tmp/trap_graphs.log | head -3 | tr '\n' ' ')"
+  done
+  LLAMA_MOE_MAILBOX_GPU_SHARE=0.5 timeout 60 python3 -m llama_moe -v stats 2>&1 | grep -iE "GPU_SHARE|host copy" | head -3
   timeout $(left 480) python3 tests/gpu/serve_parallel.py /tmp/q30.gguf --profile /tmp/q30.strp --cache-mib 7776 \
       --parallel 1,2,4 --configs hybrid,hybrid-no-mailbox,cpu-moe --rounds 3 -n 128 -t 16 2>&1 | tee $OUT/serve_parallel.md
   cp /tmp/serve_*.log "$OUT"/ 2>/dev/null
