@@ -41,6 +41,18 @@ elif what == "trace-long":  # what train_profile does: 4096-token windows of the
     from llama_moe.commands.bench import train_profile
     train_profile(path, Path("/tmp/bisect.strp"), log=lambda s: None)
     print(f"{what}: ok", flush=True)
+elif what in ("plain-long", "plain-long-last"):  # trace-long's decodes without the trace (every logit, or the last)
+    from llama_moe.synth.corpus import split_paragraphs
+    split = split_paragraphs()
+    text = "\n\n".join(p for topic in sorted(split.train) for p in split.train[topic])
+    with Model(path, mmap) as model, Context(model, ContextParams(n_ctx=4096, n_batch=32, n_ubatch=32)) as ctx:
+        tokens = model.tokenize(text)
+        for start in range(0, len(tokens), 4096):
+            window = tokens[start:start + 4096]
+            ctx.reset()
+            for a in range(0, len(window), 32):
+                ctx.decode(window[a:a + 32], all_logits=what == "plain-long")
+    print(f"{what}: ok, {len(tokens)} tokens", flush=True)
 elif what == "plain-u32-ctx4096":  # trace-long's context without the trace
     decode(mmap, ContextParams(n_ctx=4096, n_batch=32, n_ubatch=32), 32, False)
 elif what == "trace-u32-ctx4096":
