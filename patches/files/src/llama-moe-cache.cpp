@@ -83,7 +83,6 @@ std::unique_ptr<llama_moe_cache> llama_moe_cache::create(const llama_model & mod
     std::unique_ptr<llama_moe_cache> cache(new llama_moe_cache());
     cache->params        = params;
     cache->device_name   = dev_name;
-    cache->n_expert_used = model.hparams.n_expert_used();
 
     // the layers whose experts are all in host memory
     int n_repacked = 0, n_scaled = 0, n_biased = 0;
@@ -133,6 +132,7 @@ std::unique_ptr<llama_moe_cache> llama_moe_cache::create(const llama_model & mod
         layer.src[1]   = up;
         layer.src[2]   = down;
         layer.n_expert = (int) down->ne[2];
+        layer.n_used   = (int) model.hparams.n_expert_used(il); // per layer where the model stores it so
         if (has_bias && params.hybrid) {
             for (int j = 0; j < 3; ++j) {
                 layer.src_b[j] = bias[j];
@@ -153,6 +153,7 @@ std::unique_ptr<llama_moe_cache> llama_moe_cache::create(const llama_model & mod
             (int) down->type, down->ne[0], down->ne[1]);
         auto it = groups.find(key);
         layer.group = it == groups.end() ? (groups[key] = (int) groups.size()) : it->second;
+        cache->n_expert_used = std::max<int64_t>(cache->n_expert_used, layer.n_used);
         cache->layers.push_back(std::move(layer));
     }
     if (n_scaled > 0) {
@@ -455,7 +456,7 @@ bool llama_moe_cache::upload(llama_moe_cache_layer & layer, int32_t expert, int3
 
 double llama_moe_cache::adapt_prior(const llama_moe_cache_layer & l) const {
     // its share of the picks a layer's slots take in that many tokens
-    return LLAMA_MOE_ADAPT_PRIOR_TOKENS * (double) n_expert_used / std::max<int64_t>(l.n_slots, 1);
+    return LLAMA_MOE_ADAPT_PRIOR_TOKENS * (double) l.n_used / std::max<int64_t>(l.n_slots, 1);
 }
 
 void llama_moe_cache::prefill(const std::string & path, uint32_t n_layer) {
@@ -615,7 +616,7 @@ void llama_moe_cache::lookup(llama_moe_cache_layer & l, ggml_tensor * remap) {
             }
         }
     }
-    count_by_size(ggml_nelements(ids) / std::max<int64_t>(n_expert_used, 1), l.n_hit - hit0, l.n_miss - miss0, 0);
+    count_by_size(ggml_nelements(ids) / std::max<int64_t>(l.n_used, 1), l.n_hit - hit0, l.n_miss - miss0, 0);
     remap_host.resize(n_used * n_tokens);
     for (int64_t t = 0; t < n_tokens; ++t) {
         for (int64_t k = 0; k < n_used; ++k) {
@@ -671,7 +672,7 @@ void llama_moe_cache::count_refused(llama_moe_cache_layer & l, const ggml_tensor
         seen[e] = 1;
     }
     l.n_refused += refused;
-    count_by_size(n / std::max<int64_t>(n_expert_used, 1), 0, 0, refused);
+    count_by_size(n / std::max<int64_t>(l.n_used, 1), 0, 0, refused);
 }
 
 void llama_moe_cache::count_hybrid(llama_moe_cache_layer & l, const ggml_tensor * ids) {
@@ -680,7 +681,7 @@ void llama_moe_cache::count_hybrid(llama_moe_cache_layer & l, const ggml_tensor 
     ids_host.resize(ggml_nelements(ids));
     ggml_backend_tensor_get(ids, ids_host.data(), 0, ggml_nbytes(ids));
     std::lock_guard<std::mutex> lock(mutex);
-    count_hybrid_locked(l, ids_host.data(), ggml_nelements(ids) / std::max<int64_t>(n_expert_used, 1));
+    count_hybrid_locked(l, ids_host.data(), ggml_nelements(ids) / std::max<int64_t>(l.n_used, 1));
 }
 
 void llama_moe_cache::count_selected(int il, const int32_t * selected, int32_t * cpu_ids) {
@@ -688,7 +689,7 @@ void llama_moe_cache::count_selected(int il, const int32_t * selected, int32_t *
     // one lock for the count and the split: a rebalance between them could move an expert just counted
     std::lock_guard<std::mutex> lock(mutex);
     count_hybrid_locked(l, selected, 1);
-    for (int64_t k = 0; k < n_expert_used; ++k) {
+    for (int64_t k = 0; k < l.n_used; ++k) {
         GGML_ASSERT(selected[k] >= 0 && selected[k] < l.n_expert);
         cpu_ids[k] = l.slot_of[selected[k]] >= 0 ? -1 : selected[k];
     }
@@ -710,8 +711,8 @@ void llama_moe_cache::count_hybrid_locked(llama_moe_cache_layer & l, const int32
     std::vector<uint8_t> & missed = missed_host;
     missed.assign(l.n_expert, 0);
     for (int64_t t = 0; t < n_tokens; ++t) {
-        for (int64_t k = 0; k < n_expert_used; ++k) {
-            const int32_t e = ids[t * n_expert_used + k];
+        for (int64_t k = 0; k < l.n_used; ++k) {
+            const int32_t e = ids[t * l.n_used + k];
             GGML_ASSERT(e >= 0 && e < l.n_expert);
             const int32_t s = l.slot_of[e];
             if (s >= 0) {

@@ -84,6 +84,7 @@ struct llama_moe_cache_layer {
     bool has_bias = false;
 
     int     n_expert = 0;
+    int     n_used   = 0;     // experts a token selects here
     int     n_slots  = 0;
     size_t  expert_bytes = 0; // one expert's gate + up + down
     bool    whole = false;    // every expert has a slot: no lookups
@@ -136,7 +137,7 @@ struct llama_moe_cache {
     void count_selected(int il, const int32_t * selected, int32_t * cpu_ids);
     const std::vector<llama_moe_cache_layer> & get_layers() const { return layers; }
     ggml_backend_dev_t get_device() const { return device; }
-    int64_t get_n_expert_used() const { return n_expert_used; }
+    int64_t get_n_expert_used() const { return n_expert_used; } // the most of any cached layer
 
     size_t buffer_size() const;
     ggml_backend_buffer_type_t buffer_type() const;

@@ -77,7 +77,14 @@ std::unique_ptr<llama_moe_mailbox> llama_moe_mailbox::create(llama_moe_cache & c
     int max_il = -1;
     for (const auto & l : cache.get_layers()) {
         if (!l.whole && l.cpu_map != nullptr) {
-            shapes.push_back({ l.il, l.src[0]->ne[0], l.src[2]->ne[1] * mb->n_used });
+            if (l.n_used != mb->n_used) {
+                // a slot holds one count of ids for all its layers
+                LLAMA_LOG_INFO("%s: mailbox: the layers select different numbers of experts a token; the hybrid hands over "
+                               "through the scheduler\n", __func__);
+                return nullptr;
+            }
+            const ggml_tensor * in = l.src[0] ? l.src[0] : l.src[1]; // the gate, or the up projection of gate-less experts
+            shapes.push_back({ l.il, in->ne[0], l.src[2]->ne[1] * mb->n_used });
             total += ggml_mailbox_slot_size(shapes.back().n_x, mb->n_used, shapes.back().n_y);
             max_il = std::max(max_il, l.il);
         }
