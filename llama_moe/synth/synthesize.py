@@ -12,6 +12,7 @@ import numpy as np
 from llama_moe.errors import LlamaMoeError
 from llama_moe.gguf.quants import GgmlType, ggml_type, quantize, random_quantized, tensor_nbytes
 from llama_moe.gguf.writer import GgufWriter
+from gguf import GGUFValueType
 from llama_moe.synth import recency
 from llama_moe.synth.recency import GPT_OSS_FREQ_BASE as GPT_OSS_ROPE_FREQ_BASE
 from llama_moe.synth.recency import GPT_OSS_YARN_BETA, GPT_OSS_YARN_FACTOR
@@ -316,7 +317,6 @@ def _add_metadata(w: GgufWriter, design: Design, expert_type: GgmlType, shape_na
     s, tok, r = design.shape, design.tokenizer, design.routing
     arch = s.arch
     gpt_oss = arch == "gpt-oss"
-    w.add_string("general.architecture", arch)
     w.add_string("general.name", f"llama-moe synthetic {shape_name}")
     w.add_uint32("general.file_type", _FILE_TYPE[expert_type])
     w.add_uint32("general.quantization_version", 2)
@@ -347,7 +347,7 @@ def _add_metadata(w: GgufWriter, design: Design, expert_type: GgmlType, shape_na
     w.add_string("tokenizer.ggml.model", "gpt2")
     w.add_string("tokenizer.ggml.pre", "qwen2")
     w.add_array("tokenizer.ggml.tokens", list(tok.tokens))
-    w.add_array("tokenizer.ggml.token_type", list(tok.token_types))
+    w.add_typed_array("tokenizer.ggml.token_type", tok.token_types, GGUFValueType.INT32)
     w.add_array("tokenizer.ggml.merges", tok.merge_strings())
     w.add_uint32("tokenizer.ggml.bos_token_id", tok.token_id(ENDOFTEXT))
     w.add_uint32("tokenizer.ggml.eos_token_id", tok.token_id(IM_END))
@@ -385,12 +385,12 @@ def synthesize(
     workers = workers if workers is not None else min(8, os.cpu_count() or 1)
     plan = _Plan(design, et, workers)
 
-    with GgufWriter(path) as w:
+    with GgufWriter(path, shp.arch) as w:
         _add_metadata(w, design, et, shape_name)
         for name, ne, t, _ in plan.tensors:
-            w.add_tensor_info(name, ne, t)
-        total = w.total_bytes
+            w.declare_tensor(name, ne, t)
         w.write_header()
+        total = w.total_bytes
         if progress:
             progress(w.bytes_written, total)
         for name, _, _, fn in plan.tensors:
