@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
-from .errors import LlamaMoeError
+from .errors import AuditError, problems_text
 
 EVENTS = ("load", "ready", "request", "exit")
 # the context's counters since its creation, in every record (the C API's llama_moe_cache_stats)
@@ -23,23 +23,6 @@ REQUEST_COUNTERS = ("req_hits", "req_hits_profile", "req_misses", "req_bytes_upl
 # counters added after the first audit logs: a log written by an earlier build lacks them, and they read as 0
 LATER_COUNTERS = ("refused", "req_refused")
 _TIME_RE = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}(Z|\+00:00)$")
-
-
-class AuditError(LlamaMoeError, ValueError):
-    """An audit file that cannot be read, or a record that breaks the reference's field list.
-    ``line`` is the 1-based line number (0: the file as a whole), ``field`` the first offending field."""
-
-    def __init__(self, line: int, problems: list[tuple[str | None, str]], path: str | None = None) -> None:
-        where = f"{path}: " if path else ""
-        text = _problems_text(problems)
-        super().__init__(f"{where}line {line}: {text}" if line else f"{where}{text}")
-        self.line = line
-        self.field = problems[0][0] if problems else None
-        self.problems = tuple(problems)
-
-
-def _problems_text(problems: list[tuple[str | None, str]]) -> str:
-    return "; ".join(f"field '{f}': {m}" if f else m for f, m in problems)
 
 
 # ----------------------------------------------------------------------------------------------- records
@@ -470,7 +453,7 @@ def read_audit(path: str | Path, strict: bool = True) -> AuditFile:
         except AuditError as exc:
             if strict:
                 raise AuditError(n, list(exc.problems), str(path)) from None
-            issues.append(Issue(n, "error", _problems_text(list(exc.problems))))
+            issues.append(Issue(n, "error", problems_text(list(exc.problems))))
             continue
         if extra:
             issues.append(Issue(n, "warning", "fields the reference does not list: " + ", ".join(extra)))

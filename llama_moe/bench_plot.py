@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterable
 
 from ._atomic import atomic_writer
-from .errors import LlamaMoeError
+from .errors import PlotUnavailableError
 
 if TYPE_CHECKING:
     from .commands.bench import BenchRow
@@ -23,10 +23,6 @@ _LABELS = {
     "cpu-moe": "cpu-moe (experts in RAM)",
     "all-in-vram": "all in VRAM",
 }
-
-
-class PlotUnavailableError(LlamaMoeError, ImportError):
-    """matplotlib, which the benchmark's plot needs, is not installed."""
 
 
 def _matplotlib():

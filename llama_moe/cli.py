@@ -13,8 +13,7 @@ import math
 import sys
 from typing import Callable, NoReturn
 
-from .errors import LlamaMoeError
-from .params import ParameterError
+from .errors import LlamaMoeError, ParameterError
 
 EXIT_ERROR = 2  # an input the command cannot use (argparse's own status for a bad command line)
 

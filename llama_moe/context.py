@@ -9,12 +9,12 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from . import _log
+from . import _check, _log
 from ._ffi import ffi
 from ._handle import NativeHandle
-from .errors import MoeCacheWarning, NativeCallError
+from .errors import MoeCacheWarning, NativeCallError, ParameterError
 from .model import Model
-from .params import ContextParams, ParameterError, check_sampling
+from .params import ContextParams, check_sampling
 from .stats import LayerStats, MoeCacheStats
 from .trace import RoutingRecord, parse_stream
 
@@ -139,12 +139,10 @@ class Context(NativeHandle):
         model.check_file()  # a memory-mapped file truncated since the load would crash the warm-up decode
         if self.params.moe_cache_mib > 0:
             _check_cache_fits(model, self.params)
-        _log.clear_recent_problems()
-        ptr = lib.llama_init_from_model(model._native, native)
+        _check.begin()
+        ptr = _check.check_ptr(lib.llama_init_from_model(model._native, native), "llama_init_from_model",
+                               "could not create the context")
         del keep  # the context copied the strings it needs
-        if ptr == ffi.NULL:
-            said = "; ".join(_log.recent_problems()) or "no reason given"
-            raise NativeCallError("llama_init_from_model", None, f"could not create the context: {said}")
         self._lib = lib
         # Why the MoE cache asked for is off (llama.cpp goes on without it), or None
         self.moe_cache_off_reason: str | None = None
@@ -202,11 +200,7 @@ class Context(NativeHandle):
                     b.n_seq_id[i] = 1
                     b.seq_id[i][0] = 0
                     b.logits[i] = 1 if last_chunk and (all_logits or i == len(chunk) - 1) else 0
-                rc = self._lib.llama_decode(ptr, b)
-                if rc != 0:
-                    said = "; ".join(_log.recent_problems())
-                    meaning = {1: "no KV cache slot for the batch", 2: "aborted", -1: "invalid batch"}.get(rc, "failed")
-                    raise NativeCallError("llama_decode", rc, meaning + (f": {said}" if said else ""))
+                _check.check(self._lib.llama_decode(ptr, b), "llama_decode", _check.DECODE_CODES)
                 self.n_past += len(chunk)
 
     def logits(self, i: int = -1) -> np.ndarray:

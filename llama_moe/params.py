@@ -9,14 +9,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._ffi import ffi
-from .errors import LlamaMoeError, MoeCacheWarning
+from .errors import MoeCacheWarning, ParameterError
 
 # llama.cpp's own patterns (common/common.h, LLM_FFN_EXPS_REGEX): the expert tensors of every MoE architecture.
 EXPERTS_REGEX = r"\.ffn_(up|down|gate|gate_up)_(ch|)exps"
-
-
-class ParameterError(LlamaMoeError, ValueError):
-    """A parameter is out of range or contradicts another."""
 
 
 INT32_MAX = 2**31 - 1

@@ -6,7 +6,7 @@ import math
 import re
 from dataclasses import dataclass, field
 
-from .errors import LlamaMoeError
+from .errors import MetricsError, ServerError
 from .stats import HitRate
 
 PREFIX = "llamacpp:moe_cache_"
@@ -32,14 +32,6 @@ PER_LAYER = ("layer_hits_total", "layer_hits_profile_total", "layer_misses_total
 LATER_SERIES = ("refused_total", "resident", "layer_refused_total")
 COUNTER_SERIES = tuple(PREFIX + s for s in SCALARS if s.endswith("_total")) + tuple(PREFIX + s for s in PER_LAYER)
 ALL_SERIES = tuple(PREFIX + s for s in SCALARS) + tuple(PREFIX + s for s in PER_LAYER)
-
-
-class MetricsError(LlamaMoeError, ValueError):
-    """/metrics text that is not the Prometheus format llama-server writes, or lacks a series."""
-
-
-class ServerError(LlamaMoeError, ConnectionError):
-    """A llama-server that cannot be reached, or that does not serve /metrics."""
 
 
 @dataclass(frozen=True)

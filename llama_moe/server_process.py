@@ -12,11 +12,7 @@ from pathlib import Path
 
 import requests
 
-from .errors import LlamaMoeError
-
-
-class ServerStartError(LlamaMoeError, RuntimeError):
-    """llama-server is missing, exited, or did not become healthy in time (the message ends with its log)."""
+from .errors import ServerStartError
 
 
 def server_binary() -> Path:

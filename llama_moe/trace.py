@@ -17,11 +17,7 @@ from typing import Callable, Iterable, Iterator
 import numpy as np
 
 from ._atomic import atomic_writer
-from .errors import LlamaMoeError
-
-
-class TraceError(LlamaMoeError, ValueError):
-    """A routing trace is malformed."""
+from .errors import TraceError
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from llama_moe.synth import SHAPES, sample_routes
 from llama_moe.synth.corpus import TOPICS
 from llama_moe.tools import TraceRoutes, load_traces, plan_cache, rank_pairs, simulate_sizes
 from llama_moe.tools.budget import MiB, cache_bytes_for_slots
-from llama_moe.tools.errors import ToolInputError
+from llama_moe.errors import ToolInputError
 from llama_moe.tools.heldout import (Folds, choose_folds, document_split, fold_counts, kfold_result, min_fold_tokens,
                                      t_interval, trace_folds)
 from llama_moe.tools.policies import HALF_LIFE_TOKENS

@@ -19,7 +19,8 @@ from ..bandwidth import gpu_copy_gbps, ram_read_gbps
 from ..devices import gpus
 from ..experts import expert_layout
 from ..model import Model
-from ..params import ContextParams, ModelParams, ParameterError
+from ..errors import ParameterError
+from ..params import ContextParams, ModelParams
 
 
 @dataclass(frozen=True)

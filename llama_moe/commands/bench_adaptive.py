@@ -42,7 +42,7 @@ from ..experts import ExpertLayout, expert_layout
 from ..model import Model
 from ..params import ContextParams, ModelParams
 from ..synth.corpus import TOPICS, CorpusSplit, split_paragraphs
-from ..tools.errors import ToolInputError
+from ..errors import ToolInputError
 
 CONFIGS = ("empty+adaptive", "wrong", "wrong+adaptive", "right", "right+adaptive")
 ORDERS = ("interleaved", "topic")

@@ -18,12 +18,8 @@ import requests
 
 from ..audit import check_audit
 from ..equivalence import PROMPTS
-from ..errors import LlamaMoeError
-from ..server_process import ServerStartError, server_binary, start_server
-
-class CheckAuditError(LlamaMoeError, ValueError):
-    """The inputs cannot make the check (a missing model or profile, a size that is no size)."""
-
+from ..errors import CheckAuditError, ServerStartError
+from ..server_process import server_binary, start_server
 
 @dataclass(frozen=True)
 class AuditRun:

@@ -14,13 +14,9 @@ from pathlib import Path
 import requests
 
 from ..code_eval import SUITES, evaluate
-from ..errors import LlamaMoeError
-from ..server_process import ServerStartError, launch, server_binary
+from ..errors import CodeEvalError, ServerStartError
+from ..server_process import launch, server_binary
 from ..tools.cmdline import request_error
-
-
-class CodeEvalError(LlamaMoeError, RuntimeError):
-    """The model could not be served or asked."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -6,11 +6,7 @@ import argparse
 import os
 import sys
 
-from ..errors import LlamaMoeError
-
-
-class MonitorError(LlamaMoeError, OSError):
-    """The monitor cannot listen on its port."""
+from ..errors import MonitorError
 
 
 def register(sub: argparse._SubParsersAction) -> None:

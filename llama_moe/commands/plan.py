@@ -9,7 +9,7 @@ import sys
 from ..profile import write_profile
 from ..tools.budget import cache_mib_for_vram, non_expert_bytes
 from ..tools.cmdline import add_output_options, emit, model_layout, progress, rate, read_traces
-from ..tools.errors import ToolInputError
+from ..errors import ToolInputError
 from ..tools.heldout import kfold_arg
 from ..tools.planning import Plan, plan_cache
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from ..profile import write_profile
 from ..tools.budget import MiB, cache_bytes_for_slots
 from ..tools.cmdline import add_output_options, check_output_file, emit, model_layout, progress, read_text
-from ..tools.errors import ToolInputError
+from ..errors import ToolInputError
 from ..tools.routes import routes_from_records
 from ..tools.tracing import DEFAULT_UBATCH, trace_text
 from ..trace import write_trace

@@ -16,15 +16,11 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import LlamaMoeError
+from ..errors import ServePlanError
 from ..experts import expert_layout
 from ..gguf.reader import read_gguf
 
 MiB = 2**20
-
-
-class ServePlanError(LlamaMoeError, ValueError):
-    """The model and the requested context cannot be served on this GPU."""
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 
 from ..tools.cmdline import add_output_options, check_files, emit, model_layout, progress, rate, read_traces
-from ..tools.errors import ToolInputError
+from ..errors import ToolInputError
 from ..tools.heldout import Estimate, kfold_arg
 from ..tools.policies import POLICIES, PolicyResult
 from ..tools.simulation import SimulateReport, SizeResult, simulate_sizes

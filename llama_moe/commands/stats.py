@@ -14,10 +14,10 @@ from pathlib import Path
 from ..context import Context, Sampling
 from ..default_model import default_model_path, default_prompt
 from ..experts import ExpertLayout, expert_layout
-from ..errors import MoeCacheWarning
 from ..model import Model
-from ..params import ContextParams, ModelParams, ParameterError
-from ..server_metrics import MoeCacheMetrics, ServerError, ServerMetrics, fetch_server_metrics
+from ..errors import MoeCacheWarning, ParameterError, ServerError
+from ..params import ContextParams, ModelParams
+from ..server_metrics import MoeCacheMetrics, ServerMetrics, fetch_server_metrics
 from ..stats import LayerStats, MoeCacheStats, lookups_line
 
 

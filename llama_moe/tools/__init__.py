@@ -5,7 +5,7 @@ return. Importing this package never loads the native library (tracing does, whe
 from __future__ import annotations
 
 from .budget import cache_bytes_for_slots, engine_slots
-from .errors import CacheBudgetError, ToolInputError
+from ..errors import CacheBudgetError, ToolInputError
 from .heldout import Estimate, KFoldResult, kfold, kfold_splits, t_interval
 from .planning import Plan, plan_cache
 from .policies import POLICIES, PolicyResult, adaptive, belady, lru, replay_jobs, run_policy, static

@@ -6,7 +6,7 @@ import math
 import os
 
 from ..experts import ExpertLayout
-from .errors import CacheBudgetError
+from ..errors import CacheBudgetError
 
 MiB = 2**20
 GiB = 2**30

@@ -8,10 +8,9 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from ..errors import ProfileError
+from ..errors import ProfileError, ToolInputError
 from ..experts import ExpertLayout, expert_layout
 from . import jsonout
-from .errors import ToolInputError
 from .progress import Progress
 from .tracefiles import TraceRoutes
 

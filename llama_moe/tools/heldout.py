@@ -25,7 +25,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .errors import ToolInputError
+from ..errors import ToolInputError
 from .policies import HALF_LIFE_TOKENS, PolicyResult, merge_results, run_policy
 from .ranking import pair_counts, rank_counts, rank_pairs, segment_counts
 from .routes import JoinedRoutes, Routes

@@ -13,7 +13,7 @@ from ..cache_sim import MAX_UBATCH
 from ..experts import ExpertLayout
 from ..profile import Profile
 from .budget import MiB, _fixed_bytes, cache_bytes_for_slots, engine_buffer_bytes, engine_slots, mib_to_bytes
-from .errors import ToolInputError
+from ..errors import ToolInputError
 from .heldout import Estimate, FoldCounts, Folds, KFoldResult, choose_folds, fold_counts, kfold_result, t_interval
 from .policies import Job, _Meter, replay_jobs
 from .ranking import prefill_resident

@@ -9,7 +9,7 @@ from typing import Callable
 
 import numpy as np
 
-from .errors import ToolInputError
+from ..errors import ToolInputError
 from .heldout import document_split
 from .routes import Routes
 from .tracefiles import TraceRoutes, token_blocks

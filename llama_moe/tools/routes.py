@@ -17,7 +17,8 @@ import numpy as np
 
 from ..cache_sim import MAX_UBATCH
 from ..experts import ExpertLayout
-from ..trace import RoutingRecord, TraceError
+from ..errors import TraceError
+from ..trace import RoutingRecord
 
 
 def expert_dtype(n_expert: int) -> np.dtype:

@@ -8,7 +8,7 @@ from typing import Callable, Sequence
 
 from ..experts import ExpertLayout
 from .budget import engine_slots, mib_to_bytes
-from .errors import ToolInputError
+from ..errors import ToolInputError
 from .heldout import Folds, KFoldResult, choose_folds, fold_counts, policy_kfold, trace_lengths
 from .policies import POLICIES, Job, PolicyResult, _Meter, replay_jobs
 from .routes import Routes

@@ -5,7 +5,7 @@ import os
 from typing import Callable, Iterator
 
 from ..trace import RoutingRecord
-from .errors import ToolInputError
+from ..errors import ToolInputError
 
 DEFAULT_UBATCH = 32  # tokens per decode: routing does not depend on batching, and 32 is far faster than 1
 
