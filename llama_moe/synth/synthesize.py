@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +20,7 @@ from llama_moe.synth.recency import QWEN3_FREQ_BASE as ROPE_FREQ_BASE
 from llama_moe.synth.config import RoutingConfig, routing_for
 from llama_moe.synth.design import Design, build_design
 from llama_moe.synth.shapes import Shape, get_shape
-from llama_moe.synth.tokenizer import CHAT_TEMPLATE, ENDOFTEXT, IM_END
+from llama_moe.synth.tokenizer import CHAT_TEMPLATE, ENDOFTEXT, IM_END, BpeTokenizer
 
 ARCH = "qwen3moe"  # the default architecture (Shape.arch)
 SYNTH_FORMAT = 2  # bump when the same seed would give different weights
@@ -54,6 +54,8 @@ class SynthInfo:
     n_vocab_used: int  # real tokens (bytes, merges, special); the rest is padding
     seed: int
     routing: RoutingConfig
+    arch: str = ""    # general.architecture, when not the shape's
+    config: str = ""  # archs.CONFIGS name, for the random-weight architectures
 
 
 def _rng(seed: int, *tag: int) -> np.random.Generator:
@@ -344,6 +346,17 @@ def _add_metadata(w: GgufWriter, design: Design, expert_type: GgmlType, shape_na
         w.add_float32(f"{arch}.rope.freq_base", ROPE_FREQ_BASE)
     w.add_uint32(f"{arch}.expert_count", s.n_expert)
     w.add_uint32(f"{arch}.expert_used_count", s.n_expert_used)
+    _add_tokenizer(w, tok)
+    # enough to rebuild the design (and so route tokens in numpy) from the file alone
+    w.add_uint32("llama_moe.synth.format", SYNTH_FORMAT)
+    w.add_string("llama_moe.synth.shape", s.describe())
+    w.add_uint64("llama_moe.synth.seed", design.seed)
+    for f in fields(RoutingConfig):
+        w.add_float32(f"llama_moe.synth.{f.name}", getattr(r, f.name))
+    w.add_uint32("llama_moe.synth.n_vocab_used", tok.n_real)
+
+
+def _add_tokenizer(w: GgufWriter, tok: BpeTokenizer) -> None:
     w.add_string("tokenizer.ggml.model", "gpt2")
     w.add_string("tokenizer.ggml.pre", "qwen2")
     w.add_array("tokenizer.ggml.tokens", list(tok.tokens))
@@ -354,13 +367,6 @@ def _add_metadata(w: GgufWriter, design: Design, expert_type: GgmlType, shape_na
     w.add_uint32("tokenizer.ggml.padding_token_id", tok.token_id(ENDOFTEXT))
     w.add_bool("tokenizer.ggml.add_bos_token", False)
     w.add_string("tokenizer.chat_template", CHAT_TEMPLATE)
-    # enough to rebuild the design (and so route tokens in numpy) from the file alone
-    w.add_uint32("llama_moe.synth.format", SYNTH_FORMAT)
-    w.add_string("llama_moe.synth.shape", s.describe())
-    w.add_uint64("llama_moe.synth.seed", design.seed)
-    for f in fields(RoutingConfig):
-        w.add_float32(f"llama_moe.synth.{f.name}", getattr(r, f.name))
-    w.add_uint32("llama_moe.synth.n_vocab_used", tok.n_real)
 
 
 def synthesize(
@@ -403,6 +409,73 @@ def synthesize(
         path=Path(path), shape=shp, expert_type=et.name.lower(), file_bytes=Path(path).stat().st_size,
         expert_bytes=expert_bytes, n_vocab_used=design.tokenizer.n_real, seed=seed, routing=routing,
     )
+
+
+def synthesize_arch(
+    path: str | os.PathLike[str],
+    config: str,
+    expert_type: str = "q8_0",
+    seed: int = 0,
+    progress: Progress | None = None,
+) -> SynthInfo:
+    """Write the tiny random-weight model of one of archs.CONFIGS (llama.cpp architectures other than
+    qwen3moe and gpt-oss, whose models synthesize() designs), with the tiny shape's tokenizer."""
+    from llama_moe.synth import archs
+    from llama_moe.synth.corpus import load_corpus
+    from llama_moe.synth.design import build_tokenizer
+
+    if seed < 0:
+        raise LlamaMoeError(f"seed must be >= 0, got {seed}")
+    et = _expert_type(expert_type)
+    m = archs.arch_model(config)
+    tiny = get_shape("tiny")
+    tok = build_tokenizer(tiny, load_corpus())
+    dense = GgmlType.F16 if et == GgmlType.F16 else GgmlType.Q8_0
+
+    def ne_of(spec: archs.TensorSpec) -> tuple[int, ...]:
+        return tuple(tiny.n_vocab if x == -1 else x for x in spec.ne)
+
+    def type_of(spec: archs.TensorSpec) -> GgmlType:
+        ne = ne_of(spec)
+        if spec.kind.startswith("exps"):
+            return et
+        if len(ne) == 1 or spec.kind in ("router", "mat_f32") or ne[0] % 32:
+            return GgmlType.F32
+        return dense
+
+    def data(k: int, spec: archs.TensorSpec) -> Iterator[np.ndarray]:
+        ne = ne_of(spec)
+        if spec.kind.startswith("exps"):
+            scale = archs.expert_scale(spec)
+            for e in range(ne[2]):
+                yield random_quantized(et, (ne[1], ne[0]), _rng(seed, 50, k, e), scale)
+            return
+        x = archs.values(archs.TensorSpec(spec.name, ne, spec.kind), _rng(seed, 51, k))
+        yield quantize(x, type_of(spec))
+
+    with GgufWriter(path, m.arch) as w:
+        w.add_string("general.name", f"llama-moe synthetic {config} tiny")
+        w.add_uint32("general.file_type", _FILE_TYPE[et])
+        w.add_uint32("general.quantization_version", 2)
+        for key, value, vtype in m.keys:
+            w.add_key_value(key, value, vtype)
+        _add_tokenizer(w, tok)
+        w.add_uint32("llama_moe.synth.format", SYNTH_FORMAT)
+        w.add_string("llama_moe.synth.config", config)
+        w.add_uint64("llama_moe.synth.seed", seed)
+        for spec in m.tensors:
+            w.declare_tensor(spec.name, ne_of(spec), type_of(spec))
+        w.write_header()
+        for k, spec in enumerate(m.tensors):
+            w.write_tensor_data(spec.name, data(k, spec))
+            if progress:
+                progress(w.bytes_written, w.total_bytes)
+    d = archs.Dims()
+    expert_bytes = 3 * tensor_nbytes(et, (d.n_embd, d.n_ff_exp))
+    shape = replace(tiny, n_layer=d.n_layer, n_expert=d.n_expert, n_expert_used=d.n_expert_used, n_ff_exp=d.n_ff_exp)
+    return SynthInfo(path=Path(path), shape=shape, expert_type=et.name.lower(), file_bytes=Path(path).stat().st_size,
+                     expert_bytes=expert_bytes, n_vocab_used=tok.n_real, seed=seed, routing=routing_for(tiny),
+                     arch=m.arch, config=config)
 
 
 def load_design(path: str | os.PathLike[str]) -> Design:
