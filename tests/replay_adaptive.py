@@ -15,7 +15,7 @@ from collections import Counter
 
 import numpy as np
 
-from llama_moe.commands.bench_adaptive import CONFIGS, held_out_paragraphs, recovery
+from llama_moe.bench.adaptive import CONFIGS, held_out_paragraphs, recovery
 from llama_moe.synth.corpus import TOPICS, split_paragraphs
 from llama_moe.synth.design import build_design
 from llama_moe.synth.routing import route

@@ -16,7 +16,8 @@ import pytest
 
 from llama_moe import Context, ContextParams, Model, ModelLoadError, ModelParams, MoeCacheWarning, ParameterError
 from llama_moe.cli import main
-from llama_moe.commands.serve import ServePlanError, plan_serve
+from llama_moe.errors import ServePlanError
+from llama_moe.server.plan import plan_serve
 from llama_moe.devices import Device
 from llama_moe.experts import expert_layout
 from llama_moe.profile import Profile, write_profile

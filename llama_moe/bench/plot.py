@@ -4,15 +4,12 @@ matplotlib is optional (``pip install 'llama_moe[bench]'``) and imported only wh
 drawn on the Agg canvas, never through pyplot, so no display or global backend is touched."""
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable
+from typing import Iterable
 
-from ._atomic import atomic_writer
-from .errors import PlotUnavailableError
-
-if TYPE_CHECKING:
-    from .commands.bench import BenchRow
+from .._atomic import atomic_writer
+from ..errors import PlotUnavailableError
+from .throughput import BenchRow
 
 INSTALL_HINT = "pip install 'llama_moe[bench]'"
 
@@ -35,13 +32,9 @@ def _matplotlib():
     return matplotlib, Figure, FigureCanvasAgg
 
 
-def png_path(value: str) -> Path:
-    """argparse ``type`` of ``--png``: refuses the option before any measurement when matplotlib is missing."""
-    try:
-        _matplotlib()
-    except PlotUnavailableError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return Path(value)
+def require_matplotlib() -> None:
+    """Raises PlotUnavailableError when matplotlib is missing: checked before any measurement."""
+    _matplotlib()
 
 
 def _family(mode: str) -> str:

@@ -5,7 +5,6 @@ the libraries and tools into ``<cache>/<base>-<patch hash>-<cpu|cuda>/`` with a 
 """
 from __future__ import annotations
 
-import argparse
 import filecmp
 import json
 import logging
@@ -224,54 +223,22 @@ def build(source: str | None = None, variant_choice: str = "auto", cuda_archs: s
     return BuildResult(install, variant, patch_hash, True, elapsed, manifest)
 
 
-def make_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
-    p = parser or argparse.ArgumentParser(prog="build_native.py", description=__doc__.splitlines()[0])
-    p.add_argument("--source", help="a llama.cpp tree, the llama-cpp-python sdist or a bundle (default: $LLAMA_MOE_SOURCE, "
-                                    "then the download cache, then pip)")
-    kind = p.add_mutually_exclusive_group()
-    kind.add_argument("--cuda", dest="variant", action="store_const", const="cuda", help="build for CUDA or fail")
-    kind.add_argument("--cpu", dest="variant", action="store_const", const="cpu", help="build for the CPU only")
-    p.set_defaults(variant="auto")
-    p.add_argument("--cuda-arch", help="CMAKE_CUDA_ARCHITECTURES, e.g. 90-real (default: the visible GPUs')")
-    p.add_argument("--lib-only", action="store_true", help="only libllama and ggml, no llama-server/-cli/-bench")
-    p.add_argument("--tests", action="store_true", help="also build test-backend-ops")
-    p.add_argument("-j", "--jobs", type=int, help="parallel compile jobs (default: all cores)")
-    p.add_argument("--verbose", action="store_true", help="stream the compiler output instead of a progress bar")
-    p.add_argument("--force", action="store_true", help="rebuild and reinstall even when up to date")
-    p.add_argument("--bundle", metavar="OUT.tar.xz", help="write a trimmed source bundle (no build)")
-    p.add_argument("--dev", metavar="DIR", help="write a git tree, one commit per patch, for editing (no build)")
-    p.add_argument("--export", metavar="DIR", help="write patches/ back from a --dev tree's commits (no build)")
-    p.add_argument("--cmake-arg", action="append", default=[], help="an extra CMake argument (repeatable)")
-    return p
-
-
-def run(args: argparse.Namespace) -> int:
+def bundle(out: Path, source: str | None = None) -> int:
+    """Writes a trimmed source bundle of the pinned base for a machine without network; returns its size."""
     series = PatchSeries(paths.patches_dir())
     pin = BasePin.read(series.root / "BASE")
-    if args.bundle:
-        size = write_bundle(pristine_tree(pin, paths.cache_dir(), args.source), pin, Path(args.bundle))
-        print(f"wrote {args.bundle}: {size / 2**20:.1f} MiB")
-        return 0
-    if args.dev:
-        make_dev_tree(series, pristine_tree(pin, paths.cache_dir(), args.source), Path(args.dev))
-        print(f"dev tree at {args.dev}: edit, commit (amend or fixup into the patch's commit), then --export {args.dev}")
-        return 0
-    if args.export:
-        names = export_dev_tree(series, Path(args.export))
-        print(f"exported {len(names)} patches and {len(series.new_files())} new files to {series.root}")
-        return 0
-    result = build(args.source, args.variant, args.cuda_arch, tools=not args.lib_only, tests=args.tests,
-                   jobs=args.jobs, verbose=args.verbose, force=args.force, cmake_extra=args.cmake_arg)
-    state = "built" if result.rebuilt else "up to date"
-    print(f"{state}: {result.install_dir} ({result.variant}, patches {result.patch_hash}, {result.seconds:.1f} s)")
-    return 0
+    return write_bundle(pristine_tree(pin, paths.cache_dir(), source), pin, out)
 
 
-def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    args = make_parser().parse_args(argv)
-    try:
-        return run(args)
-    except BuildError as exc:
-        print(f"build failed: {exc}", file=sys.stderr)
-        return 1
+def dev_tree(dest: Path, source: str | None = None) -> None:
+    """A git tree at ``dest`` with one commit per patch, to edit the C++ in place."""
+    series = PatchSeries(paths.patches_dir())
+    pin = BasePin.read(series.root / "BASE")
+    make_dev_tree(series, pristine_tree(pin, paths.cache_dir(), source), dest)
+
+
+def export(dev: Path) -> tuple[list[str], int, Path]:
+    """Writes ``patches/`` back from a dev tree's commits: (the patches, the number of new files, the folder)."""
+    series = PatchSeries(paths.patches_dir())
+    names = export_dev_tree(series, dev)
+    return names, len(series.new_files()), series.root

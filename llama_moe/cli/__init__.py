@@ -1,4 +1,5 @@
-"""``python -m llama_moe <command>``: each command lives in its own module and registers itself here.
+"""``python -m llama_moe <command>``: the command-line layer. Each command is a module of its own here that
+parses its options, calls the library and prints; it registers itself in ``make_parser``.
 
 Every command fails the same way on what a user can get wrong (a path, a number, a file that is not what it
 should be, a server that is down): one line on stderr, ``llama_moe COMMAND: error: ...``, and exit status 2;
@@ -13,7 +14,7 @@ import math
 import sys
 from typing import Callable, NoReturn
 
-from .errors import LlamaMoeError, ParameterError
+from ..errors import LlamaMoeError, ParameterError
 
 EXIT_ERROR = 2  # an input the command cannot use (argparse's own status for a bad command line)
 
@@ -33,11 +34,11 @@ PROFILES: dict[str, tuple[tuple[str, str], ...]] = {
 
 
 def _commands() -> list[Callable[[argparse._SubParsersAction], None]]:
-    from .commands import (audit, bench, bench_adaptive, build_cmd, check_all, check_api, check_audit, code_eval, info, monitor,
-                           plan, predict, profile, serve, simulate, stats, trace)
-    from .synth import cli as synth_cli
+    from ..synth import cli as synth_cli
+    from . import (audit, bench, bench_adaptive, build, check_all, check_api, check_audit, code_eval, info, monitor, plan,
+                   predict, profile, serve, simulate, stats, trace)
 
-    return [stats.register, build_cmd.register, synth_cli.register, synth_cli.register_report, bench.register, serve.register, check_api.register,
+    return [stats.register, build.register, synth_cli.register, synth_cli.register_report, bench.register, serve.register, check_api.register,
             info.register, audit.register, monitor.register, trace.register, profile.register, plan.register,
             simulate.register, predict.register, bench_adaptive.register, check_audit.register, code_eval.register, check_all.register]
 
@@ -100,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
                                                    logging.INFO if args.verbose else logging.WARNING)
     name = " ".join(x for x in ("llama_moe", args.command, getattr(args, "audit_command", None)) if x)
     try:
-        from .tools.cmdline import check_output_dir, check_output_file, check_profile_file
+        from .common import check_output_dir, check_output_file, check_profile_file
 
         command = parser.command_parsers[args.command]  # type: ignore[attr-defined]
         check_finite(command, args)

@@ -6,7 +6,7 @@ import dataclasses
 import json
 import sys
 
-from ..audit import check_audit, format_summary, summarize
+from ..server.audit import check_audit, format_summary, summarize
 
 
 def register(sub: argparse._SubParsersAction) -> None:

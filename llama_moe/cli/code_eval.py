@@ -7,16 +7,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
 import requests
 
-from ..code_eval import SUITES, evaluate
 from ..errors import CodeEvalError, ServerStartError
-from ..server_process import launch, server_binary
-from ..tools.cmdline import request_error
+from ..server.code_eval import SUITES, evaluate, serve_and_evaluate
+from ..server.http import request_error
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -47,7 +45,8 @@ def run(args: argparse.Namespace) -> int:
         if args.no_server:
             result = evaluate(url, tasks, args.suite, args.max_tokens, args.api_key, log)
         else:
-            result = _serve_and_evaluate(args, url, tasks, log)
+            result = serve_and_evaluate(Path(args.model), tasks, args.suite, args.port, args.max_tokens, args.api_key,
+                                        args.profile, args.hybrid, args.ctx, tuple(getattr(args, "passthrough", ())), log)
     except ServerStartError as exc:
         raise CodeEvalError(f"{url}: {exc}") from exc
     except requests.RequestException as exc:
@@ -57,19 +56,3 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(f"{args.suite}: {result.n_passed} of {len(result.results)} tasks passed ({Path(args.model).name}, {url})")
     return 0 if result.n_passed >= args.min_pass else 1
-
-
-def _serve_and_evaluate(args: argparse.Namespace, url: str, tasks, log):
-    from ..devices import gpus
-    from .serve import plan_serve
-
-    g = gpus()
-    extra = tuple(getattr(args, "passthrough", ()))
-    plan = plan_serve(Path(args.model), server_binary(), gpu_free_mib=g[0].mib_free if g else None,
-                      gpu_name=g[0].name if g else None, n_ctx=args.ctx, profile=args.profile, hybrid=args.hybrid,
-                      api_key=args.api_key, port=args.port, extra=extra)
-    log(plan.describe())
-    work = Path(tempfile.mkdtemp(prefix="code-eval-"))
-    with launch(plan.command, url, work / "server.log", timeout=600) as server:
-        log(f"serving at {server.url} (log: {server.log})")
-        return evaluate(url, tasks, args.suite, args.max_tokens, args.api_key, log)

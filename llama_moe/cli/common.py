@@ -1,5 +1,5 @@
-"""What the tool commands share: reading inputs with errors that say what is wrong, the --json and
---quiet options, and printing a report as text or JSON."""
+"""What the commands share: reading inputs with errors that say what is wrong, the files a command writes
+checked before it runs, the --json and --quiet options, and printing a report as text or JSON."""
 from __future__ import annotations
 
 import argparse
@@ -12,7 +12,7 @@ from ..errors import ProfileError, ToolInputError
 from ..experts import ExpertLayout, expert_layout
 from . import jsonout
 from .progress import Progress
-from .tracefiles import TraceRoutes
+from ..tools.tracefiles import TraceRoutes
 
 
 def _not_a_file(path: str | os.PathLike[str], what: str) -> str:
@@ -104,22 +104,6 @@ def check_output_dir(path: str | os.PathLike[str] | None, option: str = "") -> N
         raise ToolInputError(f"{_where(option, path)}: cannot write in {existing} (permission denied)")
 
 
-def request_error(exc: BaseException) -> str:
-    """What went wrong with an HTTP request, in a few words: the socket's own error ("Connection refused")
-    when there is one, not the client library's chain of wrappers."""
-    seen: set[int] = set()
-    todo: list[BaseException | None] = [exc]
-    while todo:
-        e = todo.pop(0)
-        if e is None or id(e) in seen:
-            continue
-        seen.add(id(e))
-        if isinstance(e, OSError) and e.strerror:
-            return e.strerror
-        todo += [getattr(e, "reason", None), e.__cause__, e.__context__, *(a for a in e.args if isinstance(a, BaseException))]
-    return str(exc)
-
-
 def add_output_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the text report")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar on stderr")
@@ -151,3 +135,13 @@ def emit(args: argparse.Namespace, report: Any, text: Callable[[Any], str]) -> N
 def rate(x: float | None) -> str:
     """A hit rate, or "n/a" where there is none (no routing, or nothing looked up)."""
     return "   n/a" if x is None else f"{x:6.4f}"
+
+
+def kfold_arg(text: str) -> int | str:
+    """``--kfold``'s value: a number of contiguous folds, or ``trace`` / ``auto``."""
+    if text in ("trace", "auto"):
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of folds, 'trace' or 'auto', got {text!r}") from None

@@ -19,7 +19,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..monitor import MonitorServer
+    from ..server.monitor import MonitorServer
 
     if not 0 <= args.port < 65536:
         raise MonitorError(f"--port must be from 0 (any free port) to 65535, got {args.port}")

@@ -6,12 +6,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..profile import write_profile
-from ..tools.budget import cache_mib_for_vram, non_expert_bytes
-from ..tools.cmdline import add_output_options, emit, model_layout, progress, rate, read_traces
 from ..errors import ToolInputError
-from ..tools.heldout import kfold_arg
-from ..tools.planning import Plan, plan_cache
+from ..profile import write_profile
+from ..tools.planning import Plan, plan_cache, vram_budget
+from .common import add_output_options, emit, kfold_arg, model_layout, progress, rate, read_traces
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -75,9 +73,7 @@ def run(args: argparse.Namespace) -> int:
     if args.cache_mib is not None:
         mib, budget = args.cache_mib, ""
     else:
-        mib = cache_mib_for_vram(args.model, layout, args.vram_gib, args.reserve_gib)
-        budget = (f"{args.vram_gib:g} GiB of VRAM - {args.reserve_gib:g} GiB reserve - "
-                  f"{non_expert_bytes(args.model, layout) / 2**30:.2f} GiB of non-expert weights")
+        mib, budget = vram_budget(args.model, layout, args.vram_gib, args.reserve_gib)
     routes = read_traces(args, args.trace, layout) if args.trace else None
     plan, profile = plan_with_progress(args, layout, mib, routes, budget)
     if args.out and profile is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..tools.cmdline import add_output_options, emit, model_layout, progress, rate, read_traces
+from .common import add_output_options, emit, model_layout, progress, rate, read_traces
 from ..tools.prediction import PredictReport, predict_routes
 
 

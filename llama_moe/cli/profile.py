@@ -4,16 +4,15 @@ prints the plan for one size with its held-out hit rate."""
 from __future__ import annotations
 
 import argparse
-import math
 from pathlib import Path
 
-from ..profile import write_profile
-from ..tools.budget import MiB, cache_bytes_for_slots
-from ..tools.cmdline import add_output_options, check_output_file, emit, model_layout, progress, read_text
 from ..errors import ToolInputError
+from ..profile import write_profile
+from ..tools.planning import slots_budget
 from ..tools.routes import routes_from_records
 from ..tools.tracing import DEFAULT_UBATCH, trace_text
 from ..trace import write_trace
+from .common import add_output_options, check_output_file, emit, model_layout, progress, read_text
 from .plan import add_plan_options, check_plan_options, format_plan, plan_with_progress, warn_json
 
 
@@ -46,10 +45,7 @@ def run(args: argparse.Namespace) -> int:
     if args.cache_mib is not None:
         mib, budget = args.cache_mib, ""
     else:
-        slots = args.slots if args.slots is not None else max(1, layout.n_expert // 4)
-        # up to the next 0.01 MiB, a printable size: less than a slot of any real model
-        mib = math.ceil(cache_bytes_for_slots(layout, slots, args.hybrid) / MiB * 100) / 100
-        budget = f"{slots} slots per layer"
+        mib, budget = slots_budget(layout, args.slots, args.hybrid)
     bar = progress(args, "tokens traced")
     try:
         records = trace_text(args.model, text, args.ctx, args.threads, args.ubatch, bar)

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import argparse
 
-from ..tools.cmdline import add_output_options, check_files, emit, model_layout, progress, rate, read_traces
+from .common import add_output_options, check_files, emit, kfold_arg, model_layout, progress, rate, read_traces
 from ..errors import ToolInputError
-from ..tools.heldout import Estimate, kfold_arg
+from ..tools.heldout import Estimate
 from ..tools.policies import POLICIES, PolicyResult
 from ..tools.simulation import SimulateReport, SizeResult, simulate_sizes
 

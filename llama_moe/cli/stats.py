@@ -7,119 +7,15 @@ import dataclasses
 import json
 import os
 import sys
-import warnings
-from dataclasses import dataclass
 from pathlib import Path
 
-from ..context import Context, Sampling
+from ..bench.stats import format_report, run_stats
+from ..context import Sampling
 from ..default_model import default_model_path, default_prompt
-from ..experts import ExpertLayout, expert_layout
-from ..model import Model
-from ..errors import MoeCacheWarning, ParameterError, ServerError
+from ..errors import ParameterError, ServerError
 from ..params import ContextParams, ModelParams
-from ..server_metrics import MoeCacheMetrics, ServerMetrics, fetch_server_metrics
-from ..stats import LayerStats, MoeCacheStats, lookups_line
-
-
-@dataclass(frozen=True)
-class StatsReport:
-    model: str
-    description: str
-    library: str
-    variant: str
-    experts_in_ram: str
-    layout: ExpertLayout
-    n_prompt: int
-    n_gen: int
-    prompt_tps: float
-    gen_tps: float
-    text: str
-    cache: MoeCacheStats | None
-    cache_layers: tuple[LayerStats, ...]
-    cache_off_reason: str | None = None  # a cache was asked for, and llama.cpp went on without it: why
-
-
-def run_stats(model_path: Path, model_params: ModelParams, ctx_params: ContextParams, prompt: str,
-              n_gen: int, sampling: Sampling) -> StatsReport:
-    from .. import _loader
-
-    layout = expert_layout(model_path)
-    with Model(model_path, model_params) as model:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", MoeCacheWarning)  # the report says it (cache_off_reason)
-            ctx = Context(model, ctx_params)
-        with ctx:
-            # A warm-up decode, so that one-time allocations do not count against the prompt.
-            ctx.decode(model.tokenize("warm up"))
-            ctx.reset()
-            ctx.reset_perf()
-            completion = ctx.complete(prompt, n_gen, sampling, stop_at_eog=False)  # always n_gen tokens, like llama-bench
-            perf = ctx.perf()
-            placement = ("all layers (cpu_moe)" if model_params.cpu_moe else
-                         f"layers 0..{model_params.n_cpu_moe - 1} (n_cpu_moe)" if model_params.n_cpu_moe else
-                         "none (experts on the default device)")
-            manifest = _loader.manifest()
-            return StatsReport(str(model_path), model.description, str(_loader.library_path()),
-                               manifest.get("variant", "?"), placement, layout, perf.n_prompt, perf.n_gen,
-                               perf.prompt_tps, perf.gen_tps, completion.text, ctx.moe_cache_stats(),
-                               tuple(ctx.layer_stats()), ctx.moe_cache_off_reason)
-
-
-def _cache_lines(c: MoeCacheStats | MoeCacheMetrics | None, off_reason: str | None = None) -> list[str]:
-    """The MoE cache's summary lines, the same for a local run and a server's /metrics."""
-    if c is None and off_reason:
-        return [f"MoE cache    OFF: asked for, but llama.cpp went on without it: {off_reason}"]
-    if c is None:
-        return ["MoE cache    none (--moe-cache-mib N turns it on)"]
-    mode = "hybrid" if c.hybrid else "upload"
-    moved = (f"the CPU computed the misses, reading {c.n_bytes_cpu / 2**20:.2f} MiB" if c.hybrid else
-             f"{c.n_bytes_upload / 2**20:.2f} MiB uploaded")
-    return [f"MoE cache    {mode} mode, {c.n_bytes_cache / 2**20:.2f} MiB, {c.n_slots} slots, {c.n_prefilled} prefilled by the profile",
-            f"             hit rate {c.hit_rate:.3f} ({c.n_hit} hits, {c.n_hit_profile} from the profile, {c.n_miss} misses), {moved}",
-            "             " + lookups_line(c.n_hit, c.n_miss, c.n_refused, c.hybrid, c.n_swap, c.n_resident, c.n_slots)]
-
-
-def format_report(r: StatsReport) -> str:
-    lay, c = r.layout, r.cache
-    lines = [
-        f"model        {r.model}",
-        f"             {r.description}; {lay.n_moe_layers} MoE layers x {lay.n_expert} experts, {lay.n_expert_used} used per token",
-        f"library      {r.library} ({r.variant})",
-        f"experts      in RAM: {r.experts_in_ram}",
-        f"prompt       {r.n_prompt} tokens at {r.prompt_tps:.1f} tok/s",
-        f"generation   {r.n_gen} tokens at {r.gen_tps:.1f} tok/s",
-    ]
-    lines += _cache_lines(c, r.cache_off_reason)
-    header = "layer  experts  used/token  bytes/expert  expert type"
-    lines += ["", header + ("  slots   hits  misses  refused  hit rate" if c is not None else "")]
-    per_layer = {l.il: l for l in r.cache_layers}
-    for layer in lay.layers:
-        line = f"{layer.il:5d}  {layer.n_expert:7d}  {lay.n_expert_used:10d}  {layer.bytes_per_expert:12,d}  {layer.type_name:11s}"
-        cached = per_layer.get(layer.il)
-        if cached is not None:
-            line += (f"  {cached.n_slots:5d}  {cached.n_hit:5d}  {cached.n_miss:6d}  {cached.n_refused:7d}"
-                     f"  {cached.hit_rate:8.3f}")
-        lines.append(line)
-    lines += ["", f"text: {r.text!r}"]
-    return "\n".join(lines)
-
-
-def format_server_report(server: str, m: ServerMetrics) -> str:
-    """The local report's lines that a running llama-server's /metrics can fill."""
-    c = m.moe_cache
-    lines = [f"server       {server} ({m.requests_processing} requests processing)",
-             f"prompt       {m.prompt_tokens} tokens at {m.prompt_tps:.1f} tok/s",
-             f"generation   {m.tokens_predicted} tokens at {m.gen_tps:.1f} tok/s"]
-    lines += _cache_lines(c)
-    if c is not None:
-        lines.append(f"             {c.n_copy} experts copied from the cache by large batches, {c.n_swap} swapped in")
-        lines += ["", "layer   hits  from profile  misses  refused  hit rate"]
-        for il, (hits, prof, miss) in c.layers.items():
-            refused = c.layers_refused.get(il, 0)
-            looked = hits + miss + refused
-            rate = hits / looked if looked else 0.0
-            lines.append(f"{il:5d}  {hits:5d}  {prof:12d}  {miss:6d}  {refused:7d}  {rate:8.3f}")
-    return "\n".join(lines)
+from ..server.metrics import fetch_server_metrics
+from ..server.report import format_server_report
 
 
 def run_server(args: argparse.Namespace) -> int:

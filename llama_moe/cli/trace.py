@@ -3,33 +3,9 @@ every MoE layer selected, one record per token and layer (the reference routing 
 from __future__ import annotations
 
 import argparse
-import time
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Iterator
 
-from ..trace import RoutingRecord, write_trace
-from ..tools.cmdline import add_output_options, emit, model_layout, progress, read_text
-from ..tools.tracing import DEFAULT_UBATCH, iter_trace
-
-
-@dataclass(frozen=True)
-class TraceReport:
-    model: str
-    text: str
-    out: str
-    n_tokens: int
-    n_layers: int        # MoE layers traced
-    k: int               # experts per token
-    n_records: int       # (token, layer) records written
-    bytes: int
-    seconds: float
-    ctx: int
-    ubatch: int
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.n_tokens / self.seconds if self.seconds > 0 else 0.0
+from ..tools.tracing import DEFAULT_UBATCH, TraceReport, trace_to_file
+from .common import add_output_options, emit, model_layout, progress, read_text
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -51,22 +27,10 @@ def run(args: argparse.Namespace) -> int:
     layout = model_layout(args.model)
     text = read_text(args.text)
     bar = progress(args, "tokens traced")
-    tokens = 0
-
-    def counted(records: Iterator[RoutingRecord]) -> Iterator[RoutingRecord]:
-        nonlocal tokens
-        for rec in records:
-            if rec.il == layout.layers[0].il:
-                tokens += rec.n_tokens
-            yield rec
-
-    t0 = time.monotonic()
     try:  # written whole or not at all (write_trace)
-        n = write_trace(args.out, counted(iter_trace(args.model, text, args.ctx, args.threads, args.ubatch, bar)))
+        report = trace_to_file(args.model, text, args.text, args.out, layout, args.ctx, args.threads, args.ubatch, bar)
     finally:
         bar.close()
-    report = TraceReport(args.model, args.text, args.out, tokens, layout.n_moe_layers, layout.n_expert_used, n,
-                         Path(args.out).stat().st_size, time.monotonic() - t0, args.ctx, args.ubatch)
     emit(args, report, format_report)
     return 0
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
-from .errors import AuditError, problems_text
+from ..errors import AuditError, problems_text
 
 EVENTS = ("load", "ready", "request", "exit")
 # the context's counters since its creation, in every record (the C API's llama_moe_cache_stats)

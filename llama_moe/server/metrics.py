@@ -6,8 +6,8 @@ import math
 import re
 from dataclasses import dataclass, field
 
-from .errors import MetricsError, ServerError
-from .stats import HitRate
+from ..errors import MetricsError, ServerError
+from ..stats import HitRate
 
 PREFIX = "llamacpp:moe_cache_"
 # series name (without PREFIX) -> the MoeCacheMetrics field it fills; the reference's "Server metrics" table

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import requests
 
-from .errors import ServerStartError
+from ..errors import ServerStartError
 
 
 def server_binary() -> Path:
     """The llama-server built with the loaded libllama (python -m llama_moe build, without --lib-only)."""
-    from . import _loader
+    from .. import _loader
 
     _loader.get_lib()
     binary = Path(str(_loader.library_path())).parent / "llama-server"
@@ -91,3 +91,11 @@ def launch(command: list[str] | tuple[str, ...], url: str, log: Path, env: dict[
 
 def _tail(log: Path) -> str:
     return log.read_text(errors="replace")[-3000:] if log.is_file() else "(no log)"
+
+
+def run_in_foreground(command: list[str] | tuple[str, ...]) -> int:
+    """Runs a llama-server command line in this terminal, handing it Ctrl-C and SIGTERM, until it exits."""
+    proc = subprocess.Popen(list(command))
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda s, f: proc.send_signal(s))
+    return proc.wait()

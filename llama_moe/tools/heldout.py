@@ -18,7 +18,6 @@ replays every fold at once, each with a fresh cache from its own profile (``poli
 token is kept."""
 from __future__ import annotations
 
-import argparse
 import math
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -160,16 +159,6 @@ def choose_folds(routes: Routes | JoinedRoutes | TraceRoutes, folds: "int | str 
     if isinstance(folds, bool) or not isinstance(folds, (int, np.integer)):
         raise ToolInputError(f"folds: a number, 'auto' or 'trace', got {folds!r}")
     return Folds(tuple(fold_bounds(n, int(folds))), False, len(lengths))
-
-
-def kfold_arg(text: str) -> int | str:
-    """``--kfold``'s value: a number of contiguous folds, or ``trace`` / ``auto``."""
-    if text in ("trace", "auto"):
-        return text
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of folds, 'trace' or 'auto', got {text!r}") from None
 
 
 def min_fold_tokens(policy: str) -> int:

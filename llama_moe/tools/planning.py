@@ -12,7 +12,8 @@ import numpy as np
 from ..cache_sim import MAX_UBATCH
 from ..experts import ExpertLayout
 from ..profile import Profile
-from .budget import MiB, _fixed_bytes, cache_bytes_for_slots, engine_buffer_bytes, engine_slots, mib_to_bytes
+from .budget import (MiB, _fixed_bytes, cache_bytes_for_slots, cache_mib_for_vram, engine_buffer_bytes, engine_slots,
+                     mib_to_bytes, non_expert_bytes)
 from ..errors import ToolInputError
 from .heldout import Estimate, FoldCounts, Folds, KFoldResult, choose_folds, fold_counts, kfold_result, t_interval
 from .policies import Job, _Meter, replay_jobs
@@ -104,6 +105,20 @@ def refusal_warnings(layout: ExpertLayout, slots: dict[int, int], hybrid: bool) 
                 f"their experts from RAM; {need} slots (--moe-cache-mib {mib(need)}) take them all, and the hybrid "
                 f"(--hybrid) refuses nothing",)
     return ()
+
+
+def vram_budget(model: str, layout: ExpertLayout, vram_gib: float, reserve_gib: float) -> tuple[int, str]:
+    """The cache size a GPU of ``vram_gib`` leaves (``budget.cache_mib_for_vram``), and how it was reached."""
+    mib = cache_mib_for_vram(model, layout, vram_gib, reserve_gib)
+    return mib, (f"{vram_gib:g} GiB of VRAM - {reserve_gib:g} GiB reserve - "
+                 f"{non_expert_bytes(model, layout) / 2**30:.2f} GiB of non-expert weights")
+
+
+def slots_budget(layout: ExpertLayout, slots: int | None, hybrid: bool) -> tuple[float, str]:
+    """The cache size that gives ``slots`` slots per layer (default: a quarter of the experts), rounded up to the
+    next 0.01 MiB (a printable size, less than a slot of any real model), and how it was reached."""
+    slots = slots if slots is not None else max(1, layout.n_expert // 4)
+    return math.ceil(cache_bytes_for_slots(layout, slots, hybrid) / MiB * 100) / 100, f"{slots} slots per layer"
 
 
 def plan_cache(model: str, layout: ExpertLayout, cache_mib: float, hybrid: bool,

@@ -2,9 +2,13 @@
 from __future__ import annotations
 
 import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Iterator
 
-from ..trace import RoutingRecord
+from ..experts import ExpertLayout
+from ..trace import RoutingRecord, write_trace
 from ..errors import ToolInputError
 
 DEFAULT_UBATCH = 32  # tokens per decode: routing does not depend on batching, and 32 is far faster than 1
@@ -48,3 +52,41 @@ def trace_text(model_path: str | os.PathLike[str], text: str, n_ctx: int = 4096,
                ubatch: int = DEFAULT_UBATCH, progress: Callable[[int, int], None] | None = None) -> list[RoutingRecord]:
     """The routing of ``text`` as a list (see iter_trace)."""
     return list(iter_trace(model_path, text, n_ctx, n_threads, ubatch, progress))
+
+
+@dataclass(frozen=True)
+class TraceReport:
+    model: str
+    text: str
+    out: str
+    n_tokens: int
+    n_layers: int        # MoE layers traced
+    k: int               # experts per token
+    n_records: int       # (token, layer) records written
+    bytes: int
+    seconds: float
+    ctx: int
+    ubatch: int
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.n_tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+def trace_to_file(model_path: str | os.PathLike[str], text: str, text_name: str, out: str | os.PathLike[str],
+                  layout: ExpertLayout, n_ctx: int = 4096, n_threads: int | None = None, ubatch: int = DEFAULT_UBATCH,
+                  progress: Callable[[int, int], None] | None = None) -> TraceReport:
+    """Traces ``text`` (``iter_trace``) into the routing trace file ``out``, written whole or not at all."""
+    tokens = 0
+
+    def counted(records: Iterator[RoutingRecord]) -> Iterator[RoutingRecord]:
+        nonlocal tokens
+        for rec in records:
+            if rec.il == layout.layers[0].il:
+                tokens += rec.n_tokens
+            yield rec
+
+    t0 = time.monotonic()
+    n = write_trace(out, counted(iter_trace(model_path, text, n_ctx, n_threads, ubatch, progress)))
+    return TraceReport(str(model_path), text_name, str(out), tokens, layout.n_moe_layers, layout.n_expert_used, n,
+                       Path(out).stat().st_size, time.monotonic() - t0, n_ctx, ubatch)

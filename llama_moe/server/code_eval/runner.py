@@ -11,7 +11,8 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import Callable
+from pathlib import Path
+from typing import Callable, Sequence
 
 import requests
 
@@ -100,3 +101,19 @@ def evaluate(server: str, tasks: tuple[Task, ...], suite: str = "", max_tokens: 
         results.append(TaskResult(task.name, passed, detail, seconds, code))
         log(f"{'PASS' if passed else 'FAIL'}  {task.name:16} {seconds:6.1f} s  {detail}")
     return CodeEvalResult(suite, server, tuple(results))
+
+
+def serve_and_evaluate(model: Path, tasks: Sequence[Task], suite: str, port: int, max_tokens: int = 700,
+                       api_key: str | None = None, profile: str | None = None, hybrid: bool = False, ctx: int = 4096,
+                       extra: tuple[str, ...] = (), log: Callable[[str], None] = print) -> CodeEvalResult:
+    """Serves ``model`` as ``serve`` would (the cache fitted to the GPU) on 127.0.0.1:``port``, and evaluates."""
+    from ..plan import plan_for_gpu
+    from ..process import launch
+
+    url = f"http://127.0.0.1:{port}"
+    plan = plan_for_gpu(model, n_ctx=ctx, profile=profile, hybrid=hybrid, api_key=api_key, port=port, extra=extra)
+    log(plan.describe())
+    work = Path(tempfile.mkdtemp(prefix="code-eval-"))
+    with launch(plan.command, url, work / "server.log", timeout=600) as server:
+        log(f"serving at {server.url} (log: {server.log})")
+        return evaluate(url, tasks, suite, max_tokens, api_key, log)
