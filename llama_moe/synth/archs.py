@@ -508,7 +508,67 @@ def _gemma4(d: Dims, scaled: bool) -> ArchModel:
                    + "gate and up experts merged, a dense FFN beside the experts, sliding-window attention")
 
 
+def _nemotron_h_moe(d: Dims, per_layer_k: bool) -> ArchModel:
+    """Nemotron-H MoE: Mamba-2 layers, attention layers and MoE layers, each its own block; experts without a
+    gate (up, then squared ReLU, then down) beside a gate-less shared expert; sigmoid gating with a selection
+    bias. Which block a layer is follows from its per-layer head_count_kv and feed_forward_length."""
+    b = _Builder("nemotron_h_moe", d)
+    kinds = ["ssm", "moe", "attn", "moe"][: d.n_layer]
+    d_inner, d_state, n_group, n_ssm_head = 2 * d.n_embd, 16, 1, 8
+    b.base_keys()
+    b.keys = [k for k in b.keys if k[0] not in {t.format(arch="nemotron_h_moe") for t in (
+        Keys.LLM.FEED_FORWARD_LENGTH, Keys.Attention.HEAD_COUNT_KV, Keys.LLM.EXPERT_USED_COUNT)}]
+    b.key(Keys.LLM.FEED_FORWARD_LENGTH, [d.n_ff if k == "moe" else 0 for k in kinds], GGUFValueType.ARRAY)
+    b.key(Keys.Attention.HEAD_COUNT_KV, [d.n_head_kv if k == "attn" else 0 for k in kinds], GGUFValueType.ARRAY)
+    if per_layer_k:  # as the heterogeneous (Puzzle) models store it: 0 in the layers without experts
+        b.key(Keys.LLM.EXPERT_USED_COUNT, [d.n_expert_used if k == "moe" else 0 for k in kinds], GGUFValueType.ARRAY)
+    else:
+        b.key(Keys.LLM.EXPERT_USED_COUNT, d.n_expert_used, U32)
+    b.key(Keys.Attention.LAYERNORM_EPS, 1e-5, F32)
+    b.key(Keys.LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH, 2 * d.n_ff_exp, U32)
+    b.key(Keys.LLM.EXPERT_GATING_FUNC, GATING_SIGMOID, U32)
+    b.key(Keys.LLM.EXPERT_WEIGHTS_NORM, True, BOOL)
+    b.key(Keys.LLM.EXPERT_WEIGHTS_SCALE, 2.5, F32)
+    b.key(Keys.SSM.CONV_KERNEL, 4, U32)
+    b.key(Keys.SSM.INNER_SIZE, d_inner, U32)
+    b.key(Keys.SSM.STATE_SIZE, d_state, U32)
+    b.key(Keys.SSM.TIME_STEP_RANK, n_ssm_head, U32)
+    b.key(Keys.SSM.GROUP_COUNT, n_group, U32)
+    b.embeddings()
+    for i, kind in enumerate(kinds):
+        b.t(tn(MODEL_TENSOR.ATTN_NORM, i), (d.n_embd,), "norm")
+        if kind == "ssm":
+            b.t(tn(MODEL_TENSOR.SSM_IN, i), (d.n_embd, 2 * d_inner + 2 * n_group * d_state + n_ssm_head), "mat")
+            b.t(tn(MODEL_TENSOR.SSM_CONV1D, i), (4, d_inner + 2 * n_group * d_state), "mat_f32")
+            # optional to the loader, but llama.cpp's Mamba-2 layer adds it
+            b.t(tn(MODEL_TENSOR.SSM_CONV1D, i, "bias"), (d_inner + 2 * n_group * d_state,), "bias")
+            b.t(tn(MODEL_TENSOR.SSM_DT, i, "bias"), (n_ssm_head,), "bias")
+            b.t(tn(MODEL_TENSOR.SSM_A, i, None), (1, n_ssm_head), "neg_ones")
+            b.t(tn(MODEL_TENSOR.SSM_D, i, None), (1, n_ssm_head), "norm")
+            b.t(tn(MODEL_TENSOR.SSM_NORM, i), (d_inner // n_group, n_group), "norm")
+            b.t(tn(MODEL_TENSOR.SSM_OUT, i), (d_inner, d.n_embd), "mat")
+        elif kind == "attn":
+            n_q, n_kv = d.n_head * d.head_dim, d.n_head_kv * d.head_dim
+            b.t(tn(MODEL_TENSOR.ATTN_Q, i), (d.n_embd, n_q), "mat")
+            b.t(tn(MODEL_TENSOR.ATTN_K, i), (d.n_embd, n_kv), "mat")
+            b.t(tn(MODEL_TENSOR.ATTN_V, i), (d.n_embd, n_kv), "mat")
+            b.t(tn(MODEL_TENSOR.ATTN_OUT, i), (n_q, d.n_embd), "mat")
+        else:
+            b.t(tn(MODEL_TENSOR.FFN_GATE_INP, i), (d.n_embd, d.n_expert), "router")
+            b.t(tn(MODEL_TENSOR.FFN_EXP_PROBS_B, i, "bias"), (d.n_expert,), "sel_bias")
+            b.t(tn(MODEL_TENSOR.FFN_DOWN_EXP, i), (d.n_ff_exp, d.n_embd, d.n_expert), "exps_down")
+            b.t(tn(MODEL_TENSOR.FFN_UP_EXP, i), (d.n_embd, d.n_ff_exp, d.n_expert), "exps")
+            b.t(tn(MODEL_TENSOR.FFN_DOWN_SHEXP, i), (2 * d.n_ff_exp, d.n_embd), "mat")
+            b.t(tn(MODEL_TENSOR.FFN_UP_SHEXP, i), (d.n_embd, 2 * d.n_ff_exp), "mat")
+    return b.model("nemotron_h_moe-per-layer-k" if per_layer_k else "nemotron_h_moe",
+                   [i for i, k in enumerate(kinds) if k == "moe"],
+                   notes="gate-less experts (squared ReLU) and a gate-less shared expert; Mamba-2, attention and "
+                   "MoE blocks" + ("; experts per token stored per layer, 0 in the first" if per_layer_k else ""))
+
+
 CONFIGS: dict[str, Callable[[Dims], ArchModel]] = {
+    "nemotron_h_moe": lambda d: _nemotron_h_moe(d, False),
+    "nemotron_h_moe-per-layer-k": lambda d: _nemotron_h_moe(d, True),
     "gemma4": lambda d: _gemma4(d, True),
     "gemma4-unscaled": lambda d: _gemma4(d, False),
     "qwen3next": lambda d: _qwen3next(d, "qwen3next"),

@@ -439,9 +439,8 @@ def synthesize_arch(
         ne = ne_of(spec)
         if spec.kind.startswith("exps"):
             return et
-        if len(ne) == 1 or spec.kind in ("router", "mat_f32") or ne[0] % 32:
-            return GgmlType.F32
-        return dense
+        # matrices quantized as the dense weights of the designed models; norms, biases, routers F32
+        return dense if spec.kind in ("mat", "embd", "out") and ne[0] % 32 == 0 else GgmlType.F32
 
     def data(k: int, spec: archs.TensorSpec) -> Iterator[np.ndarray]:
         ne = ne_of(spec)
