@@ -17,6 +17,12 @@ EXPERTS_REGEX = r"\.ffn_(up|down|gate|gate_up)_(ch|)exps"
 
 INT32_MAX = 2**31 - 1
 UINT32_MAX = 2**32 - 1
+MiB = 2**20
+
+
+def mib_to_bytes(mib: float) -> int:
+    """The byte count a MiB figure becomes: ContextParams.moe_cache_mib as llama.cpp's --moe-cache-mib takes it."""
+    return int(mib * MiB)
 
 
 def check_whole(name: str, value: Any, low: int, high: int, what: str = "") -> int:
@@ -203,7 +209,7 @@ class ContextParams:
         p.op_offload = self.op_offload
         p.no_perf = self.no_perf
         keep: list[Any] = []
-        p.moe_cache_size = int(self.moe_cache_mib * 2**20)
+        p.moe_cache_size = mib_to_bytes(self.moe_cache_mib)
         if self.moe_cache_profile is not None:
             profile = ffi.new("char[]", os.fsencode(self.moe_cache_profile))
             keep.append(profile)

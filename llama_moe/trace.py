@@ -177,7 +177,7 @@ def iter_trace_chunks(path: str | os.PathLike[str], n_expert: int | None = None,
 
 def read_trace(path: str | os.PathLike[str], n_expert: int | None = None) -> list[RoutingRecord]:
     """Reads a reference-format trace: one single-token record per token and layer, validated. Every record
-    becomes an object: for large traces use ``iter_trace_chunks`` or ``tools.TraceRoutes`` (streamed)."""
+    becomes an object: for large traces use ``iter_trace_chunks`` or ``routing.TraceRoutes`` (streamed)."""
     raw = Path(path).read_bytes()
     records = []
     pos = 0

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from llama_moe import Context, ContextParams, Model, ModelParams
-from llama_moe.cache_sim import simulate_lru
+from oracles.lru import simulate_lru
 from llama_moe.experts import expert_layout
 from cache_sizes import mib_for_slots
 from llama_moe.profile import Profile, write_profile

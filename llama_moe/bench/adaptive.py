@@ -126,8 +126,8 @@ def trace_profile(model: Model, paragraphs: Sequence[str], layout: ExpertLayout,
     """Traces ``paragraphs`` (each its own sequence) on the open model and writes their profile, ranked per
     token; returns the tokens traced."""
     from ..profile import write_profile
-    from ..tools.ranking import make_profile
-    from ..tools.routes import routes_from_records
+    from ..routing.ranking import make_profile
+    from ..routing.routes import routes_from_records
 
     seqs = [model.tokenize(p) for p in paragraphs]
     longest = max(len(s) for s in seqs)
@@ -145,7 +145,7 @@ def trace_profile(model: Model, paragraphs: Sequence[str], layout: ExpertLayout,
 
 def cache_mib_for_pct(layout: ExpertLayout, pct: float) -> tuple[float, int]:
     """The hybrid cache size (MiB) that gives every layer round(pct% of its experts) slots, and that number."""
-    from ..tools.budget import cache_bytes_for_slots
+    from ..routing.budget import cache_bytes_for_slots
 
     slots = min(max(1, round(layout.n_expert * pct / 100)), layout.n_expert)
     half_a_slot = sum(l.bytes_per_expert for l in layout.layers) // 2  # slack for the MiB -> bytes rounding

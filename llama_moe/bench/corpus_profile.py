@@ -16,9 +16,9 @@ def train_profile(model_path: Path, out: Path, log=print, n_ctx: int = 4096, str
         raise ParameterError(f"the profile's stride must be at least 1, not {stride}")
     from ..profile import write_profile
     from ..synth.corpus import split_paragraphs
-    from ..tools.ranking import make_profile
-    from ..tools.routes import routes_from_records
-    from ..tools.tracing import trace_text
+    from ..routing.ranking import make_profile
+    from ..routing.routes import routes_from_records
+    from ..routing.tracing import trace_text
 
     layout = expert_layout(model_path)
     split = split_paragraphs()

@@ -12,7 +12,7 @@ from ..errors import ProfileError, ToolInputError
 from ..experts import ExpertLayout, expert_layout
 from . import jsonout
 from .progress import Progress
-from ..tools.tracefiles import TraceRoutes
+from ..routing.tracefiles import TraceRoutes
 
 
 def _not_a_file(path: str | os.PathLike[str], what: str) -> str:

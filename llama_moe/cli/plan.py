@@ -8,7 +8,7 @@ import sys
 
 from ..errors import ToolInputError
 from ..profile import write_profile
-from ..tools.planning import Plan, plan_cache, vram_budget
+from ..routing.planning import Plan, plan_cache, vram_budget
 from .common import add_output_options, emit, kfold_arg, model_layout, progress, rate, read_traces
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from .common import add_output_options, emit, model_layout, progress, rate, read_traces
-from ..tools.prediction import PredictReport, predict_routes
+from ..routing.prediction import PredictReport, predict_routes
 
 
 def register(sub: argparse._SubParsersAction) -> None:

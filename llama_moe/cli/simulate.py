@@ -9,9 +9,9 @@ import argparse
 
 from .common import add_output_options, check_files, emit, kfold_arg, model_layout, progress, rate, read_traces
 from ..errors import ToolInputError
-from ..tools.heldout import Estimate
-from ..tools.policies import POLICIES, PolicyResult
-from ..tools.simulation import SimulateReport, SizeResult, simulate_sizes
+from ..routing.heldout import Estimate
+from ..routing.policies import POLICIES, PolicyResult
+from ..routing.simulation import SimulateReport, SizeResult, simulate_sizes
 
 
 def register(sub: argparse._SubParsersAction) -> None:

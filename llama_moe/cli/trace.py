@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..tools.tracing import DEFAULT_UBATCH, TraceReport, trace_to_file
+from ..routing.tracing import DEFAULT_UBATCH, TraceReport, trace_to_file
 from .common import add_output_options, emit, model_layout, progress, read_text
 
 

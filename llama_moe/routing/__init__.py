@@ -1,11 +1,12 @@
-"""The routing tools: trace the engine's routing, plan a cache and its profile, simulate cache policies on
-held-out routing, and measure how predictable a layer's experts are. Each module has one job; the
-``python -m llama_moe trace|profile|plan|simulate|predict`` commands (llama_moe/commands/) print what they
-return. Importing this package never loads the native library (tracing does, when it runs)."""
+"""Routing: trace the engine's routing, plan a cache and its profile, simulate cache policies on held-out
+routing, and measure how predictable a layer's experts are. Each module has one job: ``budget`` mirrors the
+engine's slot arithmetic, ``policies`` replays the cache's policies. The ``python -m llama_moe
+trace|profile|plan|simulate|predict`` commands (llama_moe/cli/) print what they return. Importing this package
+never loads the native library (tracing does, when it runs)."""
 from __future__ import annotations
 
-from .budget import cache_bytes_for_slots, engine_slots
 from ..errors import CacheBudgetError, ToolInputError
+from .budget import cache_bytes_for_slots, engine_slots
 from .heldout import Estimate, KFoldResult, kfold, kfold_splits, t_interval
 from .planning import Plan, plan_cache
 from .policies import POLICIES, PolicyResult, adaptive, belady, lru, replay_jobs, run_policy, static

@@ -15,10 +15,9 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from ..cache_sim import MAX_UBATCH
-from ..experts import ExpertLayout
 from ..errors import TraceError
 from ..trace import RoutingRecord
+from .budget import MAX_UBATCH
 
 
 def expert_dtype(n_expert: int) -> np.dtype:
@@ -190,21 +189,6 @@ def routes_from_records(records: Iterable[RoutingRecord]) -> Routes:
         blocks.append(block)
         sizes.append(n)
     return Routes(layers, np.concatenate(blocks), np.concatenate(([0], np.cumsum(sizes))).astype(np.int64))
-
-
-def check_routes(routes: Routes, layout: ExpertLayout, source: str) -> None:
-    """Refuses routing made for another model: other MoE layers, another k, experts out of range."""
-    model_layers = tuple(l.il for l in layout.layers)
-    if routes.layers != model_layers:
-        raise TraceError(f"{source}: routing of layers {_span(routes.layers)}, but the model's MoE layers are "
-                         f"{_span(model_layers)}: a trace of another model?")
-    if routes.k != layout.n_expert_used:
-        raise TraceError(f"{source}: {routes.k} experts per token, but the model uses {layout.n_expert_used}: "
-                         f"a trace of another model?")
-    lo, hi = int(routes.experts[routes.computed].min(initial=0)), int(routes.experts.max(initial=0))
-    if lo < 0 or hi >= layout.n_expert:
-        raise TraceError(f"{source}: selects expert {hi if hi >= layout.n_expert else lo}, outside the model's "
-                         f"0..{layout.n_expert - 1}: a trace of another model?")
 
 
 def _span(layers: Sequence[int]) -> str:

@@ -1,15 +1,17 @@
-"""How many expert slots the engine gives each layer for a cache size, computed exactly as
-llama_moe_cache::create does, and the cache size a VRAM budget leaves."""
+"""The engine's arithmetic, mirrored: how many expert slots it gives each layer for a cache size (exactly as
+llama_moe_cache::create computes them, tested equal to the engine), the device memory they take, the ubatches
+it looks up, and the cache size a VRAM budget leaves. The one place in Python that knows these numbers."""
 from __future__ import annotations
 
 import math
 import os
 
-from ..experts import ExpertLayout
 from ..errors import CacheBudgetError
+from ..experts import ExpertLayout
+from ..params import MiB, mib_to_bytes
 
-MiB = 2**20
 GiB = 2**30
+MAX_UBATCH = 32  # LLAMA_MOE_CACHE_MAX_UBATCH: larger ubatches keep llama.cpp's path and are not looked up
 
 
 def _map_bytes(n_expert: int) -> int:
@@ -25,11 +27,6 @@ def _fixed_bytes(layout: ExpertLayout, hybrid: bool) -> tuple[int, int]:
     return row, maps + (row if hybrid else 0)
 
 
-def mib_to_bytes(mib: float) -> int:
-    """The byte count ContextParams (and llama.cpp's --moe-cache-mib) turn a MiB figure into."""
-    return int(mib * MiB)
-
-
 def engine_slots(layout: ExpertLayout, cache_bytes: int, hybrid: bool) -> dict[int, int]:
     """Layer -> slots the engine allocates for a cache of ``cache_bytes``: the same count in every layer
     (budget / bytes of one slot in every layer), capped at the layer's experts (a layer then is held whole).
@@ -39,10 +36,10 @@ def engine_slots(layout: ExpertLayout, cache_bytes: int, hybrid: bool) -> dict[i
     row, fixed = _fixed_bytes(layout, hybrid)
     slots = max(cache_bytes - fixed, 0) // row
     if slots < 1:
-        need = math.ceil((row + fixed) / MiB * 100) / 100
         raise CacheBudgetError(
             f"{cache_bytes / MiB:.2f} MiB cannot hold one expert per layer: {len(layout.layers)} layers need at least "
-            f"{need:.2f} MiB{' in hybrid mode' if hybrid else ''} (the engine would turn the cache off)")
+            f"{mib_for_slots(layout, 1, hybrid):.2f} MiB{' in hybrid mode' if hybrid else ''} (the engine would turn the "
+            f"cache off)")
     return {l.il: min(slots, l.n_expert) for l in layout.layers}
 
 
@@ -60,6 +57,12 @@ def cache_bytes_for_slots(layout: ExpertLayout, slots: int, hybrid: bool) -> int
         raise CacheBudgetError(f"a cache needs at least one slot per layer, got {slots}")
     row, fixed = _fixed_bytes(layout, hybrid)
     return slots * row + fixed
+
+
+def mib_for_slots(layout: ExpertLayout, slots: int, hybrid: bool) -> float:
+    """``cache_bytes_for_slots`` in MiB, rounded up to the next 0.01 MiB: a size that prints as it is and still
+    gives ``slots`` slots (0.01 MiB is less than a slot of any real model)."""
+    return math.ceil(cache_bytes_for_slots(layout, slots, hybrid) / MiB * 100) / 100
 
 
 def non_expert_bytes(model_path: str | os.PathLike[str], layout: ExpertLayout) -> int:
@@ -80,3 +83,9 @@ def cache_mib_for_vram(model_path: str | os.PathLike[str], layout: ExpertLayout,
         raise CacheBudgetError(f"{vram_gib} GiB of VRAM minus a {reserve_gib} GiB reserve and {dense / GiB:.2f} GiB "
                                f"of non-expert weights leaves nothing for the cache")
     return int(left // MiB)
+
+
+__all__ = [
+    "GiB", "MAX_UBATCH", "MiB", "cache_bytes_for_slots", "cache_mib_for_vram", "engine_buffer_bytes", "engine_slots",
+    "mib_for_slots", "mib_to_bytes", "non_expert_bytes",
+]

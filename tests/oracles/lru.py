@@ -1,11 +1,11 @@
-"""Replays routing through the engine's cache policies, exactly as llama-moe-cache.cpp runs them, so that
-a simulated hit count can be checked against the engine's counters and caches can be sized offline."""
+"""An independent replay of the engine's upload cache (llama-moe-cache.cpp's LRU), one expert at a time, written
+apart from the package's policies: the tests hold the engine's counters and ``routing.policies.lru`` to it."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
-from .trace import RoutingRecord
+from llama_moe.trace import RoutingRecord
 
 MAX_UBATCH = 32  # LLAMA_MOE_CACHE_MAX_UBATCH: larger ubatches keep llama.cpp's path and are not looked up
 

@@ -10,7 +10,7 @@ from ..experts import ExpertLayout
 from .budget import engine_slots, mib_to_bytes
 from ..errors import ToolInputError
 from .heldout import Folds, KFoldResult, choose_folds, fold_counts, policy_kfold, trace_lengths
-from .policies import POLICIES, Job, PolicyResult, _Meter, replay_jobs
+from .policies import POLICIES, Job, PolicyResult, Meter, replay_jobs
 from .routes import Routes
 from .tracefiles import TraceRoutes
 
@@ -66,7 +66,7 @@ def simulate_sizes(model: str, layout: ExpertLayout, sizes_mib: Sequence[float],
     w_count = n // 8 + 1
     w_test = (test.n_tokens if test is not None else 0) * n_sizes * n_policies
     w_train = n * n_sizes * ((n_policies if folds else 0) + 1)
-    meter = _Meter(w_count + w_test + w_train, progress)
+    meter = Meter(w_count + w_test + w_train, progress)
     counts = fold_counts(train, bounds, n_expert, meter.part(w_count))
     profile = counts.profile()
     fold_profiles = counts.fold_profiles() if folds else []

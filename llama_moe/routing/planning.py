@@ -3,20 +3,18 @@ from, and what to expect, held out. The mode's own policy scores the plan: stati
 counters) with --hybrid, lru (the upload mode) without."""
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
 
-from ..cache_sim import MAX_UBATCH
 from ..experts import ExpertLayout
 from ..profile import Profile
-from .budget import (MiB, _fixed_bytes, cache_bytes_for_slots, cache_mib_for_vram, engine_buffer_bytes, engine_slots,
+from .budget import (MAX_UBATCH, MiB, _fixed_bytes, cache_mib_for_vram, engine_buffer_bytes, engine_slots, mib_for_slots,
                      mib_to_bytes, non_expert_bytes)
 from ..errors import ToolInputError
 from .heldout import Estimate, FoldCounts, Folds, KFoldResult, choose_folds, fold_counts, kfold_result, t_interval
-from .policies import Job, _Meter, replay_jobs
+from .policies import Job, Meter, replay_jobs
 from .ranking import prefill_resident
 from .routes import Routes
 from .tracefiles import TraceRoutes
@@ -89,8 +87,8 @@ def refusal_warnings(layout: ExpertLayout, slots: dict[int, int], hybrid: bool) 
     if hybrid or not short:
         return ()
 
-    def mib(n: int) -> str:  # up to the next 0.01 MiB, so that the size printed gives the slots
-        return f"{math.ceil(cache_bytes_for_slots(layout, n, False) / MiB * 100) / 100:g}"
+    def mib(n: int) -> str:
+        return f"{mib_for_slots(layout, n, False):g}"
 
     k, per_layer = layout.n_expert_used, min(slots[l.il] for l in short)
     if per_layer < k:
@@ -115,10 +113,10 @@ def vram_budget(model: str, layout: ExpertLayout, vram_gib: float, reserve_gib: 
 
 
 def slots_budget(layout: ExpertLayout, slots: int | None, hybrid: bool) -> tuple[float, str]:
-    """The cache size that gives ``slots`` slots per layer (default: a quarter of the experts), rounded up to the
-    next 0.01 MiB (a printable size, less than a slot of any real model), and how it was reached."""
+    """The cache size that gives ``slots`` slots per layer (default: a quarter of the experts; ``mib_for_slots``),
+    and how it was reached."""
     slots = slots if slots is not None else max(1, layout.n_expert // 4)
-    return math.ceil(cache_bytes_for_slots(layout, slots, hybrid) / MiB * 100) / 100, f"{slots} slots per layer"
+    return mib_for_slots(layout, slots, hybrid), f"{slots} slots per layer"
 
 
 def plan_cache(model: str, layout: ExpertLayout, cache_mib: float, hybrid: bool,
@@ -149,7 +147,7 @@ def plan_cache(model: str, layout: ExpertLayout, cache_mib: float, hybrid: bool,
     scheme = choose_folds(routes, folds)
     bounds = list(scheme.bounds)
     w_count, w_replay = n // 8 + 1, 2 * n  # progress: the counts, the folds and the in-sample replay
-    meter = _Meter(w_count + w_replay * (2 if whole_layers else 1), progress)
+    meter = Meter(w_count + w_replay * (2 if whole_layers else 1), progress)
     counts = fold_counts(routes, bounds, n_expert, meter.part(w_count))
     profile = Profile(layout.n_layer, layout.n_expert, per_layer, counts.profile())
     prefilled = sum(len(v) for v in prefill_resident(profile.ranked, slots, n_expert).values())
