@@ -161,6 +161,29 @@ class _Builder:
             self.t(tn(MODEL_TENSOR.FFN_DOWN_SHEXP, i), (shexp, d.n_embd), "mat")
             self.t(tn(MODEL_TENSOR.FFN_UP_SHEXP, i), (d.n_embd, shexp), "mat")
 
+    def ffn(self, i: int, dense_lead: int = 1, norm: bool = True, **moe: Any) -> None:
+        """The first ``dense_lead`` layers dense (leading_dense_block_count), the others MoE."""
+        if i < dense_lead:
+            self.dense_ffn(i, norm=norm)
+        else:
+            self.moe(i, norm=norm, **moe)
+
+    def mla(self, i: int, q_lora: int, kv_lora: int, rope: int, nope: int, v: int) -> None:
+        """DeepSeek's multi-head latent attention, its K and V up-projections split (k_b, v_b) as converted
+        for the MLA KV cache."""
+        d = self.d
+        if q_lora:
+            self.t(tn(MODEL_TENSOR.ATTN_Q_A_NORM, i), (q_lora,), "norm")
+            self.t(tn(MODEL_TENSOR.ATTN_Q_A, i), (d.n_embd, q_lora), "mat")
+            self.t(tn(MODEL_TENSOR.ATTN_Q_B, i), (q_lora, d.n_head * (nope + rope)), "mat")
+        else:
+            self.t(tn(MODEL_TENSOR.ATTN_Q, i), (d.n_embd, d.n_head * (nope + rope)), "mat")
+        self.t(tn(MODEL_TENSOR.ATTN_KV_A_NORM, i), (kv_lora,), "norm")
+        self.t(tn(MODEL_TENSOR.ATTN_KV_A_MQA, i), (d.n_embd, kv_lora + rope), "mat")
+        self.t(tn(MODEL_TENSOR.ATTN_K_B, i), (nope, kv_lora, d.n_head), "mat")
+        self.t(tn(MODEL_TENSOR.ATTN_V_B, i), (kv_lora, v, d.n_head), "mat")
+        self.t(tn(MODEL_TENSOR.ATTN_OUT, i), (d.n_head * v, d.n_embd), "mat")
+
     def nextn(self, i: int) -> None:
         d = self.d
         self.t(tn(MODEL_TENSOR.NEXTN_EH_PROJ, i), (2 * d.n_embd, d.n_embd), "mat")
@@ -233,10 +256,7 @@ def _ernie(d: Dims) -> ArchModel:
     b.embeddings()
     for i in range(d.n_layer):
         b.attention(i, qk_norm=None)
-        if i < 1:
-            b.dense_ffn(i)
-        else:
-            b.moe(i, probs_b=True, shexp=2 * d.n_ff_exp)
+        b.ffn(i, probs_b=True, shexp=2 * d.n_ff_exp)
     return b.model("ernie4_5-moe", list(range(1, d.n_layer)),
                    notes="a dense first layer, a shared expert, a selection bias")
 
@@ -253,10 +273,7 @@ def _dots1(d: Dims) -> ArchModel:
     b.embeddings()
     for i in range(d.n_layer):
         b.attention(i, qk_norm="head")
-        if i < 1:
-            b.dense_ffn(i)
-        else:
-            b.moe(i, probs_b=True, shexp=2 * d.n_ff_exp)
+        b.ffn(i, probs_b=True, shexp=2 * d.n_ff_exp)
     return b.model("dots1", list(range(1, d.n_layer)),
                    notes="sigmoid gating with a selection bias, normalised and scaled weights, two shared experts, "
                    "a dense first layer")
@@ -289,10 +306,7 @@ def _bailingmoe2(d: Dims, mtp: bool = False) -> ArchModel:
     b.embeddings()
     for i in range(d.n_layer):
         b.attention(i, qk_norm="head", merged=True)
-        if i < 1:
-            b.dense_ffn(i)
-        else:
-            b.moe(i, probs_b=True, shexp=d.n_ff_exp)
+        b.ffn(i, probs_b=True, shexp=d.n_ff_exp)
     return b.model("bailingmoe2", list(range(1, d.n_layer)),
                    notes="sigmoid gating in expert groups with a selection bias, a shared expert, a merged QKV, "
                    "a dense first layer")
@@ -327,10 +341,7 @@ def _glm4moe(d: Dims, mtp: bool) -> ArchModel:
     for i in range(d.n_layer + nextn):
         b.attention(i, qk_norm="head", bias=True)
         b.t(tn(MODEL_TENSOR.ATTN_POST_NORM, i), (d.n_embd,), "norm")
-        if i < 1:
-            b.dense_ffn(i, norm=False)
-        else:
-            b.moe(i, norm=False, probs_b=True, shexp=d.n_ff_exp)
+        b.ffn(i, norm=False, probs_b=True, shexp=d.n_ff_exp)
         if i >= d.n_layer:
             b.nextn(i)
     return b.model("glm4moe-mtp" if mtp else "glm4moe", list(range(1, d.n_layer)), n_layer_nextn=nextn,
@@ -365,24 +376,10 @@ def _deepseek2(d: Dims, style: str) -> ArchModel:
         b.key(Keys.LLM.EXPERT_GROUP_COUNT, 4, U32)
         b.key(Keys.LLM.EXPERT_GROUP_USED_COUNT, 2, U32)
     b.embeddings()
-    n_head = d.n_head
     for i in range(d.n_layer):
         b.t(tn(MODEL_TENSOR.ATTN_NORM, i), (d.n_embd,), "norm")
-        if q_lora:
-            b.t(tn(MODEL_TENSOR.ATTN_Q_A_NORM, i), (q_lora,), "norm")
-            b.t(tn(MODEL_TENSOR.ATTN_Q_A, i), (d.n_embd, q_lora), "mat")
-            b.t(tn(MODEL_TENSOR.ATTN_Q_B, i), (q_lora, n_head * (nope + rope)), "mat")
-        else:
-            b.t(tn(MODEL_TENSOR.ATTN_Q, i), (d.n_embd, n_head * (nope + rope)), "mat")
-        b.t(tn(MODEL_TENSOR.ATTN_KV_A_NORM, i), (kv_lora,), "norm")
-        b.t(tn(MODEL_TENSOR.ATTN_KV_A_MQA, i), (d.n_embd, kv_lora + rope), "mat")
-        b.t(tn(MODEL_TENSOR.ATTN_K_B, i), (nope, kv_lora, n_head), "mat")
-        b.t(tn(MODEL_TENSOR.ATTN_V_B, i), (kv_lora, v, n_head), "mat")
-        b.t(tn(MODEL_TENSOR.ATTN_OUT, i), (n_head * v, d.n_embd), "mat")
-        if i < 1:
-            b.dense_ffn(i)
-        else:
-            b.moe(i, probs_b=style != "lite", merged_gate_up=style == "fused", shexp=d.n_ff_exp)
+        b.mla(i, q_lora, kv_lora, rope, nope, v)
+        b.ffn(i, probs_b=style != "lite", merged_gate_up=style == "fused", shexp=d.n_ff_exp)
     notes = {"v3": "DeepSeek-V3 style: MLA with q LoRA, sigmoid gating in expert groups, a selection bias",
              "lite": "DeepSeek-V2-Lite style: MLA without q LoRA, softmax gating",
              "fused": "GLM-4.7-Flash style: gate and up experts merged in one tensor, sigmoid gating"}[style]
@@ -566,7 +563,56 @@ def _nemotron_h_moe(d: Dims, per_layer_k: bool) -> ArchModel:
                    "MoE blocks" + ("; experts per token stored per layer, 0 in the first" if per_layer_k else ""))
 
 
+def _kimi_linear(d: Dims) -> ArchModel:
+    """Kimi Linear: KDA linear-attention layers (per-layer head_count_kv 0) with one MLA layer in four, a
+    dense first layer, sigmoid gating with a selection bias, a shared expert."""
+    b = _Builder("kimi-linear", d)
+    kinds = ["kda", "kda", "kda", "mla"][: d.n_layer]
+    kda, kv_lora, rope, nope, v = 32, 64, 16, 32, 32
+    b.base_keys()
+    b.keys = [k for k in b.keys if k[0] not in {t.format(arch="kimi-linear") for t in (
+        Keys.Attention.HEAD_COUNT_KV, Keys.Attention.KEY_LENGTH, Keys.Attention.VALUE_LENGTH)}]
+    b.key(Keys.Attention.HEAD_COUNT_KV, [1 if k == "mla" else 0 for k in kinds], GGUFValueType.ARRAY)
+    b.key(Keys.Attention.KEY_LENGTH, kv_lora + rope, U32)
+    b.key(Keys.Attention.VALUE_LENGTH, kv_lora, U32)
+    b.key(Keys.Attention.KEY_LENGTH_MLA, nope + rope, U32)
+    b.key(Keys.Attention.VALUE_LENGTH_MLA, v, U32)
+    b.key(Keys.Attention.KV_LORA_RANK, kv_lora, U32)
+    b.key(Keys.Rope.DIMENSION_COUNT, rope, U32)
+    b.key(Keys.SSM.CONV_KERNEL, 4, U32)
+    b.key("{arch}.kda.head_dim", kda, U32)  # the base's key; the published gguf-py 0.19.0 has no constant for it
+    b.key(Keys.LLM.LEADING_DENSE_BLOCK_COUNT, 1, U32)
+    b.key(Keys.LLM.EXPERT_SHARED_COUNT, 1, U32)
+    b.key(Keys.LLM.EXPERT_WEIGHTS_SCALE, 2.5, F32)
+    b.key(Keys.LLM.EXPERT_GATING_FUNC, GATING_SIGMOID, U32)
+    b.embeddings()
+    proj = kda * d.n_head
+    for i, kind in enumerate(kinds):
+        b.t(tn(MODEL_TENSOR.ATTN_NORM, i), (d.n_embd,), "norm")
+        if kind == "kda":
+            for t in (MODEL_TENSOR.SSM_CONV1D_Q, MODEL_TENSOR.SSM_CONV1D_K, MODEL_TENSOR.SSM_CONV1D_V):
+                b.t(tn(t, i), (4, 1, proj), "mat_f32")
+            for t in (MODEL_TENSOR.ATTN_Q, MODEL_TENSOR.ATTN_K, MODEL_TENSOR.ATTN_V):
+                b.t(tn(t, i), (d.n_embd, proj), "mat")
+            b.t(tn(MODEL_TENSOR.SSM_F_A, i), (d.n_embd, kda), "mat")
+            b.t(tn(MODEL_TENSOR.SSM_F_B, i), (kda, proj), "mat")
+            b.t(tn(MODEL_TENSOR.SSM_BETA, i), (d.n_embd, d.n_head), "mat_f32")
+            b.t(tn(MODEL_TENSOR.SSM_A, i, None), (1, d.n_head), "neg_ones")
+            b.t(tn(MODEL_TENSOR.SSM_DT, i, "bias"), (proj,), "bias")
+            b.t(tn(MODEL_TENSOR.SSM_G_A, i), (d.n_embd, kda), "mat")
+            b.t(tn(MODEL_TENSOR.SSM_G_B, i), (kda, proj), "mat")
+            b.t(tn(MODEL_TENSOR.SSM_NORM, i), (kda,), "norm")
+            b.t(tn(MODEL_TENSOR.ATTN_OUT, i), (proj, d.n_embd), "mat")
+        else:
+            b.mla(i, 0, kv_lora, rope, nope, v)
+        b.ffn(i, probs_b=True, shexp=d.n_ff_exp)
+    return b.model("kimi-linear", list(range(1, d.n_layer)),
+                   notes="hybrid: KDA linear attention in three layers of four, MLA in the fourth; sigmoid gating "
+                   "with a selection bias, a shared expert, a dense first layer")
+
+
 CONFIGS: dict[str, Callable[[Dims], ArchModel]] = {
+    "kimi-linear": _kimi_linear,
     "nemotron_h_moe": lambda d: _nemotron_h_moe(d, False),
     "nemotron_h_moe-per-layer-k": lambda d: _nemotron_h_moe(d, True),
     "gemma4": lambda d: _gemma4(d, True),
