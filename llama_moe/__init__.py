@@ -14,7 +14,7 @@ from .errors import (AbiMismatchError, AuditError, BuildError, CacheBudgetError,
 from .model import MoeGeometry, Model
 from .params import ContextParams, ModelParams
 from .stats import HitRate, LayerStats, MoeCacheStats
-from .trace import RoutingRecord
+from .formats.trace import RoutingRecord
 
 __version__ = "0.1.0"
 
@@ -23,7 +23,7 @@ logging.getLogger("llama_moe").addHandler(logging.NullHandler())
 
 def native_version() -> dict:
     """What the loaded native library is: its path, ABI version and build manifest."""
-    from . import _loader
+    from ._native import loader as _loader
 
     lib = _loader.get_lib()
     return {"path": str(_loader.library_path()), "abi_version": int(lib.llama_moe_abi_version()),
@@ -31,7 +31,7 @@ def native_version() -> dict:
 
 
 def _ffi_string(ptr: object) -> str:
-    from ._ffi import ffi
+    from ._native.ffi import ffi
 
     return ffi.string(ptr).decode("utf-8", "replace")
 

@@ -8,15 +8,15 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from . import _check
-from ._cache_status import cache_off_reason, check_cache_fits
-from ._ffi import ffi
-from ._handle import NativeHandle
+from ._native import check as _check
+from ._native.cache_status import cache_off_reason, check_cache_fits
+from ._native.ffi import ffi
+from ._native.handle import NativeHandle
 from .errors import MoeCacheWarning, NativeCallError
 from .model import Model
 from .params import ContextParams, check_sampling
 from .stats import LayerStats, MoeCacheStats
-from .trace import RoutingRecord, parse_stream
+from .formats.trace import RoutingRecord, parse_stream
 
 
 @dataclass(frozen=True)

@@ -6,10 +6,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from . import _check
-from ._ffi import ffi
-from ._handle import NativeHandle
-from ._loader import get_lib
+from ._native import check as _check
+from ._native.ffi import ffi
+from ._native.handle import NativeHandle
+from ._native.loader import get_lib
 from .errors import GgufError, ModelLoadError
 from .params import ModelParams
 

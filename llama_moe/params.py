@@ -8,7 +8,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
-from ._ffi import ffi
+from ._native.ffi import ffi
 from .errors import MoeCacheWarning, ParameterError
 
 # llama.cpp's own patterns (common/common.h, LLM_FFN_EXPS_REGEX): the expert tensors of every MoE architecture.

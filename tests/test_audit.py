@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from llama_moe.server.audit import (AuditError, ExitRecord, LoadRecord, RequestRecord, check_audit, parse_record,
-                             read_audit, summarize)
+from llama_moe.errors import AuditError
+from llama_moe.formats.audit import ExitRecord, LoadRecord, RequestRecord, parse_record, read_audit
+from llama_moe.server.audit import check_audit, summarize
 
 EXPERT = 26112   # bytes of one tiny-model expert
 

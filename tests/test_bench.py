@@ -34,7 +34,7 @@ def test_every_mode_runs_and_reports(lib, tiny_model_path, tmp_path, monkeypatch
 
 
 def test_profile_stride_traces_fewer_paragraphs(lib, tiny_model_path, tmp_path) -> None:
-    from llama_moe.profile import read_profile
+    from llama_moe.formats.profile import read_profile
 
     logs: list[str] = []
     train_profile(tiny_model_path, tmp_path / "all.strp", log=logs.append, n_ctx=512)

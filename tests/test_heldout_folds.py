@@ -21,7 +21,7 @@ from llama_moe.routing.heldout import (Folds, choose_folds, document_split, fold
                                      t_interval, trace_folds)
 from llama_moe.routing.policies import HALF_LIFE_TOKENS
 from llama_moe.routing.routes import Routes
-from llama_moe.trace import RoutingRecord, write_trace
+from llama_moe.formats.trace import RoutingRecord, write_trace
 
 PER_TOPIC = 9  # sample_routes: 72 paragraphs, 9 per topic, in TOPICS order
 

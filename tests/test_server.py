@@ -18,7 +18,8 @@ import pytest
 from llama_server import find_server_binary, free_port, start_server, stop_server
 import requests
 
-from llama_moe.server.audit import ExitRecord, LoadRecord, ReadyRecord, RequestRecord, check_audit, read_audit
+from llama_moe.formats.audit import ExitRecord, LoadRecord, ReadyRecord, RequestRecord, read_audit
+from llama_moe.server.audit import check_audit
 from llama_moe.server.metrics import (ALL_SERIES, PREFIX, MetricsError, MoeCacheMetrics, ServerError,
                                       UPLOAD_LINE_RE, fetch_server_metrics, parse_moe_cache,
                                       parse_prometheus, parse_request_log_line, parse_server_metrics)

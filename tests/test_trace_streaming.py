@@ -23,7 +23,7 @@ from llama_moe.routing.heldout import ranked_replay
 from llama_moe.routing.policies import merge_results
 from llama_moe.routing.ranking import pair_counts
 from llama_moe.routing.routes import JoinedRoutes, Routes, concat_routes
-from llama_moe.trace import TraceError, iter_trace_chunks, read_trace, record_bytes, write_trace, RoutingRecord
+from llama_moe.formats.trace import TraceError, iter_trace_chunks, read_trace, record_bytes, write_trace, RoutingRecord
 from support.replays import lru_slot_by_slot
 
 N_LAYER, N_EXPERT, K = 6, 32, 4

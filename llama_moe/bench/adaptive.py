@@ -125,7 +125,7 @@ def held_out_paragraphs(split: CorpusSplit, topics: Sequence[str], order: str) -
 def trace_profile(model: Model, paragraphs: Sequence[str], layout: ExpertLayout, out: Path, threads: int) -> int:
     """Traces ``paragraphs`` (each its own sequence) on the open model and writes their profile, ranked per
     token; returns the tokens traced."""
-    from ..profile import write_profile
+    from ..formats.profile import write_profile
     from ..routing.ranking import make_profile
     from ..routing.routes import routes_from_records
 

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._ffi import ffi
-from .._loader import get_lib
+from .._native.ffi import ffi
+from .._native.loader import get_lib
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ class StatsReport:
 
 def run_stats(model_path: Path, model_params: ModelParams, ctx_params: ContextParams, prompt: str,
               n_gen: int, sampling: Sampling) -> StatsReport:
-    from .. import _loader
+    from .._native import loader as _loader
 
     layout = expert_layout(model_path)
     with Model(model_path, model_params) as model:

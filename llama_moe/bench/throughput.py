@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from .._env import environment
+from .._native.env import environment
 from ..context import Context, Sampling
 from ..devices import gpus
 from ..errors import ParameterError

@@ -9,7 +9,7 @@ from pathlib import Path
 from ..bench.plot import plot_decode, require_matplotlib
 from ..bench.throughput import MODES, bench_model, load_rows, parse_modes, rows_json, to_markdown
 from ..errors import ParameterError, PlotUnavailableError
-from .._atomic import write_text
+from ..formats.atomic import write_text
 
 
 def png_path(value: str) -> Path:

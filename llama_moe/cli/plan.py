@@ -7,7 +7,7 @@ import argparse
 import sys
 
 from ..errors import ToolInputError
-from ..profile import write_profile
+from ..formats.profile import write_profile
 from ..routing.planning import Plan, plan_cache, vram_budget
 from .common import add_output_options, emit, kfold_arg, model_layout, progress, rate, read_traces
 

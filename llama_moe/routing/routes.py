@@ -16,7 +16,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from ..errors import TraceError
-from ..trace import RoutingRecord
+from ..formats.trace import RoutingRecord
 from .budget import MAX_UBATCH
 
 

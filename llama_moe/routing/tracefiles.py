@@ -26,7 +26,7 @@ import numpy as np
 
 from ..experts import ExpertLayout
 from ..errors import TraceError
-from ..trace import TRACE_CHUNK_RECORDS, TraceHeader, iter_trace_chunks, trace_header
+from ..formats.trace import TRACE_CHUNK_RECORDS, TraceHeader, iter_trace_chunks, trace_header
 from .routes import Routes, _span, expert_dtype
 
 Progress = Callable[[int, int], None]

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from ..experts import ExpertLayout
-from ..trace import RoutingRecord, write_trace
+from ..formats.trace import RoutingRecord, write_trace
 from ..errors import ToolInputError
 
 DEFAULT_UBATCH = 32  # tokens per decode: routing does not depend on batching, and 32 is far faster than 1

@@ -17,7 +17,7 @@ from ..errors import ServerStartError
 
 def server_binary() -> Path:
     """The llama-server built with the loaded libllama (python -m llama_moe build, without --lib-only)."""
-    from .. import _loader
+    from .._native import loader as _loader
 
     _loader.get_lib()
     binary = Path(str(_loader.library_path())).parent / "llama-server"

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from llama_moe import Context, ContextParams, Model, ModelParams
-from llama_moe._env import environment
+from llama_moe._native.env import environment
 from llama_moe.equivalence import DEVICE_TOLERANCE, PROMPTS, Mode, compare_mode, greedy_steps, reference
 from llama_moe.experts import expert_layout
 

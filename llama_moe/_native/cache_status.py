@@ -11,15 +11,15 @@ import os
 from dataclasses import replace
 from typing import Any
 
-from . import _log
-from ._ffi import ffi
-from .errors import ParameterError
+from . import log as _log
+from .ffi import ffi
+from ..errors import ParameterError
 
 
 def cache_device() -> Any:
     """The device the native cache will use when it is a GPU (llama-moe-cache.cpp: LLAMA_MOE_CACHE_DEVICE, else the
     model's first GPU); None for RAM or no device (llama.cpp then says why the cache is off)."""
-    from .devices import devices
+    from ..devices import devices
 
     name = os.environ.get("LLAMA_MOE_CACHE_DEVICE", "")
     found = devices()
@@ -33,9 +33,9 @@ def check_cache_fits(model: Any, params: Any) -> None:
     """A cache larger than the free memory of its GPU is refused before llama.cpp tries to allocate it. The
     engine never allocates more than every expert of the layers kept in RAM, so a large request is fine when
     those fit."""
-    from .experts import expert_layout
-    from .params import mib_to_bytes
-    from .routing.budget import cache_bytes_for_slots  # the engine's arithmetic, until the C call says it
+    from ..experts import expert_layout
+    from ..params import mib_to_bytes
+    from ..routing.budget import cache_bytes_for_slots  # the engine's arithmetic, until the C call says it
 
     mp = model.params
     if not (mp.cpu_moe or mp.n_cpu_moe or mp.cpu_tensor_patterns):

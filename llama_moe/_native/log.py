@@ -5,7 +5,7 @@ import collections
 import logging
 from typing import Any
 
-from ._ffi import ffi
+from .ffi import ffi
 
 native_log = logging.getLogger("llama_moe.native")
 

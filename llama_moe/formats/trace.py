@@ -16,8 +16,8 @@ from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
-from ._atomic import atomic_writer
-from .errors import TraceError
+from .atomic import atomic_writer
+from ..errors import TraceError
 
 
 @dataclass(frozen=True)

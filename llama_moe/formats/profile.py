@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ._atomic import write_bytes
-from .errors import ProfileError
+from .atomic import write_bytes
+from ..errors import ProfileError
 
 MAGIC = b"STRP"
 VERSION = 1

@@ -8,9 +8,9 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from . import paths
-from ._ffi import ABI_VERSION, ffi
-from .errors import AbiMismatchError, NativeLibraryError
+from .. import paths
+from .ffi import ABI_VERSION, ffi
+from ..errors import AbiMismatchError, NativeLibraryError
 
 log = logging.getLogger(__name__)
 
@@ -29,8 +29,8 @@ def candidate_paths() -> list[Path]:
     if env:
         p = Path(env).expanduser()
         return [p / LIB_NAME if p.is_dir() else p]
-    from .build.patches import PatchSeries
-    from .build.source import BasePin
+    from ..native_build.patches import PatchSeries
+    from ..native_build.source import BasePin
 
     found: list[Path] = []
     try:
@@ -69,7 +69,7 @@ def load_library(path: Path) -> Any:
     """dlopens one library file and checks its ABI; used by get_lib and by tests."""
     if not path.is_file():
         raise NativeLibraryError(f"{path}: no such file")
-    from ._elf import links_libstdcxx_statically
+    from .elf import links_libstdcxx_statically
 
     if links_libstdcxx_statically(path):
         raise NativeLibraryError(
@@ -94,7 +94,7 @@ def get_lib() -> Any:
         for path in tried:
             if path.is_file():
                 lib = load_library(path)
-                from ._log import install_log_callback
+                from .log import install_log_callback
 
                 install_log_callback(lib)
                 lib.llama_backend_init()

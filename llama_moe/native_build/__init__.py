@@ -204,7 +204,7 @@ def build(source: str | None = None, variant_choice: str = "auto", cuda_archs: s
         "cuda_archs": cuda_archs if variant == "cuda" else None,
         "built": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    from .._elf import links_libstdcxx_statically
+    from .._native.elf import links_libstdcxx_statically
 
     static_cxx = links_libstdcxx_statically(tmp_install / "libllama.so")
     if static_cxx:

@@ -14,7 +14,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .._atomic import atomic_writer
+from ..formats.atomic import atomic_writer
 from ..errors import BuildError
 
 log = logging.getLogger(__name__)

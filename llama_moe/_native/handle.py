@@ -7,7 +7,7 @@ import warnings
 import weakref
 from typing import Any, Callable
 
-from .errors import ClosedError
+from ..errors import ClosedError
 
 
 def _free_forgotten(free: Callable[[], None], what: str) -> None:

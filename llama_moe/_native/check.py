@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from . import _log
-from ._ffi import ffi
-from .errors import NativeCallError
+from . import log as _log
+from .ffi import ffi
+from ..errors import NativeCallError
 
 # llama_decode's return codes (llama.h), and -3 of the patches: the hybrid's mailbox
 DECODE_CODES: Mapping[int, str] = {
