@@ -25,12 +25,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cache_sizes import mib_for_slots  # noqa: E402
 
 from llama_moe import Context, ContextParams, Model, ModelParams  # noqa: E402
-from llama_moe.cache_sim import simulate_lru  # noqa: E402
+from oracles.lru import simulate_lru  # noqa: E402
 from llama_moe.experts import ExpertLayout, expert_layout  # noqa: E402
 from llama_moe.gguf import read_gguf  # noqa: E402
 from llama_moe.params import EXPERTS_REGEX  # noqa: E402
 from llama_moe.profile import Profile, write_profile  # noqa: E402
-from llama_moe.tools.budget import engine_slots, mib_to_bytes  # noqa: E402
+from llama_moe.routing.budget import engine_slots, mib_to_bytes  # noqa: E402
 
 N_GEN = 128
 RAM = ModelParams(cpu_moe=True, repack=False)

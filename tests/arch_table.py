@@ -48,6 +48,8 @@ def _row(config: str, result: dict | None) -> str:
     extra = f" **Engine fix needed:** {why}." if why else ""
     if failed and not why:
         extra += " Failed: " + "; ".join(failed) + "."
+    if cached == "no" and info.get("cache_warnings"):
+        extra += " The engine said: " + " / ".join(f"`{w}`" for w in info["cache_warnings"])
     return f"| `{config}` | {arch} | yes | {tested} | {cached} | {identical} | {notes}.{extra} |"
 
 

@@ -59,7 +59,7 @@ def test_the_tools_count_the_trunk_and_read_per_layer_experts_per_token(tmp_path
     """An MTP block is in block_count but never run: neither a cached layer nor a profile's; experts per token
     stored per layer (0 where there are none) are read as such, not taken for a number."""
     from llama_moe.experts import expert_layout
-    from llama_moe.tools.budget import engine_slots
+    from llama_moe.routing.budget import engine_slots
 
     synthesize_arch(tmp_path / "mtp.gguf", "glm4moe-mtp")
     layout = expert_layout(tmp_path / "mtp.gguf")
@@ -114,8 +114,10 @@ def test_the_cache_on_each_architecture(lib, tmp_path: Path, config: str) -> Non
     path = tmp_path / f"{config}.gguf"
     moe_layers = _make(config, path)
     out = tmp_path / "result.json"
+    # the package of this tree, whatever an installed one points at
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE.parent), os.environ.get("PYTHONPATH")]))}
     proc = subprocess.run([sys.executable, str(HERE / "arch_check.py"), str(path), config, str(out),
-                           ",".join(map(str, moe_layers))], capture_output=True, text=True, timeout=900)
+                           ",".join(map(str, moe_layers))], capture_output=True, text=True, timeout=900, env=env)
     result = json.loads(out.read_text()) if out.is_file() else {
         "info": {"config": config, "crashed": proc.returncode, "stderr": proc.stderr[-2000:]}, "checks": {}}
     if REPORT:
