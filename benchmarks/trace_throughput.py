@@ -39,9 +39,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from llama_moe.experts import ExpertLayout, LayerExperts  # noqa: E402
-from llama_moe.tools import TraceRoutes, make_profile, read_routes, run_policy, simulate_sizes  # noqa: E402
-from llama_moe.tools.budget import MiB, cache_bytes_for_slots  # noqa: E402
-from llama_moe.trace import record_bytes  # noqa: E402
+from llama_moe.routing import TraceRoutes, make_profile, read_routes, run_policy, simulate_sizes  # noqa: E402
+from llama_moe.routing.budget import MiB, cache_bytes_for_slots  # noqa: E402
+from llama_moe.formats.trace import record_bytes  # noqa: E402
 
 N_LAYER, N_EXPERT, K = 48, 128, 8
 BYTES_PER_EXPERT = 3 * 2048 * 768 * 34 // 32  # gate, up, down of one expert in q8_0 (only sizes the --cache-mib)

@@ -7,10 +7,14 @@ from __future__ import annotations
 import logging
 
 from .context import GREEDY, Completion, Context, Perf, Sampling
-from .errors import (AbiMismatchError, BuildError, ClosedError, GgufError, LlamaMoeError, ModelLoadError,
-                     MoeCacheWarning, NativeCallError, NativeLibraryError, ProfileError)
+from .errors import (AbiMismatchError, AuditError, BuildError, CacheBudgetError, CheckAuditError, ClosedError,
+                     CodeEvalError, GgufError, LlamaMoeError, MetricsError, ModelLoadError, MonitorError,
+                     MoeCacheWarning, NativeCallError, NativeLibraryError, ParameterError, PlotUnavailableError,
+                     ProfileError, ServePlanError, ServerError, ServerStartError, ToolInputError, TraceError)
 from .model import MoeGeometry, Model
-from .params import ContextParams, ModelParams, ParameterError
+from .params import ContextParams, ModelParams
+from .stats import HitRate, LayerStats, MoeCacheStats
+from .formats.trace import RoutingRecord
 
 __version__ = "0.1.0"
 
@@ -19,7 +23,7 @@ logging.getLogger("llama_moe").addHandler(logging.NullHandler())
 
 def native_version() -> dict:
     """What the loaded native library is: its path, ABI version and build manifest."""
-    from . import _loader
+    from ._native import loader as _loader
 
     lib = _loader.get_lib()
     return {"path": str(_loader.library_path()), "abi_version": int(lib.llama_moe_abi_version()),
@@ -27,13 +31,19 @@ def native_version() -> dict:
 
 
 def _ffi_string(ptr: object) -> str:
-    from ._ffi import ffi
+    from ._native.ffi import ffi
 
     return ffi.string(ptr).decode("utf-8", "replace")
 
 
 __all__ = [
-    "AbiMismatchError", "BuildError", "ClosedError", "Completion", "Context", "ContextParams", "GREEDY",
-    "GgufError", "LlamaMoeError", "Model", "ModelLoadError", "ModelParams", "MoeCacheWarning", "MoeGeometry",
-    "NativeCallError", "NativeLibraryError", "ParameterError", "Perf", "ProfileError", "Sampling", "native_version",
+    # the API: a model, a context over it, and their parameters
+    "Context", "ContextParams", "GREEDY", "Model", "ModelParams", "Sampling", "native_version",
+    # what its methods return
+    "Completion", "HitRate", "LayerStats", "MoeCacheStats", "MoeGeometry", "Perf", "RoutingRecord",
+    # every error and warning llama_moe raises (llama_moe.errors)
+    "AbiMismatchError", "AuditError", "BuildError", "CacheBudgetError", "CheckAuditError", "ClosedError",
+    "CodeEvalError", "GgufError", "LlamaMoeError", "MetricsError", "ModelLoadError", "MonitorError", "MoeCacheWarning",
+    "NativeCallError", "NativeLibraryError", "ParameterError", "PlotUnavailableError", "ProfileError",
+    "ServePlanError", "ServerError", "ServerStartError", "ToolInputError", "TraceError",
 ]

@@ -1,22 +1,22 @@
 """A context over a model: decoding batches, logits, and generation (greedy or sampled, streamed)."""
 from __future__ import annotations
 
-import os
 import time
 import warnings
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from . import _log
-from ._ffi import ffi
-from ._handle import NativeHandle
+from ._native import check as _check
+from ._native.cache_status import cache_off_reason, check_cache_fits
+from ._native.ffi import ffi
+from ._native.handle import NativeHandle
 from .errors import MoeCacheWarning, NativeCallError
 from .model import Model
-from .params import ContextParams, ParameterError, check_sampling
+from .params import ContextParams, check_sampling
 from .stats import LayerStats, MoeCacheStats
-from .trace import RoutingRecord, parse_stream
+from .formats.trace import RoutingRecord, parse_stream
 
 
 @dataclass(frozen=True)
@@ -63,45 +63,6 @@ class Completion:
     stopped_by: str  # "eog" or "length"
 
 
-def _cache_device() -> Any:
-    """The device the native cache will use when it is a GPU (llama-moe-cache.cpp: LLAMA_MOE_CACHE_DEVICE, else the
-    model's first GPU); None for RAM or no device (llama.cpp then says why the cache is off)."""
-    from .devices import devices
-
-    name = os.environ.get("LLAMA_MOE_CACHE_DEVICE", "")
-    found = devices()
-    if name:
-        found = [d for d in found if d.name.lower() == name.lower()]
-    found = [d for d in found if d.kind in ("gpu", "igpu")]
-    return found[0] if found else None
-
-
-def _check_cache_fits(model: Model, params: ContextParams) -> None:
-    """A cache larger than the free memory of its GPU is refused before llama.cpp tries to allocate it. The
-    engine never allocates more than every expert of the layers kept in RAM, so a large request is fine when
-    those fit."""
-    from .experts import expert_layout
-    from .tools.budget import cache_bytes_for_slots, mib_to_bytes
-
-    mp = model.params
-    if not (mp.cpu_moe or mp.n_cpu_moe or mp.cpu_tensor_patterns):
-        return  # no experts in RAM: llama.cpp turns the cache off and says so
-    dev = _cache_device()
-    if dev is None or dev.free_bytes <= 0:
-        return
-    layout = expert_layout(model.path)
-    in_ram = tuple(l for l in layout.layers if mp.cpu_moe or mp.cpu_tensor_patterns or l.il < mp.n_cpu_moe)
-    if not in_ram:
-        return
-    full = cache_bytes_for_slots(replace(layout, layers=in_ram), max(l.n_expert for l in in_ram), params.moe_cache_hybrid)
-    need = min(mib_to_bytes(params.moe_cache_mib), full)
-    if need > dev.free_bytes:
-        raise ParameterError(
-            f"moe_cache_mib={params.moe_cache_mib:g} asks for {need / 2**20:.0f} MiB on {dev.name} ({dev.description}), "
-            f"which has {dev.mib_free:.0f} MiB free with the model loaded; ask for less, leaving room for the KV cache "
-            f"and the compute buffers")
-
-
 class _Sampler:
     def __init__(self, lib: Any, sampling: Sampling) -> None:
         self._lib = lib
@@ -138,24 +99,17 @@ class Context(NativeHandle):
         native, keep = self.params._to_native(lib)
         model.check_file()  # a memory-mapped file truncated since the load would crash the warm-up decode
         if self.params.moe_cache_mib > 0:
-            _check_cache_fits(model, self.params)
-        _log.clear_recent_problems()
-        ptr = lib.llama_init_from_model(model._native, native)
+            check_cache_fits(model, self.params)
+        _check.begin()
+        ptr = _check.check_ptr(lib.llama_init_from_model(model._native, native), "llama_init_from_model",
+                               "could not create the context")
         del keep  # the context copied the strings it needs
-        if ptr == ffi.NULL:
-            said = "; ".join(_log.recent_problems()) or "no reason given"
-            raise NativeCallError("llama_init_from_model", None, f"could not create the context: {said}")
         self._lib = lib
         # Why the MoE cache asked for is off (llama.cpp goes on without it), or None
-        self.moe_cache_off_reason: str | None = None
-        if self.params.moe_cache_mib > 0 and not lib.llama_moe_cache_get_stats(ptr, ffi.new("struct llama_moe_cache_stats *")):
-            said = [line for line in _log.recent_problems() if "moe" in line.lower()]
-            reason = "; ".join(said) or "llama.cpp gave no reason"
-            if "experts in RAM" in reason:  # llama.cpp's option names, and the binding's
-                reason += " (in Python: ModelParams(cpu_moe=True) or n_cpu_moe=N, and repack=False on a CPU-only build)"
-            self.moe_cache_off_reason = reason
+        self.moe_cache_off_reason = cache_off_reason(lib, ptr) if self.params.moe_cache_mib > 0 else None
+        if self.moe_cache_off_reason is not None:
             warnings.warn(f"moe_cache_mib={self.params.moe_cache_mib:g} asked for a MoE expert cache, but the context "
-                          f"has none: {reason}", MoeCacheWarning, stacklevel=2)
+                          f"has none: {self.moe_cache_off_reason}", MoeCacheWarning, stacklevel=2)
         n_batch = int(lib.llama_n_batch(ptr))
         batch = lib.llama_batch_init(n_batch, 0, 1)
 
@@ -202,11 +156,7 @@ class Context(NativeHandle):
                     b.n_seq_id[i] = 1
                     b.seq_id[i][0] = 0
                     b.logits[i] = 1 if last_chunk and (all_logits or i == len(chunk) - 1) else 0
-                rc = self._lib.llama_decode(ptr, b)
-                if rc != 0:
-                    said = "; ".join(_log.recent_problems())
-                    meaning = {1: "no KV cache slot for the batch", 2: "aborted", -1: "invalid batch"}.get(rc, "failed")
-                    raise NativeCallError("llama_decode", rc, meaning + (f": {said}" if said else ""))
+                _check.check(self._lib.llama_decode(ptr, b), "llama_decode", _check.DECODE_CODES)
                 self.n_past += len(chunk)
 
     def logits(self, i: int = -1) -> np.ndarray:

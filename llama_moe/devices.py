@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ._ffi import ffi
-from ._loader import get_lib
+from ._native.ffi import ffi
+from ._native.loader import get_lib
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ._env import environment
+from ._native.env import environment
 from .context import Context
 from .model import Model
 from .params import ContextParams

@@ -1,10 +1,16 @@
-"""The package's exception hierarchy: every error llama_moe raises derives from LlamaMoeError."""
+"""The package's exception hierarchy, in one place: every error llama_moe raises derives from LlamaMoeError.
+
+Each class also derives from the built-in exception a caller would expect (ValueError for input that is wrong,
+OSError for a file or a port, RuntimeError for a process or a call that failed), so ``except ValueError`` keeps
+working for code that does not know llama_moe's classes."""
 from __future__ import annotations
 
 
 class LlamaMoeError(Exception):
     """Base class of every error raised by llama_moe."""
 
+
+# -- the native library ------------------------------------------------------------------------------------
 
 class NativeLibraryError(LlamaMoeError, OSError):
     """The patched libllama could not be found or loaded."""
@@ -23,20 +29,18 @@ class NativeCallError(LlamaMoeError, RuntimeError):
         self.code = code
 
 
-class ModelLoadError(LlamaMoeError, ValueError):
-    """A model file is missing, unreadable or not a GGUF llama.cpp accepts."""
-
-
 class BuildError(LlamaMoeError, RuntimeError):
     """Fetching, patching or compiling the native library failed."""
 
 
-class GgufError(LlamaMoeError, ValueError):
-    """A GGUF file is malformed or lacks what the caller needs."""
+# -- the binding: models, contexts, parameters --------------------------------------------------------------
+
+class ModelLoadError(LlamaMoeError, ValueError):
+    """A model file is missing, unreadable or not a GGUF llama.cpp accepts."""
 
 
-class ProfileError(LlamaMoeError, ValueError):
-    """An STRP expert profile is malformed or made for another model."""
+class ParameterError(LlamaMoeError, ValueError):
+    """A parameter is out of range or contradicts another."""
 
 
 class ClosedError(LlamaMoeError, ValueError):
@@ -46,3 +50,89 @@ class ClosedError(LlamaMoeError, ValueError):
 class MoeCacheWarning(UserWarning):
     """A MoE cache option that cannot take effect: the cache asked for is off (no device to hold it, no
     experts in RAM, a size too small for one expert per layer), or an option does nothing without another."""
+
+
+# -- file formats -----------------------------------------------------------------------------------------
+
+class GgufError(LlamaMoeError, ValueError):
+    """A GGUF file is malformed or lacks what the caller needs."""
+
+
+class ProfileError(LlamaMoeError, ValueError):
+    """An STRP expert profile is malformed or made for another model."""
+
+
+class TraceError(LlamaMoeError, ValueError):
+    """A routing trace is malformed."""
+
+
+def problems_text(problems: list[tuple[str | None, str]]) -> str:
+    """An audit record's problems as one text: ``field 'name': what`` for each, joined by "; "."""
+    return "; ".join(f"field '{f}': {m}" if f else m for f, m in problems)
+
+
+class AuditError(LlamaMoeError, ValueError):
+    """An audit file that cannot be read, or a record that breaks the reference's field list.
+    ``line`` is the 1-based line number (0: the file as a whole), ``field`` the first offending field."""
+
+    def __init__(self, line: int, problems: list[tuple[str | None, str]], path: str | None = None) -> None:
+        where = f"{path}: " if path else ""
+        text = problems_text(problems)
+        super().__init__(f"{where}line {line}: {text}" if line else f"{where}{text}")
+        self.line = line
+        self.field = problems[0][0] if problems else None
+        self.problems = tuple(problems)
+
+
+# -- the routing tools --------------------------------------------------------------------------------------
+
+class ToolInputError(LlamaMoeError, ValueError):
+    """A file, a text or an option the tools cannot use: missing, too short, or contradicting another."""
+
+
+class CacheBudgetError(ToolInputError):
+    """The budget cannot hold one expert slot per cached layer (the engine would turn the cache off)."""
+
+
+# -- benchmarks ---------------------------------------------------------------------------------------------
+
+class PlotUnavailableError(LlamaMoeError, ImportError):
+    """matplotlib, which the benchmark's plot needs, is not installed."""
+
+
+# -- serving ------------------------------------------------------------------------------------------------
+
+class ServerStartError(LlamaMoeError, RuntimeError):
+    """llama-server is missing, exited, or did not become healthy in time (the message ends with its log)."""
+
+
+class ServerError(LlamaMoeError, ConnectionError):
+    """A llama-server that cannot be reached, or that does not serve /metrics."""
+
+
+class MetricsError(LlamaMoeError, ValueError):
+    """/metrics text that is not the Prometheus format llama-server writes, or lacks a series."""
+
+
+class ServePlanError(LlamaMoeError, ValueError):
+    """The model and the requested context cannot be served on this GPU."""
+
+
+class MonitorError(LlamaMoeError, OSError):
+    """The monitor cannot listen on its port."""
+
+
+class CodeEvalError(LlamaMoeError, RuntimeError):
+    """The model could not be served or asked."""
+
+
+class CheckAuditError(LlamaMoeError, ValueError):
+    """The inputs cannot make the check (a missing model or profile, a size that is no size)."""
+
+
+__all__ = [
+    "AbiMismatchError", "AuditError", "BuildError", "CacheBudgetError", "CheckAuditError", "ClosedError",
+    "CodeEvalError", "GgufError", "LlamaMoeError", "MetricsError", "ModelLoadError", "MonitorError",
+    "MoeCacheWarning", "NativeCallError", "NativeLibraryError", "ParameterError", "PlotUnavailableError",
+    "ProfileError", "ServePlanError", "ServerError", "ServerStartError", "ToolInputError", "TraceError",
+]

@@ -42,13 +42,18 @@ def expert_layout(path: str | os.PathLike[str]) -> ExpertLayout:
     arch = gguf.architecture
     if arch is None:
         raise GgufError(f"{path}: no general.architecture; not a llama.cpp model")
-    n_layer = int(gguf.get(f"{arch}.block_count", 0))
+    # block_count includes the MTP (nextn) blocks after the trunk: llama.cpp never runs them, and neither
+    # the cache nor a profile counts them
+    n_layer = int(gguf.get(f"{arch}.block_count", 0)) - int(gguf.get(f"{arch}.nextn_predict_layers", 0))
     n_expert = int(gguf.get(f"{arch}.expert_count", 0))
-    n_used = int(gguf.get(f"{arch}.expert_used_count", 0))
+    used = gguf.get(f"{arch}.expert_used_count", 0)
+    # a number, or one per layer (0 in layers without experts)
+    used_per_layer = [int(u) for u in used] if isinstance(used, list) else None
+    n_used = max(used_per_layer, default=0) if used_per_layer is not None else int(used)
     per_layer: dict[int, list] = {}
     for t in gguf.tensors:
         m = _EXPS.match(t.name)
-        if m:
+        if m and int(m.group(1)) < n_layer:
             per_layer.setdefault(int(m.group(1)), []).append(t)
     layers = []
     for il in sorted(per_layer):

@@ -6,10 +6,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from . import _log
-from ._ffi import ffi
-from ._handle import NativeHandle
-from ._loader import get_lib
+from ._native import check as _check
+from ._native.ffi import ffi
+from ._native.handle import NativeHandle
+from ._native.loader import get_lib
 from .errors import GgufError, ModelLoadError
 from .params import ModelParams
 
@@ -62,12 +62,11 @@ class Model(NativeHandle):
         self.geometry, self._data_end = _check_gguf(self.path)
         lib = get_lib()
         native, keep = self.params._to_native(lib, self.geometry.n_layer or None)
-        _log.clear_recent_problems()
+        _check.begin()
         ptr = lib.llama_model_load_from_file(str(self.path).encode(), native)
         del keep  # the loader copied what it needs
         if ptr == ffi.NULL:
-            said = "; ".join(_log.recent_problems()) or "no reason given"
-            raise ModelLoadError(f"{self.path}: llama.cpp could not load it: {said}")
+            raise ModelLoadError(f"{self.path}: llama.cpp could not load it: {_check.said('no reason given')}")
         self._lib = lib
         self._adopt(ptr, lambda p=ptr, l=lib: l.llama_model_free(p))
         self._vocab = lib.llama_model_get_vocab(ptr)

@@ -8,19 +8,21 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
-from ._ffi import ffi
-from .errors import LlamaMoeError, MoeCacheWarning
+from ._native.ffi import ffi
+from .errors import MoeCacheWarning, ParameterError
 
 # llama.cpp's own patterns (common/common.h, LLM_FFN_EXPS_REGEX): the expert tensors of every MoE architecture.
 EXPERTS_REGEX = r"\.ffn_(up|down|gate|gate_up)_(ch|)exps"
 
 
-class ParameterError(LlamaMoeError, ValueError):
-    """A parameter is out of range or contradicts another."""
-
-
 INT32_MAX = 2**31 - 1
 UINT32_MAX = 2**32 - 1
+MiB = 2**20
+
+
+def mib_to_bytes(mib: float) -> int:
+    """The byte count a MiB figure becomes: ContextParams.moe_cache_mib as llama.cpp's --moe-cache-mib takes it."""
+    return int(mib * MiB)
 
 
 def check_whole(name: str, value: Any, low: int, high: int, what: str = "") -> int:
@@ -207,7 +209,7 @@ class ContextParams:
         p.op_offload = self.op_offload
         p.no_perf = self.no_perf
         keep: list[Any] = []
-        p.moe_cache_size = int(self.moe_cache_mib * 2**20)
+        p.moe_cache_size = mib_to_bytes(self.moe_cache_mib)
         if self.moe_cache_profile is not None:
             profile = ffi.new("char[]", os.fsencode(self.moe_cache_profile))
             keep.append(profile)

@@ -78,3 +78,18 @@ def lookups_line(n_hit: int, n_miss: int, n_refused: int, hybrid: bool, n_swap: 
     full = "?" if n_resident is None or not n_slots else f"{100.0 * n_resident / n_slots:.2f}"
     return (f"{n_hit} hits of {lookups} lookups = {ratio} ({n_admitted(hybrid, n_miss, n_swap)} admitted, "
             f"{n_refused} refused, cache {full}% full)")
+
+
+def cache_lines(c: Any, off_reason: str | None = None) -> list[str]:
+    """The MoE cache's summary lines, the same for a context's MoeCacheStats and a server's MoeCacheMetrics
+    (None: no cache; with ``off_reason``: asked for, and off)."""
+    if c is None and off_reason:
+        return [f"MoE cache    OFF: asked for, but llama.cpp went on without it: {off_reason}"]
+    if c is None:
+        return ["MoE cache    none (--moe-cache-mib N turns it on)"]
+    mode = "hybrid" if c.hybrid else "upload"
+    moved = (f"the CPU computed the misses, reading {c.n_bytes_cpu / 2**20:.2f} MiB" if c.hybrid else
+             f"{c.n_bytes_upload / 2**20:.2f} MiB uploaded")
+    return [f"MoE cache    {mode} mode, {c.n_bytes_cache / 2**20:.2f} MiB, {c.n_slots} slots, {c.n_prefilled} prefilled by the profile",
+            f"             hit rate {c.hit_rate:.3f} ({c.n_hit} hits, {c.n_hit_profile} from the profile, {c.n_miss} misses), {moved}",
+            "             " + lookups_line(c.n_hit, c.n_miss, c.n_refused, c.hybrid, c.n_swap, c.n_resident, c.n_slots)]

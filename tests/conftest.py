@@ -9,7 +9,7 @@ import pytest
 @pytest.fixture(scope="session")
 def lib():
     """The loaded native library; a missing build fails loudly: CI builds it before the tests."""
-    from llama_moe._loader import get_lib
+    from llama_moe._native.loader import get_lib
 
     return get_lib()
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from llama_moe import server_process
-from llama_moe.server_process import free_port  # noqa: F401 (the tests' import)
+from llama_moe.server import process as server_process
+from llama_moe.server.process import free_port  # noqa: F401 (the tests' import)
 
 
 # Our patches' llama-server options (0002-0005): the tests' servers use them all.

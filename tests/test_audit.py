@@ -1,4 +1,4 @@
-"""The audit log reader and checker (llama_moe.audit, ``python -m llama_moe audit``) on hand-made logs that
+"""The audit log reader and checker (llama_moe.server.audit, ``python -m llama_moe audit``) on hand-made logs that
 follow the reference's field list, then break it one way at a time. The real server's log is checked in
 test_server.py."""
 from __future__ import annotations
@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from llama_moe.audit import (AuditError, ExitRecord, LoadRecord, RequestRecord, check_audit, parse_record,
-                             read_audit, summarize)
+from llama_moe.errors import AuditError
+from llama_moe.formats.audit import ExitRecord, LoadRecord, RequestRecord, parse_record, read_audit
+from llama_moe.server.audit import check_audit, summarize
 
 EXPERT = 26112   # bytes of one tiny-model expert
 

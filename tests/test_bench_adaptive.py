@@ -8,10 +8,10 @@ import json
 import pytest
 
 from llama_moe.cli import main
-from llama_moe.commands.bench_adaptive import (CONFIGS, held_out_paragraphs, recovery, run_bench_adaptive,
+from llama_moe.bench.adaptive import (CONFIGS, held_out_paragraphs, recovery, run_bench_adaptive,
                                                to_markdown)
 from llama_moe.synth.corpus import TOPICS, split_paragraphs
-from llama_moe.tools.errors import ToolInputError
+from llama_moe.errors import ToolInputError
 
 
 @pytest.fixture(autouse=True)

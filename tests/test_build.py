@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from llama_moe import paths
-from llama_moe.build.patches import PatchSeries, apply_series
-from llama_moe.build.source import BUNDLE_MARKER, BasePin, write_bundle
+from llama_moe.native_build.patches import PatchSeries, apply_series
+from llama_moe.native_build.source import BUNDLE_MARKER, BasePin, write_bundle
 from llama_moe.errors import BuildError
 
 ROOT = Path(__file__).resolve().parent.parent

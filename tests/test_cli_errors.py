@@ -20,8 +20,8 @@ import pytest
 
 from llama_moe.cli import make_parser
 from llama_moe.experts import expert_layout
-from llama_moe.profile import Profile, write_profile
-from llama_moe.trace import RoutingRecord, write_trace
+from llama_moe.formats.profile import Profile, write_profile
+from llama_moe.formats.trace import RoutingRecord, write_trace
 from llama_server import free_port
 
 TEXT = "The ship left the harbour at dawn. The sea was calm and the sailors sang of home.\n" * 3
@@ -259,7 +259,7 @@ def test_a_write_that_fails_halfway_leaves_the_old_file_and_no_part(files, tmp_p
 
 def test_the_writer_writes_a_device_in_place_and_through_a_symlink(tmp_path) -> None:
     """An API user may write to /dev/full or through a link: the device stays a device, the link a link."""
-    from llama_moe._atomic import write_bytes
+    from llama_moe.formats.atomic import write_bytes
 
     with pytest.raises(OSError, match="No space left on device") as excinfo:
         write_trace("/dev/full", [RoutingRecord(0, np.zeros((4096, 8), dtype=np.int32))])

@@ -16,10 +16,11 @@ import pytest
 
 from llama_moe import Context, ContextParams, Model, ModelLoadError, ModelParams, MoeCacheWarning, ParameterError
 from llama_moe.cli import main
-from llama_moe.commands.serve import ServePlanError, plan_serve
+from llama_moe.errors import ServePlanError
+from llama_moe.server.plan import plan_serve
 from llama_moe.devices import Device
 from llama_moe.experts import expert_layout
-from llama_moe.profile import Profile, write_profile
+from llama_moe.formats.profile import Profile, write_profile
 
 RAM = ModelParams(cpu_moe=True, repack=False)
 ROOT = Path(__file__).resolve().parent.parent
@@ -190,15 +191,15 @@ def _fake_gpu(free_mib: float) -> Device:
 
 def test_a_cache_larger_than_the_free_vram_is_refused(lib, tiny_model_path, monkeypatch) -> None:
     """The check runs before llama.cpp allocates; the GPU is simulated (its free memory), the model is real."""
-    import llama_moe.context
+    import llama_moe._native.cache_status
 
-    monkeypatch.setattr(llama_moe.context, "_cache_device", lambda: _fake_gpu(1))
+    monkeypatch.setattr(llama_moe._native.cache_status, "cache_device", lambda: _fake_gpu(1))
     with Model(tiny_model_path, RAM) as model:
         with pytest.raises(ParameterError, match=r"moe_cache_mib=3 asks for 3 MiB on CUDA0 \(a simulated GPU\), which "
                                                  r"has 1 MiB free with the model loaded; ask for less"):
             Context(model, ContextParams(n_ctx=256, moe_cache_mib=3))
         # more than every expert is not more than the engine allocates: a huge request fits a GPU that holds them all
-        monkeypatch.setattr(llama_moe.context, "_cache_device", lambda: _fake_gpu(100))
+        monkeypatch.setattr(llama_moe._native.cache_status, "cache_device", lambda: _fake_gpu(100))
         monkeypatch.setenv("LLAMA_MOE_CACHE_DEVICE", "CPU")  # the engine's own device: RAM
         with Context(model, ContextParams(n_ctx=256, moe_cache_mib=100_000)) as ctx:
             stats = ctx.moe_cache_stats()

@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 from llama_moe.errors import GgufError, ProfileError
 from llama_moe.gguf.reader import read_gguf
-from llama_moe.profile import Profile, read_profile
-from llama_moe.trace import TraceError, read_trace
+from llama_moe.formats.profile import Profile, read_profile
+from llama_moe.formats.trace import TraceError, read_trace
 
 ROOT = Path(__file__).resolve().parent.parent
 FUZZ_SECONDS = 20
@@ -108,7 +108,9 @@ GOOD_AUDIT = _good_audit_log()
 def test_audit_reader_and_checker_refuse_or_read(tmp_path, cuts, length) -> None:
     """Byte flips and cuts of a valid audit log: read (strict or not), checked and summarized, or refused with
     AuditError; never another exception."""
-    from llama_moe.audit import AuditError, check_audit, read_audit, summarize
+    from llama_moe.errors import AuditError
+    from llama_moe.formats.audit import read_audit
+    from llama_moe.server.audit import check_audit, summarize
 
     path = tmp_path / "audit.jsonl"
     path.write_bytes(_mutate(GOOD_AUDIT, cuts)[:length])
@@ -132,7 +134,9 @@ ODD_VALUES = st.sampled_from([None, -1, 0, 1e300, float("nan"), "x", [], {}, Tru
 @given(st.lists(st.tuples(st.integers(0, 4), st.integers(0, 40), ODD_VALUES), min_size=1, max_size=4))
 def test_audit_checker_refuses_or_reads_odd_fields(tmp_path, changes) -> None:
     """A valid log whose fields take values of the wrong type or range: checked, or refused with AuditError."""
-    from llama_moe.audit import AuditError, check_audit, read_audit, summarize
+    from llama_moe.errors import AuditError
+    from llama_moe.formats.audit import read_audit
+    from llama_moe.server.audit import check_audit, summarize
 
     records = [json.loads(line) for line in GOOD_AUDIT.decode().splitlines()]
     for r, k, value in changes:

@@ -14,14 +14,14 @@ from llama_moe.cli import main
 from llama_moe.experts import ExpertLayout, LayerExperts, expert_layout
 from llama_moe.synth import SHAPES, sample_routes
 from llama_moe.synth.corpus import TOPICS
-from llama_moe.tools import TraceRoutes, load_traces, plan_cache, rank_pairs, simulate_sizes
-from llama_moe.tools.budget import MiB, cache_bytes_for_slots
-from llama_moe.tools.errors import ToolInputError
-from llama_moe.tools.heldout import (Folds, choose_folds, document_split, fold_counts, kfold_result, min_fold_tokens,
+from llama_moe.routing import TraceRoutes, load_traces, plan_cache, rank_pairs, simulate_sizes
+from llama_moe.routing.budget import MiB, cache_bytes_for_slots
+from llama_moe.errors import ToolInputError
+from llama_moe.routing.heldout import (Folds, choose_folds, document_split, fold_counts, kfold_result, min_fold_tokens,
                                      t_interval, trace_folds)
-from llama_moe.tools.policies import HALF_LIFE_TOKENS
-from llama_moe.tools.routes import Routes
-from llama_moe.trace import RoutingRecord, write_trace
+from llama_moe.routing.policies import HALF_LIFE_TOKENS
+from llama_moe.routing.routes import Routes
+from llama_moe.formats.trace import RoutingRecord, write_trace
 
 PER_TOPIC = 9  # sample_routes: 72 paragraphs, 9 per topic, in TOPICS order
 

@@ -15,7 +15,7 @@ import pytest
 
 from llama_moe import paths
 from llama_moe.experts import expert_layout
-from llama_moe.profile import Profile, write_profile
+from llama_moe.formats.profile import Profile, write_profile
 
 ROOT = Path(__file__).resolve().parent.parent
 DRIVER = ROOT / "tests" / "lifecycle" / "lifecycle_loop.c"
@@ -79,7 +79,7 @@ def leaks(stderr: str) -> tuple[int, int]:
 
 @pytest.fixture(scope="module")
 def driver(lib, tmp_path_factory) -> Path:
-    from llama_moe._loader import library_path
+    from llama_moe._native.loader import library_path
 
     path = library_path()
     assert path is not None

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from llama_moe import paths
-from llama_moe._loader import library_path
+from llama_moe._native.loader import library_path
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from llama_moe import Context, ContextParams, Model, ModelParams
-from llama_moe.cache_sim import simulate_lru
+from oracles.lru import simulate_lru
 from llama_moe.experts import expert_layout
 from cache_sizes import mib_for_slots
-from llama_moe.profile import Profile, write_profile
+from llama_moe.formats.profile import Profile, write_profile
 
 PROMPT = "The ship left the harbour at dawn, and the crew"
 N_GEN = 40

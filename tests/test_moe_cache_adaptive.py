@@ -11,7 +11,7 @@ import pytest
 from llama_moe import Context, ContextParams, Model, ModelParams, Sampling
 from llama_moe.experts import expert_layout
 from cache_sizes import mib_for_slots
-from llama_moe.profile import Profile, write_profile
+from llama_moe.formats.profile import Profile, write_profile
 
 PROMPT = "The ship left the harbour at dawn, and the crew"
 SAMPLING = Sampling(temperature=0.8, seed=3)  # sampled text: greedy decoding of a bigram model loops
@@ -89,9 +89,9 @@ def test_rebalance_on_request(lib, tiny_model_path) -> None:
 def test_a_profiles_experts_start_with_a_prior_as_the_replay_has_it(lib, tiny_model_path, tmp_path) -> None:
     """A profile's experts start with the heat of their share of 64 tokens' picks (llama-moe-cache.h), so a few
     picks of text do not evict them. The engine's swaps and hits over a generation equal the numpy replay's
-    (tools.policies.adaptive) with that prior, and the replay without it swaps more."""
-    from llama_moe.tools.policies import PRIOR_TOKENS, adaptive
-    from llama_moe.tools.routes import routes_from_records
+    (routing.policies.adaptive) with that prior, and the replay without it swaps more."""
+    from llama_moe.routing.policies import PRIOR_TOKENS, adaptive
+    from llama_moe.routing.routes import routes_from_records
 
     layout = expert_layout(tiny_model_path)
     # a profile of other text: each layer's experts by index from the top, which the text does not favour

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from llama_moe.monitor import MonitorServer, monitor_html
-from llama_moe.server_metrics import MoeCacheMetrics, parse_moe_cache
+from llama_moe.server.monitor import MonitorServer, monitor_html
+from llama_moe.server.metrics import MoeCacheMetrics, parse_moe_cache
 
 LAYERS = 6
 EXPERT = 26112
@@ -341,7 +341,7 @@ def test_the_page_against_a_live_llama_server(tmp_path: Path, lib, tiny_model_pa
         after = parse_moe_cache(requests.get(url + "/metrics", timeout=30).text)
         second = _Dom(_browse(tmp_path, m.url, "--dump-dom"))
         assert after.n_hit > before.n_hit and second.by_id["hits"] == _fmt_count(after.n_hit)
-        html = (Path(__file__).resolve().parent.parent / "llama_moe" / "monitor" / "monitor.html").read_text()
+        html = (Path(__file__).resolve().parent.parent / "llama_moe" / "server" / "monitor" / "monitor.html").read_text()
         # nothing the page fetches leaves 127.0.0.1: no absolute URLs to anywhere else
         assert not [u for u in re.findall(r"https?://[^\s\"'<>)]+", html) if not u.startswith("http://127.0.0.1")]
     finally:
@@ -388,7 +388,7 @@ def _run_page_script(tmp_path: Path, metrics: str) -> dict:
     harness, text = tmp_path / "harness.js", tmp_path / "metrics.txt"
     harness.write_text(_NODE_HARNESS)
     text.write_text(metrics)
-    page = Path(__file__).resolve().parent.parent / "llama_moe" / "monitor" / "monitor.html"
+    page = Path(__file__).resolve().parent.parent / "llama_moe" / "server" / "monitor" / "monitor.html"
     done = subprocess.run([node, str(harness), str(page), str(text)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)

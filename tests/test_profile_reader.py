@@ -11,7 +11,7 @@ import pytest
 
 from llama_moe import Context, ContextParams, Model, ModelParams
 from llama_moe.errors import ProfileError
-from llama_moe.profile import Profile, read_profile, write_profile
+from llama_moe.formats.profile import Profile, read_profile, write_profile
 
 L, E = 6, 32  # the tiny model's layers and experts
 

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 import requests
 
-from llama_moe.commands.check_api import check_api
-from llama_moe.commands.serve import ServePlanError, plan_serve
+from llama_moe.server.check_api import check_api
+from llama_moe.errors import ServePlanError
+from llama_moe.server.plan import plan_serve
 from llama_moe.experts import expert_layout
 
 SERVER = Path("/nonexistent/llama-server")  # plans only name it

@@ -112,7 +112,7 @@ def test_four_slots_and_two_hundred_requests(server_binary, tiny_model_path, tmp
         return r.status_code
 
     def watch(stop: threading.Event) -> None:
-        from llama_moe.server_metrics import parse_moe_cache
+        from llama_moe.server.metrics import parse_moe_cache
 
         while not stop.is_set():
             m = parse_moe_cache(requests.get(url + "/metrics", timeout=30).text)

@@ -47,22 +47,22 @@ def _write_sample(path: Path) -> dict[str, np.ndarray]:
         "d.q4": rng.standard_normal((2, 3, 32)).astype(np.float32),
     }
     types = {"a.f32": "f32", "b.f16": "f16", "c.q8": "q8_0", "d.q4": "q4_0"}
-    with GgufWriter(path) as w:
-        w.add_string("general.architecture", "test")
+    with GgufWriter(path, "test") as w:
         w.add_uint32("u32", 7)
         w.add_int32("i32", -3)
         w.add_uint64("u64", 2**40)
         w.add_float32("f32", 0.5)
         w.add_bool("flag", True)
-        w.add("u8", 200, GgufValueType.UINT8)
-        w.add("i16", -300, GgufValueType.INT16)
-        w.add("f64", 1.25, GgufValueType.FLOAT64)
+        w.add_uint8("u8", 200)
+        w.add_int16("i16", -300)
+        w.add_float64("f64", 1.25)
+        w.add_string("empty", "")
         w.add_array("strs", ["a", "héllo", ""])
         w.add_array("ints", [1, -2, 3])
         w.add_array("floats", [0.25, 1.5])
-        w.add_array("u64s", np.array([1, 2**50], dtype=np.uint64))
+        w.add_typed_array("u64s", np.array([1, 2**50], dtype=np.uint64), GgufValueType.UINT64)
         for name, arr in data.items():
-            w.add_tensor_info(name, arr.shape[::-1], types[name])
+            w.declare_tensor(name, arr.shape[::-1], types[name])
         w.write_header()
         for name, arr in data.items():
             w.write_tensor_data(name, arr)
@@ -76,7 +76,7 @@ def test_gguf_round_trip(tmp_path: Path) -> None:
     assert g.version == 3 and g.alignment == 32 and g.architecture == "test"
     md = g.metadata
     assert (md["u32"], md["i32"], md["u64"], md["f32"], md["flag"]) == (7, -3, 2**40, 0.5, True)
-    assert (md["u8"], md["i16"], md["f64"]) == (200, -300, 1.25)
+    assert (md["u8"], md["i16"], md["f64"], md["empty"]) == (200, -300, 1.25, "")
     assert md["strs"] == ["a", "héllo", ""] and md["ints"] == [1, -2, 3] and md["floats"] == [0.25, 1.5]
     assert md["u64s"] == [1, 2**50]
     assert g.metadata_types["ints"] == GgufValueType.INT32 and g.metadata_types["u32"] == GgufValueType.UINT32
@@ -89,6 +89,25 @@ def test_gguf_round_trip(tmp_path: Path) -> None:
         tol = {GgmlType.F32: 0, GgmlType.F16: 2e-3, GgmlType.Q8_0: 0.03, GgmlType.Q4_0: 0.5}[t.type]
         assert np.max(np.abs(back - data[t.name])) <= tol
     assert not list(tmp_path.glob(".*tmp*")), "temporary file left behind"
+
+
+def test_gguf_py_reads_what_we_read(tmp_path: Path) -> None:
+    """The validating reader and gguf-py's GGUFReader see the same keys, values and tensor table."""
+    import gguf
+
+    path = tmp_path / "t.gguf"
+    _write_sample(path)
+    synthesize(tmp_path / "m.gguf", MICRO, "q4_0", seed=2)
+    for p in (path, tmp_path / "m.gguf"):
+        ours, theirs = read_gguf(p), gguf.GGUFReader(p)
+        fields = {k: f for k, f in theirs.fields.items() if not k.startswith("GGUF.")}
+        assert set(fields) == set(ours.metadata)
+        for key, f in fields.items():
+            value = f.contents()
+            assert value == ours.metadata[key] or np.allclose(value, ours.metadata[key]), key
+            assert (f.types[-1] if f.types[0] == GgufValueType.ARRAY else f.types[0]) == ours.metadata_types[key], key
+        assert [(t.name, int(t.tensor_type), tuple(int(d) for d in t.shape), int(t.data_offset), int(t.n_bytes))
+                for t in theirs.tensors] == [(t.name, int(t.type), t.ne, t.offset, t.nbytes) for t in ours.tensors]
 
 
 def test_reader_truncated_data(tmp_path: Path) -> None:
@@ -134,11 +153,11 @@ def test_reader_unknown_value_type(tmp_path: Path) -> None:
     path = tmp_path / "bad.gguf"
     _write_sample(path)
     raw = bytearray(path.read_bytes())
-    # the first pair is general.alignment: key length (8) + key + type (4)
-    pos = 24 + 8 + len("general.alignment")
+    # the first pair is general.architecture: key length (8) + key + type (4)
+    pos = 24 + 8 + len("general.architecture")
     raw[pos : pos + 4] = struct.pack("<I", 99)
     path.write_bytes(bytes(raw))
-    with pytest.raises(GgufError, match=r"key 'general.alignment' has unknown value type 99 \(at byte \d+\)"):
+    with pytest.raises(GgufError, match=r"key 'general.architecture' has unknown value type 99 \(at byte \d+\)"):
         read_gguf(path)
 
 
@@ -153,35 +172,42 @@ def test_reader_missing_and_short(tmp_path: Path) -> None:
 def test_writer_errors_leave_no_file(tmp_path: Path) -> None:
     path = tmp_path / "x.gguf"
     with pytest.raises(GgufError, match="declaration order"):
-        with GgufWriter(path) as w:
-            w.add_tensor_info("a", (32,), "f32")
-            w.add_tensor_info("b", (32,), "f32")
+        with GgufWriter(path, "test") as w:
+            w.declare_tensor("a", (32,), "f32")
+            w.declare_tensor("b", (32,), "f32")
             w.write_header()
             w.write_tensor_data("b", np.zeros(32, np.float32))
     assert not path.exists() and not list(tmp_path.iterdir())
     with pytest.raises(GgufError, match="need 128"):
-        with GgufWriter(path) as w:
-            w.add_tensor_info("a", (32,), "f32")
+        with GgufWriter(path, "test") as w:
+            w.declare_tensor("a", (32,), "f32")
             w.write_header()
             w.write_tensor_data("a", np.zeros(16, np.float32))
     with pytest.raises(GgufError, match="declared but not written"):
-        with GgufWriter(path) as w:
-            w.add_tensor_info("a", (32,), "f32")
+        with GgufWriter(path, "test") as w:
+            w.declare_tensor("a", (32,), "f32")
             w.write_header()
     assert not list(tmp_path.iterdir())
-    w = GgufWriter(path)
+    w = GgufWriter(path, "test")
     with pytest.raises(GgufError, match="multiple of the Q8_0 block size"):
-        w.add_tensor_info("q", (48,), "q8_0")
-    with pytest.raises(GgufError, match="duplicate"):
+        w.declare_tensor("q", (48,), "q8_0")
+    with pytest.raises(GgufError, match="duplicate GGUF key 'k'"):
         w.add_uint32("k", 1)
         w.add_uint32("k", 2)
+    with pytest.raises(GgufError, match="duplicate GGUF key 'general.architecture'"):
+        w.add_string("general.architecture", "other")
+    w.declare_tensor("t", (32,), "f32")
+    with pytest.raises(GgufError, match="duplicate tensor name 't'"):
+        w.declare_tensor("t", (32,), "f32")
+    with pytest.raises(GgufError, match="ggml allows < 64"):
+        w.declare_tensor("x" * 64, (32,), "f32")
 
 
 def test_writer_chunks(tmp_path: Path) -> None:
     path = tmp_path / "c.gguf"
     x = np.arange(64, dtype=np.float32)
-    with GgufWriter(path) as w:
-        w.add_tensor_info("a", (32, 2), "f32")
+    with GgufWriter(path, "test") as w:
+        w.declare_tensor("a", (32, 2), "f32")
         w.write_header()
         w.write_tensor_data("a", iter([x[:32], x[32:].tobytes()]))
     g = read_gguf(path)

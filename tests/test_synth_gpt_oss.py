@@ -14,7 +14,7 @@ from llama_moe import Context, ContextParams, Model, ModelParams
 from llama_moe.errors import LlamaMoeError
 from llama_moe.experts import expert_layout
 from llama_moe.gguf import GgmlType, dequantize, quantize, random_quantized, read_gguf
-from llama_moe.gguf.quants import KVALUES_MXFP4, dequantize_mxfp4, quantize_mxfp4
+from llama_moe.gguf.quants import KVALUES_MXFP4
 from llama_moe.gguf.reader import read_tensor_bytes
 from llama_moe.synth import SHAPES, load_design, parse_shape, synthesize
 from llama_moe.synth import cli as synth_cli
@@ -92,14 +92,14 @@ def test_mxfp4_quantizer_is_ggmls_bit_for_bit(lib) -> None:
     rnd = random_quantized("mxfp4", (16, 256), np.random.default_rng(3), 0.02)
     back = np.empty(16 * 256, dtype=np.float32)
     to_float(rnd.ctypes.data, back.ctypes.data, back.size)
-    np.testing.assert_array_equal(dequantize_mxfp4(rnd), back)
+    np.testing.assert_array_equal(dequantize(rnd, "mxfp4"), back)
 
 
 def test_mxfp4_layout_and_round_trip() -> None:
     # one block: scale byte, then element j in the low nibble and j + 16 in the high nibble of byte j
     x = np.zeros(32, dtype=np.float32)
     x[0], x[16], x[1], x[31] = 6.0, -1.0, 0.5, -12.0  # amax 12 -> e = floor(log2 12) - 2 + 127 = 128, d = 1
-    b = quantize_mxfp4(x)
+    b = quantize(x, "mxfp4")
     assert b.nbytes == 17 and b[0] == 128
     assert b[1] == (5 | (9 << 4))  # 6 -> code 5, -1 -> code 9
     assert b[2] == 0  # 0.5 ties 0 and 1: the first code (0) wins

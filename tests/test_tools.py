@@ -10,19 +10,19 @@ import numpy as np
 import pytest
 
 from llama_moe import Context, ContextParams, Model, ModelParams
-from llama_moe.cache_sim import simulate_lru
+from oracles.lru import simulate_lru
 from llama_moe.cli import main
 from llama_moe.experts import expert_layout
-from llama_moe.profile import read_profile
+from llama_moe.formats.profile import read_profile
 from llama_moe.synth.corpus import split_paragraphs
-from llama_moe.tools import (CacheBudgetError, adaptive, belady, cache_bytes_for_slots, engine_slots, kfold,
+from llama_moe.routing import (CacheBudgetError, adaptive, belady, cache_bytes_for_slots, engine_slots, kfold,
                              kfold_splits, lru, prefill_resident, rank_pairs, read_routes, routes_from_records,
                              static, t_interval, trace_text)
-from llama_moe.tools.budget import MiB, engine_buffer_bytes, mib_to_bytes
-from llama_moe.tools import ToolInputError
-from llama_moe.tools.heldout import fold_bounds, t975
-from llama_moe.tools.routes import Routes
-from llama_moe.trace import RoutingRecord, TraceError, write_trace
+from llama_moe.routing.budget import MiB, engine_buffer_bytes, mib_to_bytes
+from llama_moe.routing import ToolInputError
+from llama_moe.routing.heldout import fold_bounds, t975
+from llama_moe.routing.routes import Routes
+from llama_moe.formats.trace import RoutingRecord, TraceError, write_trace
 
 RAM = ModelParams(cpu_moe=True, repack=False)
 PROMPT = ("The ship left the harbour at dawn, and the crew of the old schooner hauled the lines while the captain "

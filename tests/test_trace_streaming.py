@@ -15,15 +15,16 @@ from hypothesis import strategies as st
 
 from llama_moe.cli import main
 from llama_moe.experts import ExpertLayout, LayerExperts
-from llama_moe.tools import (TraceRoutes, adaptive, belady, kfold, kfold_splits, load_traces, lru, make_profile,
+from llama_moe.routing import (TraceRoutes, adaptive, belady, kfold, kfold_splits, load_traces, lru, make_profile,
                              plan_cache, predict_routes, rank_pairs, read_routes, run_policy, simulate_sizes, static)
-from llama_moe.tools import policies
-from llama_moe.tools.budget import MiB, cache_bytes_for_slots
-from llama_moe.tools.heldout import ranked_replay
-from llama_moe.tools.policies import _lru_loop, merge_results
-from llama_moe.tools.ranking import pair_counts
-from llama_moe.tools.routes import JoinedRoutes, Routes, concat_routes
-from llama_moe.trace import TraceError, iter_trace_chunks, read_trace, record_bytes, write_trace, RoutingRecord
+from llama_moe.routing import policies
+from llama_moe.routing.budget import MiB, cache_bytes_for_slots
+from llama_moe.routing.heldout import ranked_replay
+from llama_moe.routing.policies import merge_results
+from llama_moe.routing.ranking import pair_counts
+from llama_moe.routing.routes import JoinedRoutes, Routes, concat_routes
+from llama_moe.formats.trace import TraceError, iter_trace_chunks, read_trace, record_bytes, write_trace, RoutingRecord
+from support.replays import lru_slot_by_slot
 
 N_LAYER, N_EXPERT, K = 6, 32, 4
 LAYOUT = ExpertLayout(N_LAYER, N_EXPERT, K, tuple(LayerExperts(il, N_EXPERT, 2**16, "q8_0") for il in range(N_LAYER)))
@@ -124,7 +125,7 @@ def test_policies_and_ranking_in_chunks_equal_whole(trace, routes_kind) -> None:
     for slots in ({il: 9 for il in range(N_LAYER)}, {il: (3 if il % 2 else 5) for il in range(N_LAYER)}):
         for chunk in (1, 100):
             fast = lru(per_token, slots, N_EXPERT, profile, chunk_tokens=chunk)
-            assert _asdict(fast) == _asdict(_lru_loop(per_token, slots, N_EXPERT, profile))
+            assert _asdict(fast) == _asdict(lru_slot_by_slot(per_token, slots, N_EXPERT, profile))
 
 
 def test_kfold_ranks_its_train_blocks_where_they_are(trace) -> None:

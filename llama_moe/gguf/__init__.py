@@ -1,7 +1,12 @@
-"""Minimal GGUF v3 support: a validating header reader, a streaming writer, ggml quant types."""
+"""GGUF files through gguf-py (the published ``gguf`` package of the base's version): its writer, type
+tables and quantizers, with what it lacks kept here: chunked, all-or-nothing writing (writer.py), a
+validating header reader fast enough for every model load (reader.py), the base's Q2_0 type and random
+quantized tensors (quants.py)."""
 from __future__ import annotations
 
-from llama_moe.gguf.constants import GGUF_DEFAULT_ALIGNMENT, GGUF_VERSION, GgufValueType
+from gguf import GGUF_DEFAULT_ALIGNMENT, GGUF_VERSION
+from gguf import GGUFValueType as GgufValueType
+
 from llama_moe.gguf.quants import (
     GgmlType,
     TypeInfo,

@@ -1,4 +1,5 @@
-"""``python -m llama_moe synth``: write a synthetic qwen3moe or gpt-oss model."""
+"""``python -m llama_moe synth``: write a synthetic qwen3moe or gpt-oss model, or a tiny one of another
+MoE architecture (archs.py)."""
 from __future__ import annotations
 
 import argparse
@@ -10,7 +11,8 @@ from typing import Any, TextIO
 from llama_moe.errors import LlamaMoeError
 from llama_moe.synth.config import RoutingConfig, routing_for
 from llama_moe.synth.shapes import SHAPES, parse_shape
-from llama_moe.synth.synthesize import EXPERT_TYPES, synthesize
+from llama_moe.synth.archs import CONFIGS as ARCH_CONFIGS
+from llama_moe.synth.synthesize import EXPERT_TYPES, SynthInfo, synthesize, synthesize_arch
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
@@ -22,6 +24,10 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         "corpus-like text and realistic expert routing (see llama_moe/synth/routing.py).",
     )
     p.add_argument("out", metavar="OUT.gguf", help="output file")
+    p.add_argument("--arch", default=None, metavar="NAME",
+                   help="qwen3moe (the default) or gpt-oss: the designed models of --shape; or one of "
+                   f"{', '.join(ARCH_CONFIGS)}: a tiny random-weight model of that llama.cpp architecture "
+                   "(--shape tiny only; docs/architectures.md)")
     p.add_argument("--shape", default="tiny",
                    help=f"a preset ({', '.join(SHAPES)}) or k=v,... overrides (e.g. 'small,n_layer=4')")
     p.add_argument("--experts", default=None, choices=sorted(EXPERT_TYPES),
@@ -98,11 +104,21 @@ def _given(args: argparse.Namespace) -> dict[str, float | None]:
 def run(args: argparse.Namespace) -> int:
     bar = None
     try:
-        shape = parse_shape(args.shape)
-        routing = routing_from(_given(args), shape)
-        shape_arg = args.shape if args.shape in SHAPES else shape
-        bar = None if args.quiet else ProgressBar()
         t0 = time.monotonic()
+        if args.arch in ARCH_CONFIGS:
+            if args.shape != "tiny":
+                raise LlamaMoeError(f"--arch {args.arch} has the tiny shape only, got --shape {args.shape}")
+            if any(v is not None for v in _given(args).values()):
+                raise LlamaMoeError(f"--arch {args.arch}: the router knobs shape the designed routing of qwen3moe "
+                                    "and gpt-oss only; this model's weights are random")
+            bar = None if args.quiet else ProgressBar()
+            info = synthesize_arch(args.out, args.arch, args.experts or "q8_0", args.seed, progress=bar)
+            return _wrote(info, t0)
+        spec = _shape_for(args.arch, args.shape)
+        shape = parse_shape(spec)
+        routing = routing_from(_given(args), shape)
+        shape_arg = spec if spec in SHAPES else shape
+        bar = None if args.quiet else ProgressBar()
         experts = args.experts or ("mxfp4" if shape.arch == "gpt-oss" else "q8_0")
         info = synthesize(args.out, shape_arg, experts, args.seed, routing, progress=bar)
     except (LlamaMoeError, OSError) as e:  # one line, as every command's (llama_moe/cli.py)
@@ -111,7 +127,28 @@ def run(args: argparse.Namespace) -> int:
         drawn = bar is not None and bar.start is not None  # the bar's line is ended first
         print(f"{chr(10) if drawn else ''}llama_moe synth: error: {one_line(e)}", file=sys.stderr)
         return 2
-    print(f"wrote {info.path}: {info.shape.arch}, {_size(info.file_bytes)}, {info.shape.n_layer} layers x {info.shape.n_expert} "
+    return _wrote(info, t0)
+
+
+def _shape_for(arch: str | None, spec: str) -> str:
+    """--arch qwen3moe / gpt-oss with a shape: the tiny gpt-oss shape is gpt-oss-tiny; a shape of the other
+    architecture is refused rather than converted silently."""
+    if arch is None:
+        return spec
+    if arch not in ("qwen3moe", "gpt-oss"):
+        raise LlamaMoeError(f"unknown architecture {arch!r}: one of qwen3moe, gpt-oss, {', '.join(ARCH_CONFIGS)}")
+    if arch == "gpt-oss" and spec == "tiny":
+        return "gpt-oss-tiny"
+    shape = parse_shape(spec)
+    if shape.arch != arch:
+        raise LlamaMoeError(f"--shape {spec} is a {shape.arch} shape, not {arch}")
+    return spec
+
+
+def _wrote(info: SynthInfo, t0: float) -> int:
+    arch = info.arch or info.shape.arch
+    print(f"wrote {info.path}: {arch}{f' ({info.config})' if info.config and info.config != arch else ''}, "
+          f"{_size(info.file_bytes)}, {info.shape.n_layer} layers x {info.shape.n_expert} "
           f"experts ({info.expert_type}, {_size(info.expert_bytes)} per expert), {info.n_vocab_used} of "
           f"{info.shape.n_vocab} tokens used, seed {info.seed}, {time.monotonic() - t0:.1f}s", file=sys.stderr)
     return 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +12,7 @@ import numpy as np
 from llama_moe.errors import LlamaMoeError
 from llama_moe.gguf.quants import GgmlType, ggml_type, quantize, random_quantized, tensor_nbytes
 from llama_moe.gguf.writer import GgufWriter
+from gguf import GGUFValueType
 from llama_moe.synth import recency
 from llama_moe.synth.recency import GPT_OSS_FREQ_BASE as GPT_OSS_ROPE_FREQ_BASE
 from llama_moe.synth.recency import GPT_OSS_YARN_BETA, GPT_OSS_YARN_FACTOR
@@ -19,7 +20,7 @@ from llama_moe.synth.recency import QWEN3_FREQ_BASE as ROPE_FREQ_BASE
 from llama_moe.synth.config import RoutingConfig, routing_for
 from llama_moe.synth.design import Design, build_design
 from llama_moe.synth.shapes import Shape, get_shape
-from llama_moe.synth.tokenizer import CHAT_TEMPLATE, ENDOFTEXT, IM_END
+from llama_moe.synth.tokenizer import CHAT_TEMPLATE, ENDOFTEXT, IM_END, BpeTokenizer
 
 ARCH = "qwen3moe"  # the default architecture (Shape.arch)
 SYNTH_FORMAT = 2  # bump when the same seed would give different weights
@@ -53,6 +54,8 @@ class SynthInfo:
     n_vocab_used: int  # real tokens (bytes, merges, special); the rest is padding
     seed: int
     routing: RoutingConfig
+    arch: str = ""    # general.architecture, when not the shape's
+    config: str = ""  # archs.CONFIGS name, for the random-weight architectures
 
 
 def _rng(seed: int, *tag: int) -> np.random.Generator:
@@ -316,7 +319,6 @@ def _add_metadata(w: GgufWriter, design: Design, expert_type: GgmlType, shape_na
     s, tok, r = design.shape, design.tokenizer, design.routing
     arch = s.arch
     gpt_oss = arch == "gpt-oss"
-    w.add_string("general.architecture", arch)
     w.add_string("general.name", f"llama-moe synthetic {shape_name}")
     w.add_uint32("general.file_type", _FILE_TYPE[expert_type])
     w.add_uint32("general.quantization_version", 2)
@@ -344,16 +346,7 @@ def _add_metadata(w: GgufWriter, design: Design, expert_type: GgmlType, shape_na
         w.add_float32(f"{arch}.rope.freq_base", ROPE_FREQ_BASE)
     w.add_uint32(f"{arch}.expert_count", s.n_expert)
     w.add_uint32(f"{arch}.expert_used_count", s.n_expert_used)
-    w.add_string("tokenizer.ggml.model", "gpt2")
-    w.add_string("tokenizer.ggml.pre", "qwen2")
-    w.add_array("tokenizer.ggml.tokens", list(tok.tokens))
-    w.add_array("tokenizer.ggml.token_type", list(tok.token_types))
-    w.add_array("tokenizer.ggml.merges", tok.merge_strings())
-    w.add_uint32("tokenizer.ggml.bos_token_id", tok.token_id(ENDOFTEXT))
-    w.add_uint32("tokenizer.ggml.eos_token_id", tok.token_id(IM_END))
-    w.add_uint32("tokenizer.ggml.padding_token_id", tok.token_id(ENDOFTEXT))
-    w.add_bool("tokenizer.ggml.add_bos_token", False)
-    w.add_string("tokenizer.chat_template", CHAT_TEMPLATE)
+    _add_tokenizer(w, tok)
     # enough to rebuild the design (and so route tokens in numpy) from the file alone
     w.add_uint32("llama_moe.synth.format", SYNTH_FORMAT)
     w.add_string("llama_moe.synth.shape", s.describe())
@@ -361,6 +354,19 @@ def _add_metadata(w: GgufWriter, design: Design, expert_type: GgmlType, shape_na
     for f in fields(RoutingConfig):
         w.add_float32(f"llama_moe.synth.{f.name}", getattr(r, f.name))
     w.add_uint32("llama_moe.synth.n_vocab_used", tok.n_real)
+
+
+def _add_tokenizer(w: GgufWriter, tok: BpeTokenizer) -> None:
+    w.add_string("tokenizer.ggml.model", "gpt2")
+    w.add_string("tokenizer.ggml.pre", "qwen2")
+    w.add_array("tokenizer.ggml.tokens", list(tok.tokens))
+    w.add_typed_array("tokenizer.ggml.token_type", tok.token_types, GGUFValueType.INT32)
+    w.add_array("tokenizer.ggml.merges", tok.merge_strings())
+    w.add_uint32("tokenizer.ggml.bos_token_id", tok.token_id(ENDOFTEXT))
+    w.add_uint32("tokenizer.ggml.eos_token_id", tok.token_id(IM_END))
+    w.add_uint32("tokenizer.ggml.padding_token_id", tok.token_id(ENDOFTEXT))
+    w.add_bool("tokenizer.ggml.add_bos_token", False)
+    w.add_string("tokenizer.chat_template", CHAT_TEMPLATE)
 
 
 def synthesize(
@@ -385,12 +391,12 @@ def synthesize(
     workers = workers if workers is not None else min(8, os.cpu_count() or 1)
     plan = _Plan(design, et, workers)
 
-    with GgufWriter(path) as w:
+    with GgufWriter(path, shp.arch) as w:
         _add_metadata(w, design, et, shape_name)
         for name, ne, t, _ in plan.tensors:
-            w.add_tensor_info(name, ne, t)
-        total = w.total_bytes
+            w.declare_tensor(name, ne, t)
         w.write_header()
+        total = w.total_bytes
         if progress:
             progress(w.bytes_written, total)
         for name, _, _, fn in plan.tensors:
@@ -403,6 +409,72 @@ def synthesize(
         path=Path(path), shape=shp, expert_type=et.name.lower(), file_bytes=Path(path).stat().st_size,
         expert_bytes=expert_bytes, n_vocab_used=design.tokenizer.n_real, seed=seed, routing=routing,
     )
+
+
+def synthesize_arch(
+    path: str | os.PathLike[str],
+    config: str,
+    expert_type: str = "q8_0",
+    seed: int = 0,
+    progress: Progress | None = None,
+) -> SynthInfo:
+    """Write the tiny random-weight model of one of archs.CONFIGS (llama.cpp architectures other than
+    qwen3moe and gpt-oss, whose models synthesize() designs), with the tiny shape's tokenizer."""
+    from llama_moe.synth import archs
+    from llama_moe.synth.corpus import load_corpus
+    from llama_moe.synth.design import build_tokenizer
+
+    if seed < 0:
+        raise LlamaMoeError(f"seed must be >= 0, got {seed}")
+    et = _expert_type(expert_type)
+    m = archs.arch_model(config)
+    tiny = get_shape("tiny")
+    tok = build_tokenizer(tiny, load_corpus())
+    dense = GgmlType.F16 if et == GgmlType.F16 else GgmlType.Q8_0
+
+    def ne_of(spec: archs.TensorSpec) -> tuple[int, ...]:
+        return tuple(tiny.n_vocab if x == -1 else x for x in spec.ne)
+
+    def type_of(spec: archs.TensorSpec) -> GgmlType:
+        ne = ne_of(spec)
+        if spec.kind.startswith("exps"):
+            return et
+        # matrices quantized as the dense weights of the designed models; norms, biases, routers F32
+        return dense if spec.kind in ("mat", "embd", "out") and ne[0] % 32 == 0 else GgmlType.F32
+
+    def data(k: int, spec: archs.TensorSpec) -> Iterator[np.ndarray]:
+        ne = ne_of(spec)
+        if spec.kind.startswith("exps"):
+            scale = archs.expert_scale(spec)
+            for e in range(ne[2]):
+                yield random_quantized(et, (ne[1], ne[0]), _rng(seed, 50, k, e), scale)
+            return
+        x = archs.values(archs.TensorSpec(spec.name, ne, spec.kind), _rng(seed, 51, k))
+        yield quantize(x, type_of(spec))
+
+    with GgufWriter(path, m.arch) as w:
+        w.add_string("general.name", f"llama-moe synthetic {config} tiny")
+        w.add_uint32("general.file_type", _FILE_TYPE[et])
+        w.add_uint32("general.quantization_version", 2)
+        for key, value, vtype in m.keys:
+            w.add_key_value(key, value, vtype)
+        _add_tokenizer(w, tok)
+        w.add_uint32("llama_moe.synth.format", SYNTH_FORMAT)
+        w.add_string("llama_moe.synth.config", config)
+        w.add_uint64("llama_moe.synth.seed", seed)
+        for spec in m.tensors:
+            w.declare_tensor(spec.name, ne_of(spec), type_of(spec))
+        w.write_header()
+        for k, spec in enumerate(m.tensors):
+            w.write_tensor_data(spec.name, data(k, spec))
+            if progress:
+                progress(w.bytes_written, w.total_bytes)
+    d = archs.Dims()
+    expert_bytes = 3 * tensor_nbytes(et, (d.n_embd, d.n_ff_exp))
+    shape = replace(tiny, n_layer=d.n_layer, n_expert=d.n_expert, n_expert_used=d.n_expert_used, n_ff_exp=d.n_ff_exp)
+    return SynthInfo(path=Path(path), shape=shape, expert_type=et.name.lower(), file_bytes=Path(path).stat().st_size,
+                     expert_bytes=expert_bytes, n_vocab_used=tok.n_real, seed=seed, routing=routing_for(tiny),
+                     arch=m.arch, config=config)
 
 
 def load_design(path: str | os.PathLike[str]) -> Design:

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from llama_moe import Context, ContextParams, Model, ModelParams
-from llama_moe._env import environment
+from llama_moe._native.env import environment
 from llama_moe.equivalence import DEVICE_TOLERANCE, PROMPTS, Mode, compare_mode, greedy_steps, reference
 from llama_moe.experts import expert_layout
 
@@ -64,7 +64,7 @@ def main() -> int:
         synthesize(path, shape=args.shape, expert_type=args.experts, seed=0)
     layout = expert_layout(path)
     total = layout.total_expert_bytes / 2**20
-    from llama_moe.commands.bench import train_profile
+    from llama_moe.bench.corpus_profile import train_profile
 
     # short windows: on the tiny model (head_dim 32, no flash attention on CUDA) tracing in 4096-token windows
     # traps the device (tests/gpu/h200_bisect.py trace-long; its kernel is not named yet)

@@ -16,10 +16,12 @@ from pathlib import Path
 import numpy as np
 
 from llama_moe import Context, ContextParams, Model, ModelParams
-from llama_moe.cache_sim import simulate_lru
 from llama_moe.equivalence import PROMPTS
 from llama_moe.experts import expert_layout
-from llama_moe.tools.budget import cache_bytes_for_slots
+from llama_moe.routing.budget import cache_bytes_for_slots
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the independent replay the engine is held to
+from oracles.lru import simulate_lru  # noqa: E402
 
 PIECES = dict(n_batch=4, n_ubatch=4)
 

@@ -10,7 +10,7 @@ ls -la /tmp/q30.gguf
 t0=$(date +%s)
 [ -f /tmp/q30.strp ] || python3 -c "
 from pathlib import Path
-from llama_moe.commands.bench import train_profile
+from llama_moe.bench.corpus_profile import train_profile
 train_profile(Path('/tmp/q30.gguf'), Path('/tmp/q30.strp'))" 2>&1 | tail -3
 echo "profile: $(( $(date +%s) - t0 )) s"
 timeout ${BENCH_TIMEOUT:-480} python3 -m llama_moe bench /tmp/q30.gguf -t 16 --runs 3 -n 128 --cache-pct 25 50 75 \

@@ -38,7 +38,7 @@ elif what == "trace-mmap-u32":
 elif what == "trace-mmap-u16":
     decode(mmap, ContextParams(n_ctx=1024, n_batch=16, n_ubatch=16), 16, True)
 elif what == "trace-long":  # what train_profile does: 4096-token windows of the corpus, 32 tokens a decode
-    from llama_moe.commands.bench import train_profile
+    from llama_moe.bench.corpus_profile import train_profile
     train_profile(path, Path("/tmp/bisect.strp"), log=lambda s: None)
     print(f"{what}: ok", flush=True)
 elif what in ("plain-long", "plain-long-last"):  # trace-long's decodes without the trace (every logit, or the last)
@@ -58,7 +58,7 @@ elif what == "plain-u32-ctx4096":  # trace-long's context without the trace
 elif what == "trace-u32-ctx4096":
     decode(mmap, ContextParams(n_ctx=4096, n_batch=32, n_ubatch=32), 32, True)
 elif what == "trace-512":
-    from llama_moe.commands.bench import train_profile
+    from llama_moe.bench.corpus_profile import train_profile
     train_profile(path, Path("/tmp/bisect.strp"), log=lambda s: None, n_ctx=512)
     print(f"{what}: ok", flush=True)
 elif what == "hybrid-u16":  # ubatches of 9-32 tokens on the device: MMQ, where repeated null slots went wrong

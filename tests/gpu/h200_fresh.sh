@@ -22,7 +22,7 @@ q30_profile() {
   local t0=$(date +%s)
   [ -f /tmp/q30.strp ] || timeout 120 python3 -c "
 from pathlib import Path
-from llama_moe.commands.bench import train_profile
+from llama_moe.bench.corpus_profile import train_profile
 train_profile(Path('/tmp/q30.gguf'), Path('/tmp/q30.strp'), stride=3)"
   echo "profile: $(( $(date +%s) - t0 )) s"
 }

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from llama_moe import ContextParams, Model, ModelParams
-from llama_moe._env import environment
+from llama_moe._native.env import environment
 from llama_moe.equivalence import PROMPTS, Mode, greedy_steps, top_gap
 from llama_moe.experts import expert_layout
 

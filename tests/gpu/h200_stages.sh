@@ -48,7 +48,7 @@ fi
 if need 250 goss_profile; then
   timeout $(left 585) python3 -c "
 from pathlib import Path
-from llama_moe.commands.bench import train_profile
+from llama_moe.bench.corpus_profile import train_profile
 train_profile(Path('/tmp/goss.gguf'), Path('/tmp/goss.strp'), stride=3)" && done_ goss_profile
 fi
 B="python3 -m llama_moe -v bench /tmp/goss.gguf -t 16 --runs 2 -n 128 --cache-pct 25 50"

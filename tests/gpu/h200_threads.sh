@@ -16,7 +16,7 @@ GGML_SCHED_PROFILE=1 timeout $(left 500) python3 -m llama_moe -v bench /tmp/q30.
 python3 -c "from llama_moe.synth import synthesize; synthesize('/tmp/tiny.gguf', shape='tiny', expert_type='q8_0', seed=0)"
 python3 -c "
 from pathlib import Path
-from llama_moe.commands.bench import train_profile
+from llama_moe.bench.corpus_profile import train_profile
 train_profile(Path('/tmp/tiny.gguf'), Path('/tmp/tiny.strp'), log=lambda s: None, n_ctx=512)"
 timeout $(left 540) python3 tests/gpu/h200_margin.py /tmp/tiny.gguf /tmp/tiny.strp 24 2>&1 | grep -v "resolve_fused\|llama_model_loader"
 for e in trace-long plain-u32-ctx4096 trace-u32-ctx4096; do

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import requests
 
-from llama_moe.server_process import free_port, launch, server_binary, stop_process
+from llama_moe.server.process import free_port, launch, server_binary, stop_process
 from llama_moe.synth.corpus import split_paragraphs
 
 

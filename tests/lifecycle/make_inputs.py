@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from llama_moe.experts import expert_layout
-from llama_moe.profile import Profile, write_profile
+from llama_moe.formats.profile import Profile, write_profile
 from llama_moe.synth import synthesize
 
 

@@ -1,0 +1,121 @@
+"""Finding and loading the patched libllama, and refusing a build whose ABI is not the one declared."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+from .. import paths
+from .ffi import ABI_VERSION, ffi
+from ..errors import AbiMismatchError, NativeLibraryError
+
+log = logging.getLogger(__name__)
+
+LIB_ENV = "LLAMA_MOE_LIB"
+LIB_NAME = "libllama.so"
+
+_lock = threading.Lock()
+_lib: Any = None
+_lib_path: Path | None = None
+
+
+def candidate_paths() -> list[Path]:
+    """Where the library is looked for, in order: $LLAMA_MOE_LIB, then the cache's builds of our patches,
+    CUDA before CPU and newest first. Never a system libllama: its ABI is not ours."""
+    env = os.environ.get(LIB_ENV)
+    if env:
+        p = Path(env).expanduser()
+        return [p / LIB_NAME if p.is_dir() else p]
+    from ..native_build.patches import PatchSeries
+    from ..native_build.source import BasePin
+
+    found: list[Path] = []
+    try:
+        series = PatchSeries(paths.patches_dir())
+        pin = BasePin.read(series.root / "BASE")
+        digest = series.digest()
+    except Exception as exc:  # a broken patches/ must not hide a usable build
+        log.debug("cannot hash the patch series: %s", exc)
+        return found
+    for variant in ("cuda", "cpu"):
+        found.append(paths.cache_dir() / f"{pin.commit}-{digest}-{variant}" / LIB_NAME)
+    return found
+
+
+def _check_abi(lib: Any, path: Path) -> None:
+    try:
+        abi = lib.llama_moe_abi_version()
+        ctx_size = lib.llama_moe_context_params_size()
+        model_size = lib.llama_moe_model_params_size()
+    except AttributeError as exc:
+        raise AbiMismatchError(f"{path} is not a llama_moe build (it lacks {exc}); build one with "
+                               f"'python -m llama_moe build' or point {LIB_ENV} at one") from None
+    problems = []
+    if abi != ABI_VERSION:
+        problems.append(f"ABI version {abi}, but this llama_moe was written for {ABI_VERSION}")
+    if ctx_size != ffi.sizeof("struct llama_context_params"):
+        problems.append(f"sizeof(llama_context_params) is {ctx_size}, declared {ffi.sizeof('struct llama_context_params')}")
+    if model_size != ffi.sizeof("struct llama_model_params"):
+        problems.append(f"sizeof(llama_model_params) is {model_size}, declared {ffi.sizeof('struct llama_model_params')}")
+    if problems:
+        raise AbiMismatchError(f"{path}: " + "; ".join(problems) +
+                               ". Rebuild it with 'python -m llama_moe build' (the library and the package must match)")
+
+
+def load_library(path: Path) -> Any:
+    """dlopens one library file and checks its ABI; used by get_lib and by tests."""
+    if not path.is_file():
+        raise NativeLibraryError(f"{path}: no such file")
+    from .elf import links_libstdcxx_statically
+
+    if links_libstdcxx_statically(path):
+        raise NativeLibraryError(
+            f"{path} carries its own copy of libstdc++ (its compiler links it statically); in a Python process, "
+            f"which already uses the shared libstdc++ through numpy, the two copies mix and crash. Rebuild it with a "
+            f"compiler that links libstdc++ dynamically, e.g. CC=gcc CXX=g++ CUDAHOSTCXX=g++ python -m llama_moe build --force")
+    try:
+        lib = ffi.dlopen(str(path))
+    except OSError as exc:
+        raise NativeLibraryError(f"{path}: cannot be loaded: {exc}") from exc
+    _check_abi(lib, path)
+    return lib
+
+
+def get_lib() -> Any:
+    """The loaded library, loaded on first use (so that ``import llama_moe`` works without a build)."""
+    global _lib, _lib_path
+    with _lock:
+        if _lib is not None:
+            return _lib
+        tried = candidate_paths()
+        for path in tried:
+            if path.is_file():
+                lib = load_library(path)
+                from .log import install_log_callback
+
+                install_log_callback(lib)
+                lib.llama_backend_init()
+                _lib, _lib_path = lib, path
+                log.debug("loaded %s", path)
+                return lib
+        where = "\n  ".join(str(p) for p in tried) or "(none: the patch series could not be read)"
+        raise NativeLibraryError(
+            f"the patched libllama was not found. Looked in:\n  {where}\n"
+            f"Build it with 'python -m llama_moe build' (or 'python build_native.py'), or set {LIB_ENV} to a libllama.so "
+            f"built from these patches.")
+
+
+def library_path() -> Path | None:
+    return _lib_path
+
+
+def manifest() -> dict:
+    """The manifest.json beside the loaded library, or {} when there is none (a library from $LLAMA_MOE_LIB)."""
+    if _lib_path is None:
+        get_lib()
+    assert _lib_path is not None
+    path = _lib_path.parent / "manifest.json"
+    return json.loads(path.read_text()) if path.is_file() else {}

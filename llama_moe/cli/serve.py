@@ -1,0 +1,59 @@
+"""``python -m llama_moe serve MODEL``: starts llama-server with the MoE cache sized to the GPU's free memory
+(``llama_moe.server.plan``). ``--dry-run`` prints the plan and the exact command."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+from ..server.plan import plan_for_gpu
+from ..server.process import run_in_foreground
+
+
+def _auto_or_int(text: str) -> str | int:
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"auto or a whole number, not {text!r}") from None
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="start llama-server with the MoE cache fitted to the GPU (flags after -- go to it)")
+    p.add_argument("model")
+    p.add_argument("--profile")
+    p.add_argument("--ubatch", default="auto", type=_auto_or_int, help="auto or a number")
+    p.add_argument("--favor", choices=["prompt", "generation"], default="generation")
+    p.add_argument("--min-cache-mib", type=float, default=1500)
+    p.add_argument("--cache-mib", type=float)
+    p.add_argument("--margin-mib", type=float, default=400)
+    p.add_argument("--hybrid", action="store_true", help="--moe-cache-hybrid (with --profile)")
+    p.add_argument("--api-key")
+    p.add_argument("--alias")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--ctx", type=int, default=32768)
+    p.add_argument("--parallel", type=int, default=1)
+    p.add_argument("--threads", default="auto", type=_auto_or_int)
+    p.add_argument("--dry-run", action="store_true", help="print the plan and the command, start nothing")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    extra = tuple(getattr(args, "passthrough", ()))  # after "--" on the command line
+    plan = plan_for_gpu(Path(args.model), n_ctx=args.ctx, parallel=args.parallel, favor=args.favor,
+                        ubatch=None if args.ubatch == "auto" else int(args.ubatch), cache_mib=args.cache_mib,
+                        min_cache_mib=args.min_cache_mib, margin_mib=args.margin_mib, profile=args.profile,
+                        hybrid=args.hybrid, api_key=args.api_key, alias=args.alias, host=args.host, port=args.port,
+                        threads=None if args.threads == "auto" else int(args.threads), extra=extra)
+    if args.json:
+        print(json.dumps(dataclasses.asdict(plan), indent=2))
+    else:
+        print(plan.describe(), file=sys.stderr if not args.dry_run else sys.stdout)
+    if args.dry_run:
+        return 0
+    return run_in_foreground(plan.command)

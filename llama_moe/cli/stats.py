@@ -1,0 +1,99 @@
+"""``python -m llama_moe stats [MODEL]``: the main job. Runs a prompt and a generation with the experts in
+RAM and reports what happened: throughput, the model's MoE geometry and where its experts were."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+from pathlib import Path
+
+from ..bench.stats import format_report, run_stats
+from ..context import Sampling
+from ..default_model import default_model_path, default_prompt
+from ..errors import ParameterError, ServerError
+from ..params import ContextParams, ModelParams
+from ..server.metrics import fetch_server_metrics
+from ..server.report import format_server_report
+
+
+def run_server(args: argparse.Namespace) -> int:
+    metrics = fetch_server_metrics(args.server, api_key=args.api_key or os.environ.get("LLAMA_API_KEY"))
+    if args.json:
+        json.dump({"server": args.server, **dataclasses.asdict(metrics)}, sys.stdout, indent=2)
+        print()
+    else:
+        print(format_server_report(args.server, metrics))
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("stats", help="run a prompt and a generation and report what happened (the main job)")
+    p.add_argument("model", nargs="?", help="a GGUF MoE model (default: the embedded tiny synthetic model, made on first use)")
+    p.add_argument("-p", "--prompt", help="prompt text (default: a passage of the embedded corpus)")
+    p.add_argument("-n", "--n-gen", type=int, default=64, help="tokens to generate (default 64)")
+    p.add_argument("-t", "--threads", type=int, help="CPU threads (default: one per core)")
+    p.add_argument("-c", "--ctx", type=int, default=2048, help="context size (default 2048)")
+    p.add_argument("-ngl", "--n-gpu-layers", type=int, default=-1, help="layers on the GPU (default: all)")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--n-cpu-moe", type=int, help="keep the experts of the first N layers in RAM")
+    where.add_argument("--no-cpu-moe", action="store_true", help="do not keep experts in RAM")
+    p.add_argument("--moe-cache-mib", type=float, default=0, help="a MoE expert cache of this many MiB (default 0: none)")
+    p.add_argument("--moe-cache-profile", help="fill the cache from this STRP profile")
+    p.add_argument("--moe-cache-hybrid", action="store_true", help="the CPU computes the experts the cache lacks (no uploads)")
+    p.add_argument("--moe-cache-adaptive", action="store_true",
+                   help="with --moe-cache-hybrid: swap the experts the router picks most into the cache while generating")
+    p.add_argument("--no-repack", action="store_true", help="keep CPU weights in their file layout (the cache needs it on a CPU-only build)")
+    p.add_argument("--temp", type=float, default=0.8,
+                   help="sampling temperature (default 0.8, seeded; 0 is greedy, which loops on the synthetic models)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    p.add_argument("--server", metavar="URL", help="report a running llama-server's cache from its /metrics "
+                                                   "(started with --metrics) instead of running the model here")
+    p.add_argument("--api-key", help="with --server: the server's --api-key (default: $LLAMA_API_KEY)")
+    p.set_defaults(func=run)
+
+
+def check_cache_options(mib: float, profile: str | None, hybrid: bool, adaptive: bool) -> None:
+    """The --moe-cache-* options of a command line, refused with their own names when they contradict each other
+    (llama-server only warns and goes on without the cache)."""
+    if not mib >= 0 or mib > 1 << 24:  # also NaN
+        raise ParameterError(f"--moe-cache-mib must be from 0 to {1 << 24} (MiB), got {mib:g}")
+    if mib == 0:
+        given = [f for f, v in (("--moe-cache-profile", profile), ("--moe-cache-hybrid", hybrid),
+                                ("--moe-cache-adaptive", adaptive)) if v]
+        if given:
+            raise ParameterError(f"{', '.join(given)} need{'s' if len(given) == 1 else ''} a cache: give --moe-cache-mib N")
+    if adaptive and not hybrid:
+        raise ParameterError("--moe-cache-adaptive works with --moe-cache-hybrid only (the upload cache is an LRU, "
+                             "which already follows the text)")
+    if profile is not None and not Path(profile).is_file():
+        raise ParameterError(f"--moe-cache-profile {profile}: no such file")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.server:
+        if args.model:
+            raise ServerError("stats takes a MODEL or --server URL, not both")
+        return run_server(args)
+    check_cache_options(args.moe_cache_mib, args.moe_cache_profile, args.moe_cache_hybrid, args.moe_cache_adaptive)
+    for flag, value, low in (("-n/--n-gen", args.n_gen, 1), ("-c/--ctx", args.ctx, 0), ("--n-cpu-moe", args.n_cpu_moe, 0)):
+        if value is not None and value < low:
+            raise ParameterError(f"{flag} must be >= {low}, got {value}")
+    model_path = Path(args.model) if args.model else default_model_path()
+    mp = ModelParams(n_gpu_layers=args.n_gpu_layers,
+                     cpu_moe=not args.no_cpu_moe and args.n_cpu_moe is None,
+                     n_cpu_moe=args.n_cpu_moe or 0, repack=not args.no_repack,
+                     use_mmap=False)  # experts in RAM are read faster from a (pinned, on a GPU build) copy than from mmap
+    cp = ContextParams(n_ctx=args.ctx, n_threads=args.threads, moe_cache_mib=args.moe_cache_mib,
+                       moe_cache_profile=args.moe_cache_profile, moe_cache_hybrid=args.moe_cache_hybrid,
+                       moe_cache_adaptive=args.moe_cache_adaptive)
+    report = run_stats(model_path, mp, cp, args.prompt or default_prompt(), args.n_gen,
+                       Sampling(temperature=args.temp, seed=args.seed))
+    if args.json:
+        json.dump(dataclasses.asdict(report), sys.stdout, indent=2)
+        print()
+    else:
+        print(format_report(report))
+    return 0

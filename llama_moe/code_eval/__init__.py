@@ -1,6 +1,0 @@
-"""A smoke test of a served model's coding: Python tasks sent through the OpenAI chat endpoint, each answer
-run against asserts in a child process (the reference's ``code_eval.py``)."""
-from .runner import CodeEvalResult, TaskResult, evaluate, extract_code, run_answer
-from .tasks import SUITES, Task
-
-__all__ = ["CodeEvalResult", "SUITES", "Task", "TaskResult", "evaluate", "extract_code", "run_answer"]

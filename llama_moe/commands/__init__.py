@@ -1,1 +1,0 @@
-"""The subcommands of ``python -m llama_moe``."""

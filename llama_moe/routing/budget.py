@@ -1,0 +1,91 @@
+"""The engine's arithmetic, mirrored: how many expert slots it gives each layer for a cache size (exactly as
+llama_moe_cache::create computes them, tested equal to the engine), the device memory they take, the ubatches
+it looks up, and the cache size a VRAM budget leaves. The one place in Python that knows these numbers."""
+from __future__ import annotations
+
+import math
+import os
+
+from ..errors import CacheBudgetError
+from ..experts import ExpertLayout
+from ..params import MiB, mib_to_bytes
+
+GiB = 2**30
+MAX_UBATCH = 32  # LLAMA_MOE_CACHE_MAX_UBATCH: larger ubatches keep llama.cpp's path and are not looked up
+
+
+def _map_bytes(n_expert: int) -> int:
+    # each layer's int32 expert -> slot map, padded to 256 bytes (GGML_PAD(n_expert * 4, 256))
+    return -(-n_expert * 4 // 256) * 256
+
+
+def _fixed_bytes(layout: ExpertLayout, hybrid: bool) -> tuple[int, int]:
+    """(bytes of one slot in every layer, bytes the engine sets aside before slots: maps and null slots)."""
+    row = sum(l.bytes_per_expert + (l.bias_bytes_per_expert if hybrid else 0) for l in layout.layers)
+    maps = sum(_map_bytes(l.n_expert) for l in layout.layers)
+    # hybrid: one zero-filled null slot per layer, budgeted even for layers that end up held whole
+    return row, maps + (row if hybrid else 0)
+
+
+def engine_slots(layout: ExpertLayout, cache_bytes: int, hybrid: bool) -> dict[int, int]:
+    """Layer -> slots the engine allocates for a cache of ``cache_bytes``: the same count in every layer
+    (budget / bytes of one slot in every layer), capped at the layer's experts (a layer then is held whole).
+    Assumes every MoE layer's experts are in RAM (--cpu-moe), as the tools' traces do."""
+    if not layout.layers:
+        raise CacheBudgetError("the model has no MoE expert tensors: nothing to cache")
+    row, fixed = _fixed_bytes(layout, hybrid)
+    slots = max(cache_bytes - fixed, 0) // row
+    if slots < 1:
+        raise CacheBudgetError(
+            f"{cache_bytes / MiB:.2f} MiB cannot hold one expert per layer: {len(layout.layers)} layers need at least "
+            f"{mib_for_slots(layout, 1, hybrid):.2f} MiB{' in hybrid mode' if hybrid else ''} (the engine would turn the "
+            f"cache off)")
+    return {l.il: min(slots, l.n_expert) for l in layout.layers}
+
+
+def engine_buffer_bytes(layout: ExpertLayout, slots: dict[int, int], hybrid: bool) -> int:
+    """The device memory the engine allocates for these slots: each layer's slots (and in hybrid mode its
+    null slot, unless the layer is held whole) and its expert -> slot map (n_expert int32; a device with a
+    coarser alignment than the CPU's pads it, up to the 256 bytes the budget sets aside)."""
+    return sum((slots[l.il] + (hybrid and slots[l.il] < l.n_expert)) * l.bytes_per_expert + 4 * l.n_expert
+               for l in layout.layers)
+
+
+def cache_bytes_for_slots(layout: ExpertLayout, slots: int, hybrid: bool) -> int:
+    """The smallest cache size that gives ``slots`` slots per layer."""
+    if slots < 1:
+        raise CacheBudgetError(f"a cache needs at least one slot per layer, got {slots}")
+    row, fixed = _fixed_bytes(layout, hybrid)
+    return slots * row + fixed
+
+
+def mib_for_slots(layout: ExpertLayout, slots: int, hybrid: bool) -> float:
+    """``cache_bytes_for_slots`` in MiB, rounded up to the next 0.01 MiB: a size that prints as it is and still
+    gives ``slots`` slots (0.01 MiB is less than a slot of any real model)."""
+    return math.ceil(cache_bytes_for_slots(layout, slots, hybrid) / MiB * 100) / 100
+
+
+def non_expert_bytes(model_path: str | os.PathLike[str], layout: ExpertLayout) -> int:
+    """Bytes of the model's tensors other than the experts: what -ngl 999 --cpu-moe puts on the GPU."""
+    from ..gguf.reader import read_gguf
+
+    total = sum(t.nbytes for t in read_gguf(model_path).tensors)
+    return total - layout.total_expert_bytes
+
+
+def cache_mib_for_vram(model_path: str | os.PathLike[str], layout: ExpertLayout, vram_gib: float,
+                       reserve_gib: float) -> int:
+    """Whole MiB left for the cache on a GPU of ``vram_gib``, after the non-expert weights and a reserve
+    for the KV cache, compute buffers and the driver."""
+    dense = non_expert_bytes(model_path, layout)
+    left = vram_gib * GiB - reserve_gib * GiB - dense
+    if left < MiB:
+        raise CacheBudgetError(f"{vram_gib} GiB of VRAM minus a {reserve_gib} GiB reserve and {dense / GiB:.2f} GiB "
+                               f"of non-expert weights leaves nothing for the cache")
+    return int(left // MiB)
+
+
+__all__ = [
+    "GiB", "MAX_UBATCH", "MiB", "cache_bytes_for_slots", "cache_mib_for_vram", "engine_buffer_bytes", "engine_slots",
+    "mib_for_slots", "mib_to_bytes", "non_expert_bytes",
+]

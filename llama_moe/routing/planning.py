@@ -1,0 +1,238 @@
+"""Planning a cache: the slots the engine will give each layer for a budget, the profile to fill them
+from, and what to expect, held out. The mode's own policy scores the plan: static (the hybrid's
+counters) with --hybrid, lru (the upload mode) without."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+
+from ..experts import ExpertLayout
+from ..formats.profile import Profile
+from .budget import (MAX_UBATCH, MiB, _fixed_bytes, cache_mib_for_vram, engine_buffer_bytes, engine_slots, mib_for_slots,
+                     mib_to_bytes, non_expert_bytes)
+from ..errors import ToolInputError
+from .heldout import Estimate, FoldCounts, Folds, KFoldResult, choose_folds, fold_counts, kfold_result, t_interval
+from .policies import Job, Meter, replay_jobs
+from .ranking import prefill_resident
+from .routes import Routes
+from .tracefiles import TraceRoutes
+
+
+@dataclass(frozen=True)
+class LayerPlan:
+    il: int
+    slots: int
+    whole: bool
+    hit_rate: float | None          # held out, the folds pooled, hits / (hits + misses + refused); None without
+                                    # routing, or with nothing looked up
+    misses_per_token: float | None  # held out: what the layer leaves to the CPU or to uploads
+    refused_per_token: float | None = None  # held out (upload mode): selections refused, computed from RAM
+
+
+@dataclass(frozen=True)
+class WholeLayer:
+    il: int
+    misses_per_token: float  # held out under the plan: holding the layer whole removes them
+    extra_mib: float         # VRAM to hold it whole beyond its slots
+
+
+@dataclass(frozen=True)
+class WholeLayersReport:
+    """Which layers gain most from being held whole, and what holding them whole in the same budget would
+    do: the other layers' slots shrink. A report: the engine gives every cached layer the same slots."""
+
+    layers: tuple[WholeLayer, ...]
+    other_slots: int | None         # slots per other layer with these whole, same budget; None: no fit, or no other layer
+    resident_share: Estimate | None  # held out: selected experts resident, the whole layers' included
+    uniform_share: Estimate          # the same for the plan's uniform slots
+    note: str = ("report only: the engine gives every cached layer the same number of slots and does not "
+                 "take a per-layer split")
+
+
+@dataclass(frozen=True)
+class Plan:
+    model: str
+    hybrid: bool
+    budget: str                  # where the cache size came from
+    cache_mib: float
+    slots: int                   # per cached layer
+    n_layers: int
+    n_whole: int
+    n_expert: int
+    n_expert_used: int
+    slot_row_bytes: int          # one slot in every layer
+    buffer_bytes: int            # the device memory the engine allocates: slots, null slots, maps
+    policy: str                  # the policy that scores the plan: static (hybrid) or lru (upload)
+    trace_tokens: int
+    folds: int                   # how many (see held_out)
+    profile_pairs: int | None    # ranked pairs in the profile
+    n_prefilled: int | None      # slots the engine fills from it at load
+    hit_rate: Estimate | None    # held out (k-fold)
+    h_layer: Estimate | None
+    in_sample_hit_rate: float | None  # the profile on its own routing: optimistic, for contrast only
+    layers: tuple[LayerPlan, ...]
+    whole_layers: WholeLayersReport | None
+    warnings: tuple[str, ...] = ()  # what the budget cannot do (upload mode: ubatches it refuses)
+    held_out: str = ""              # how the estimates were held out: "leave one of 4 traces out", ...
+
+
+def refusal_warnings(layout: ExpertLayout, slots: dict[int, int], hybrid: bool) -> tuple[str, ...]:
+    """Upload mode gives every selected expert of a ubatch a slot at once, and refuses (computes from RAM, as
+    without a cache) a ubatch whose tokens x k exceed a layer's slots. A warning when the slots are fewer than
+    one token needs (k: every lookup refused), or than a ubatch of up to 32 tokens can need (k x 32, at most
+    n_expert). The hybrid refuses nothing: no warning."""
+    short = [l for l in layout.layers if slots[l.il] < l.n_expert]
+    if hybrid or not short:
+        return ()
+
+    def mib(n: int) -> str:
+        return f"{mib_for_slots(layout, n, False):g}"
+
+    k, per_layer = layout.n_expert_used, min(slots[l.il] for l in short)
+    if per_layer < k:
+        return (f"{per_layer} slots per layer are fewer than the {k} experts one token selects: upload mode refuses "
+                f"every lookup of the {len(short)} layers not held whole, which compute their experts from RAM as "
+                f"without a cache (hit rate 0); --moe-cache-mib {mib(k)} gives {k} slots, and the hybrid "
+                f"(--hybrid) refuses nothing",)
+    need = min(k * MAX_UBATCH, min(l.n_expert for l in short))
+    if per_layer < need:
+        return (f"{per_layer} slots per layer take ubatches of up to {per_layer // k} tokens: upload mode refuses "
+                f"larger ones of up to {MAX_UBATCH} tokens (short prompts, several sequences at once), which compute "
+                f"their experts from RAM; {need} slots (--moe-cache-mib {mib(need)}) take them all, and the hybrid "
+                f"(--hybrid) refuses nothing",)
+    return ()
+
+
+def vram_budget(model: str, layout: ExpertLayout, vram_gib: float, reserve_gib: float) -> tuple[int, str]:
+    """The cache size a GPU of ``vram_gib`` leaves (``budget.cache_mib_for_vram``), and how it was reached."""
+    mib = cache_mib_for_vram(model, layout, vram_gib, reserve_gib)
+    return mib, (f"{vram_gib:g} GiB of VRAM - {reserve_gib:g} GiB reserve - "
+                 f"{non_expert_bytes(model, layout) / 2**30:.2f} GiB of non-expert weights")
+
+
+def slots_budget(layout: ExpertLayout, slots: int | None, hybrid: bool) -> tuple[float, str]:
+    """The cache size that gives ``slots`` slots per layer (default: a quarter of the experts; ``mib_for_slots``),
+    and how it was reached."""
+    slots = slots if slots is not None else max(1, layout.n_expert // 4)
+    return mib_for_slots(layout, slots, hybrid), f"{slots} slots per layer"
+
+
+def plan_cache(model: str, layout: ExpertLayout, cache_mib: float, hybrid: bool,
+               routes: Routes | TraceRoutes | None = None, folds: int | str | Folds | None = None,
+               whole_layers: int = 0, budget: str = "",
+               progress: Callable[[int, int], None] | None = None) -> tuple[Plan, Profile | None]:
+    """The plan for a cache of ``cache_mib`` and, with routing, its profile (every selected pair, hottest
+    first) scored by k-fold: ``folds`` as ``heldout.choose_folds`` takes them (by default one per trace with
+    two or more trace files, else 10 contiguous blocks). ``whole_layers``: report the N layers that gain most
+    from being held whole.
+    Streamed trace files are read once to count the folds (the profile is their sum), once to replay every
+    fold and the in-sample figure, and once more for the whole-layers alternative."""
+    slots = engine_slots(layout, mib_to_bytes(cache_mib), hybrid)
+    per_layer = next(iter(slots.values()))
+    n_expert = layout.n_expert
+    policy = "static" if hybrid else "lru"
+    whole = {il for il, n in slots.items() if n >= n_expert}
+    head = (model, hybrid, budget, cache_mib, per_layer, len(slots), len(whole), n_expert, layout.n_expert_used,
+            _fixed_bytes(layout, hybrid)[0], engine_buffer_bytes(layout, slots, hybrid), policy)
+    warnings = refusal_warnings(layout, slots, hybrid)
+    if routes is None:
+        if whole_layers:
+            raise ToolInputError("--whole-layers needs routing (--trace T.bin) to know which layers miss most")
+        layers = tuple(LayerPlan(il, n, il in whole, None, None) for il, n in slots.items())
+        return Plan(*head, 0, 0, None, None, None, None, None, layers, None, warnings), None
+
+    n = routes.n_tokens
+    scheme = choose_folds(routes, folds)
+    bounds = list(scheme.bounds)
+    w_count, w_replay = n // 8 + 1, 2 * n  # progress: the counts, the folds and the in-sample replay
+    meter = Meter(w_count + w_replay * (2 if whole_layers else 1), progress)
+    counts = fold_counts(routes, bounds, n_expert, meter.part(w_count))
+    profile = Profile(layout.n_layer, layout.n_expert, per_layer, counts.profile())
+    prefilled = sum(len(v) for v in prefill_resident(profile.ranked, slots, n_expert).values())
+    fold_profiles = counts.fold_profiles()
+
+    def fold_jobs(slot_map: dict[int, int]) -> list[Job]:
+        return [Job(a, b, policy, slot_map, fp) for (a, b), fp in zip(bounds, fold_profiles)]
+
+    results = replay_jobs(routes, fold_jobs(slots) + [Job(0, n, policy, slots, profile.ranked)], n_expert,
+                          meter.part(w_replay))
+    scored, in_sample = kfold_result(results[:-1]), results[-1]
+    test_tokens = sum(b - a for a, b in bounds)
+    pooled = scored.pooled
+    layers = tuple(LayerPlan(il, n_slots, il in whole, 1.0 if il in whole else pooled.layer_hit_rate(il),
+                             pooled.per_layer.get(il, (0, 0))[1] / test_tokens,
+                             pooled.per_layer_refused.get(il, 0) / test_tokens)
+                   for il, n_slots in slots.items())
+
+    def replay(slot_map: dict[int, int]) -> KFoldResult:
+        return kfold_result(replay_jobs(routes, fold_jobs(slot_map), n_expert, meter.part(w_replay)))
+
+    report = None
+    if whole_layers:
+        lookups = _fold_lookups(routes, counts)
+        report = _whole_layers(layout, routes.layers, lookups, test_tokens, slots, hybrid, cache_mib, scored,
+                               whole_layers, replay)
+    if progress:
+        progress(meter.total, meter.total)  # the alternative may not have been replayed: it did not fit
+    plan = Plan(*head, n, scheme.k, len(profile.ranked), prefilled, scored.hit_rate, scored.h_layer,
+                in_sample.hit_rate, layers, report, warnings, scheme.describe())
+    return plan, profile
+
+
+def _fold_lookups(routes: Routes | TraceRoutes, counts: FoldCounts) -> np.ndarray:
+    """[folds, n_layers]: distinct experts the cache would look up in each layer of each fold (what a whole
+    layer serves without lookups). One token per ubatch: every selection of a computed token, the fold's
+    counts; larger ubatches are looked up only up to 32 tokens, counted from the routing in memory."""
+    if routes.one_token_ubatches:
+        return counts.test.sum(axis=2)
+    out = np.zeros((len(counts.bounds), len(routes.layers)), dtype=np.int64)
+    for f, (a, b) in enumerate(counts.bounds):
+        test = routes.tokens(a, b)
+        for j in range(len(routes.layers)):
+            d = test.distinct[:, j]
+            out[f, j] = int(((d >= 0) & test.counted[:, j][:, None]).sum())
+    return out
+
+
+def _share(lookups: np.ndarray, layers: Sequence[int], result: KFoldResult, slot_map: dict[int, int],
+           n_expert: int) -> Estimate:
+    """Per fold, the share of selected experts that were resident, the whole layers' counted as resident
+    (the policies do not count layers held whole: they need no lookups)."""
+    whole_js = [j for j, il in enumerate(layers) if slot_map.get(il, 0) >= n_expert]
+    shares = []
+    for f, r in enumerate(result.folds):
+        served = sum(int(lookups[f, j]) for j in whole_js)
+        total = r.n_lookup + served
+        shares.append((r.n_hit + served) / total if total else 1.0)
+    return t_interval(shares)
+
+
+def _whole_layers(layout: ExpertLayout, route_layers: Sequence[int], lookups: np.ndarray, test_tokens: int,
+                  slots: dict[int, int], hybrid: bool, cache_mib: float, scored: KFoldResult, n: int,
+                  replay: Callable[[dict[int, int]], KFoldResult]) -> WholeLayersReport:
+    uniform = _share(lookups, route_layers, scored, slots, layout.n_expert)
+    options = []
+    for l in layout.layers:
+        if slots[l.il] < l.n_expert:
+            extra = (l.n_expert - slots[l.il]) * l.bytes_per_expert / MiB
+            # a layer held whole serves its refused selections too
+            left = scored.pooled.per_layer.get(l.il, (0, 0))[1] + scored.pooled.per_layer_refused.get(l.il, 0)
+            options.append(WholeLayer(l.il, left / test_tokens, extra))
+    options.sort(key=lambda w: (-w.misses_per_token / w.extra_mib, w.il))  # most misses removed per MiB
+    chosen = tuple(options[:n])
+    whole = {w.il for w in chosen}
+    others = [l for l in layout.layers if l.il not in whole]
+    if not chosen:
+        return WholeLayersReport((), None, None, uniform)
+    # the engine's arithmetic with a per-layer split: the whole layers first, the rest shared evenly
+    row_others = sum(l.bytes_per_expert for l in others)
+    left = (mib_to_bytes(cache_mib) - sum(l.n_expert * l.bytes_per_expert for l in layout.layers if l.il in whole)
+            - _fixed_bytes(layout, False)[1] - (row_others if hybrid else 0))
+    other_slots = min(max(left, 0) // row_others, layout.n_expert) if others else None
+    if left < 0 or (other_slots is not None and other_slots < 1):  # they do not fit with a slot for each other layer
+        return WholeLayersReport(chosen, None, None, uniform)
+    alt = {l.il: l.n_expert if l.il in whole else int(other_slots or 0) for l in layout.layers}
+    return WholeLayersReport(chosen, other_slots, _share(lookups, route_layers, replay(alt), alt,
+                                                                  layout.n_expert), uniform)

@@ -1,0 +1,179 @@
+"""Cache policies replayed over routing, counting like the engine: per layer, hits, misses and refused of the
+distinct experts of each ubatch of up to 32 tokens; layers held whole need no lookups and are not counted.
+
+- ``lru``: the upload mode (llama_moe_cache::lookup): a miss is uploaded into a free slot, else the least
+  recently used slot the ubatch does not use; a ubatch whose tokens x k exceed the layer's slots is refused,
+  as the engine refuses it (its graph is built before the router picks): its distinct experts count as
+  refused and the slots stay as they were. It counts like the engine (tested against its counters) and adds
+  h_layer.
+- ``static``: the hybrid without adaptation (count_hybrid): the profile's experts stay, the others run on
+  the CPU.
+- ``adaptive``: the hybrid that swaps hot experts in (the reference's "adaptive cache" and its constants).
+- ``belady``: per layer, the most hits a cache of that size could have, knowing the future (the ceiling).
+
+Every policy also reports h_layer: the share of looked-up or refused (layer, token) pairs whose k experts were
+all resident when the ubatch was looked up (the tokens that need no CPU or upload work in that layer; a refused
+pair never is).
+
+The hit rate is hits / (hits + misses + refused): a refused lookup is in the denominator, so that a cache too
+small for its ubatches (upload mode at fewer slots than k) scores 0, not 1. With nothing looked up at all
+(every layer held whole) there is no hit rate: ``hit_rate``, ``h_layer`` and ``layer_hit_rate`` are None, and
+the reports print "n/a".
+
+Every policy but belady is a ``Replay``: a state fed the routing a chunk of whole ubatches at a time, in
+order, from a ``Routes`` in memory or from trace files as they are read (``TraceRoutes``); its memory is
+its state (slots and heats per layer) and the temporaries of a chunk, whatever the routing's length, and
+``replay_jobs`` feeds many of them (sizes, policies, folds) from one pass over the files. Belady needs the
+future: it holds a layer's ids and their next uses (5 bytes per id of the layer), and reads trace files
+once per group of layers. Speed: static is vectorised over a chunk; lru replays one-token ubatches (a trace
+file's) token by token with all layers at once in numpy, and larger ubatches slot by slot as the engine
+does; belady runs per layer in Python over numpy's next-use positions. Every policy takes ``progress(done,
+total)`` and ``chunk_tokens`` (the results do not depend on it).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from ..ranking import CHUNK_TOKENS
+from ..routes import Routes
+from ..tracefiles import TraceRoutes
+from .adaptive import HALF_LIFE_TOKENS, PRIOR_TOKENS, AdaptiveReplay, adaptive, adaptive_replay
+from .base import Meter, PolicyResult, Progress, Replay, _looked_up, drive, merge_results
+from .belady import belady_routes
+from .lru import LRU_CHUNK_TOKENS, LruLoopReplay, LruTokensReplay, lru, lru_replay
+from .static import StaticReplay, static, static_replay
+
+ReplayFactory = Callable[[Sequence[int], int, bool, dict[int, int], int, Sequence[tuple[int, int]]], Replay]
+
+# The one dispatch table: each policy fed the routing in order, by name, with the tokens it is fed at a time
+# (the results do not depend on it). Belady needs the future and is no Replay (``belady``).
+REPLAYS: dict[str, tuple[ReplayFactory, int]] = {
+    "lru": (lru_replay, LRU_CHUNK_TOKENS),
+    "static": (static_replay, CHUNK_TOKENS),
+    "adaptive": (adaptive_replay, CHUNK_TOKENS),
+}
+POLICIES = (*REPLAYS, "belady")
+
+BELADY_GROUP_BYTES = 16 << 20  # a streamed belady reads as many layers' ids per pass as fit in this (at least one)
+
+
+def _unknown(name: str) -> ValueError:
+    return ValueError(f"unknown policy {name!r}; one of {', '.join(POLICIES)}")
+
+
+def replayer(name: str, layers: Sequence[int], k: int, one_token: bool, slots: dict[int, int], n_expert: int,
+             profile: Sequence[tuple[int, int]]) -> Replay:
+    """The ``Replay`` of one of POLICIES but belady (which needs the future), started from the profile."""
+    if name not in REPLAYS:
+        raise _unknown(name)
+    return REPLAYS[name][0](layers, k, one_token, slots, n_expert, profile)
+
+
+def run_policy(name: str, routes: Routes | TraceRoutes, slots: dict[int, int], n_expert: int,
+               profile: Sequence[tuple[int, int]], progress: Progress | None = None) -> PolicyResult:
+    """One of POLICIES by name; the profile fills lru, static and adaptive at the start (belady needs none).
+    ``progress(done, total)`` as the replay goes."""
+    if name == "belady":
+        return belady(routes, slots, n_expert, progress)
+    replay = replayer(name, routes.layers, routes.k, routes.one_token_ubatches, slots, n_expert, profile)
+    return drive(replay, routes, REPLAYS[name][1], progress)
+
+
+def belady(routes: Routes | TraceRoutes, slots: dict[int, int], n_expert: int, progress: Progress | None = None,
+           chunk_tokens: int = CHUNK_TOKENS) -> PolicyResult:
+    """The ceiling: per layer, Belady's rule with bypass over the lookups' distinct experts. On a miss with
+    the slots full, the expert needed furthest in the future (the newcomer included: then it is not
+    admitted) leaves. Each layer starts holding the experts it will need first, as a perfect profile would.
+    No policy that loads an expert when it is selected (lru, static) can hit more; one that loads ahead of
+    selection (adaptive's swaps) could pass it, by at most one hit per expert it loads. Knowing the future
+    takes a layer's lookups at once: its ids and each one's next use (numpy, 5 bytes per id of the layer at
+    int8 ids), replayed a chunk at a time. Streamed trace files are read once per group of layers
+    (``BELADY_GROUP_BYTES`` of their ids, or one layer)."""
+    if isinstance(routes, TraceRoutes):
+        return replay_jobs(routes, [Job(0, routes.n_tokens, "belady", slots)], n_expert, progress, chunk_tokens)[0]
+    return belady_routes(routes, slots, n_expert, progress, chunk_tokens)
+
+
+@dataclass(frozen=True)
+class Job:
+    """One replay: ``policy`` over tokens ``a:b`` of a routing, with ``slots``, from ``profile``."""
+
+    a: int
+    b: int
+    policy: str
+    slots: dict[int, int]
+    profile: Sequence[tuple[int, int]] = ()
+
+
+def replay_jobs(routes: Routes | TraceRoutes, jobs: Sequence[Job], n_expert: int, progress: Progress | None = None,
+                chunk_tokens: int = CHUNK_TOKENS) -> list[PolicyResult]:
+    """Every job's result, as ``run_policy(job.policy, routes.tokens(job.a, job.b), ...)`` gives it. A routing
+    in memory replays its jobs one after another. Trace files are read once for all the jobs but belady's,
+    each fed the chunks of its tokens (the chunks are cut at every job's edges), and once per group of layers
+    for belady's (as many layers' ids of the tokens they span as fit in ``BELADY_GROUP_BYTES``, at least one).
+    Memory: the replays' states, a chunk, and for belady a group of layers and one layer's next uses."""
+    results: list[PolicyResult | None] = [None] * len(jobs)
+    feeding = [i for i, job in enumerate(jobs) if job.policy != "belady"]
+    future = [i for i, job in enumerate(jobs) if job.policy == "belady"]
+    if isinstance(routes, Routes):
+        meter = Meter(sum(jobs[i].b - jobs[i].a for i in range(len(jobs))), progress)
+        for i, job in enumerate(jobs):
+            part = routes if (job.a, job.b) == (0, routes.n_tokens) else routes.tokens(job.a, job.b)
+            tick = meter.part(job.b - job.a)
+            if job.policy == "belady":
+                results[i] = belady_routes(part, job.slots, n_expert, tick, chunk_tokens)
+            else:
+                replay = replayer(job.policy, part.layers, part.k, part.one_token_ubatches, job.slots, n_expert, job.profile)
+                results[i] = drive(replay, part, chunk_tokens, tick)
+        return results  # type: ignore[return-value]
+    n_layers = len(routes.layers)
+    groups: list[list[int]] = []
+    if future:
+        lo, hi = min(jobs[i].a for i in future), max(jobs[i].b for i in future)
+        looked = sorted({j for i in future for j in _looked_up(routes.layers, jobs[i].slots, n_expert)})
+        per_layer = max(1, (hi - lo) * routes.k * routes.dtype.itemsize)
+        size = max(1, BELADY_GROUP_BYTES // per_layer)
+        groups = [looked[g:g + size] for g in range(0, len(looked), size)]
+    span = [jobs[i].b - jobs[i].a for i in range(len(jobs))]
+    # weights: a pass feeding the replays; per group of layers, reading it and replaying its layers
+    feed_weight = sum(span[i] for i in feeding)
+    group_weights = [(hi - lo) // 4 + sum(span[i] * len(g) // n_layers for i in future) for g in groups] if future else []
+    meter = Meter(feed_weight + sum(group_weights), progress)
+    if feeding:
+        a0, b0 = min(jobs[i].a for i in feeding), max(jobs[i].b for i in feeding)
+        source = routes if (a0, b0) == (0, routes.n_tokens) else routes.tokens(a0, b0)
+        replays = {i: replayer(jobs[i].policy, routes.layers, routes.k, True, jobs[i].slots, n_expert, jobs[i].profile)
+                   for i in feeding}
+        cuts = sorted({x - a0 for i in feeding for x in (jobs[i].a, jobs[i].b)})
+        for t, chunk in source.chunks(cuts, meter.part(feed_weight), chunk_tokens):
+            t += a0
+            for i in feeding:
+                if jobs[i].a <= t < jobs[i].b:
+                    replays[i].feed(chunk)
+        for i in feeding:
+            results[i] = replays[i].result()
+    if future:
+        parts: dict[int, list[PolicyResult]] = {i: [] for i in future}
+        source = routes if (lo, hi) == (0, routes.n_tokens) else routes.tokens(lo, hi)
+        for g, weight in zip(groups, group_weights):
+            read = meter.part((hi - lo) // 4)
+            cols = source.columns(g, read)
+            for i in future:
+                job = jobs[i]
+                part = cols if (job.a, job.b) == (lo, hi) else cols.tokens(job.a - lo, job.b - lo)
+                parts[i].append(belady_routes(part, job.slots, n_expert, meter.part(span[i] * len(g) // n_layers),
+                                               chunk_tokens))
+                del part
+            del cols
+        for i in future:
+            results[i] = (merge_results(parts[i]) if parts[i] else
+                          PolicyResult("belady", 0, 0, 0, 0, 0, 0, 0, 0, {}))
+    return results  # type: ignore[return-value]
+
+
+__all__ = [
+    "BELADY_GROUP_BYTES", "HALF_LIFE_TOKENS", "POLICIES", "PRIOR_TOKENS", "REPLAYS", "AdaptiveReplay", "Job",
+    "LruLoopReplay", "LruTokensReplay", "Meter", "PolicyResult", "Replay", "StaticReplay", "drive", "adaptive", "belady",
+    "lru", "merge_results", "replay_jobs", "replayer", "run_policy", "static",
+]

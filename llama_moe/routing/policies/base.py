@@ -1,0 +1,156 @@
+"""What every policy's replay shares: its result (``PolicyResult``), the ``Replay`` a routing is fed to a chunk of
+whole ubatches at a time, and the chunking of a ``Routes`` in memory or of trace files as they are read."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Sequence
+
+import numpy as np
+
+from ..budget import MAX_UBATCH
+from ..ranking import CHUNK_TOKENS
+from ..routes import Routes
+from ..tracefiles import TraceRoutes
+
+Progress = Callable[[int, int], None]
+
+
+@dataclass(frozen=True)
+class PolicyResult:
+    policy: str
+    n_hit: int
+    n_hit_profile: int      # hits on experts the profile put there and that stayed since
+    n_miss: int
+    n_token_layers: int     # (layer, token) pairs looked up or refused: h_layer's denominator
+    n_token_layers_all: int  # of them, with all k experts resident: h_layer's numerator
+    n_refused: int          # (upload) selections of the lookups refused: distinct experts of a ubatch whose
+                            # tokens x k exceed the layer's slots, as the engine's n_refused
+    n_slots: int            # slots of the layers looked up
+    n_resident: int         # of them, holding an expert at the end: a cache that never fills caps the hit rate
+    per_layer: dict[int, tuple[int, int]] = field(default_factory=dict)  # il -> (hits, misses)
+    n_swap: int = 0         # adaptive: experts swapped in for colder ones
+    n_fill: int = 0         # adaptive: free slots filled
+    per_layer_refused: dict[int, int] = field(default_factory=dict)  # il -> refused selections
+    n_refused_lookups: int = 0  # (ubatch, layer) lookups refused
+    n_large: int = 0        # (ubatch, layer) pairs of over 32 tokens: llama.cpp's path, neither looked up nor refused
+
+    @property
+    def n_lookup(self) -> int:
+        """hits + misses + refused: the selections the cache was asked for."""
+        return self.n_hit + self.n_miss + self.n_refused
+
+    @property
+    def hit_rate(self) -> float | None:
+        """hits / (hits + misses + refused); None when nothing was looked up (every layer held whole)."""
+        return self.n_hit / self.n_lookup if self.n_lookup else None
+
+    @property
+    def h_layer(self) -> float | None:
+        return self.n_token_layers_all / self.n_token_layers if self.n_token_layers else None
+
+    def layer_hit_rate(self, il: int) -> float | None:
+        h, m = self.per_layer.get(il, (0, 0))
+        n = h + m + self.per_layer_refused.get(il, 0)
+        return h / n if n else None
+
+
+def merge_results(results: Sequence[PolicyResult]) -> PolicyResult:
+    """Pools the counts of several replays (the folds of a k-fold): hits over lookups of all of them."""
+    per_layer: dict[int, tuple[int, int]] = {}
+    per_layer_refused: dict[int, int] = {}
+    for r in results:
+        for il, (h, m) in r.per_layer.items():
+            ph, pm = per_layer.get(il, (0, 0))
+            per_layer[il] = (ph + h, pm + m)
+        for il, n in r.per_layer_refused.items():
+            per_layer_refused[il] = per_layer_refused.get(il, 0) + n
+    sums = {name: sum(getattr(r, name) for r in results) for name in
+            ("n_hit", "n_hit_profile", "n_miss", "n_token_layers", "n_token_layers_all", "n_refused", "n_slots",
+             "n_resident", "n_swap", "n_fill", "n_refused_lookups", "n_large")}
+    return PolicyResult(results[0].policy, per_layer=per_layer, per_layer_refused=per_layer_refused, **sums)
+
+
+def _looked_up(layers: Sequence[int], slots: dict[int, int], n_expert: int) -> list[int]:
+    """Indices into the routing's layers of the layers the cache looks up: cached, and not held whole."""
+    return [j for j, il in enumerate(layers) if il in slots and slots[il] < n_expert]
+
+
+def _columns(looked: list[int], n_layers: int) -> slice | list[int]:
+    """An index for the looked-up layers' columns: a slice (a view, no copy) when they are all of them."""
+    return slice(None) if looked == list(range(n_layers)) else looked
+
+
+def _ubatch_chunks(routes: Routes, chunk_tokens: int = CHUNK_TOKENS) -> Iterator[tuple[int, int]]:
+    """Ubatch ranges [u0, u1) of about ``chunk_tokens`` tokens each (at least one ubatch)."""
+    n_ub = len(routes.starts) - 1
+    chunk_tokens = max(1, chunk_tokens)
+    if routes.one_token_ubatches:
+        for u0 in range(0, n_ub, chunk_tokens):
+            yield u0, min(u0 + chunk_tokens, n_ub)
+        return
+    u0 = 0
+    while u0 < n_ub:
+        u1 = max(u0 + 1, int(np.searchsorted(routes.starts, routes.starts[u0] + chunk_tokens, side="right")) - 1)
+        yield u0, min(u1, n_ub)
+        u0 = u1
+
+
+def _ubatches(routes: Routes, u0: int, u1: int) -> Routes:
+    """Ubatches u0..u1-1 as routing of their own (views)."""
+    if u0 == 0 and u1 == len(routes.starts) - 1:
+        return routes
+    a, b = int(routes.starts[u0]), int(routes.starts[u1])
+    return Routes(routes.layers, routes.experts[a:b], routes.starts[u0:u1 + 1] - a)
+
+
+def _large(routes: Routes, looked: list[int]) -> int:
+    """(ubatch, layer) pairs of over 32 tokens: llama.cpp's path, no lookup."""
+    if routes.one_token_ubatches:
+        return 0
+    return int((routes.layer_tokens[:, looked] > MAX_UBATCH).sum())
+
+
+def _chunks(routes: Routes | TraceRoutes, chunk_tokens: int,
+            progress: Progress | None) -> Iterator[Routes]:
+    """Routing a chunk of whole ubatches at a time: views of a ``Routes``, or trace files read as they go."""
+    if isinstance(routes, TraceRoutes):
+        for _, chunk in routes.chunks(progress=progress, chunk_tokens=chunk_tokens):
+            yield chunk
+        return
+    n_ub = len(routes.starts) - 1
+    for u0, u1 in _ubatch_chunks(routes, chunk_tokens):
+        yield _ubatches(routes, u0, u1)
+        if progress:
+            progress(u1, n_ub)
+
+
+class Replay:
+    """A policy's replay as a state that routing is fed to, a chunk of whole ubatches at a time, in order
+    (``feed``); ``result()`` counts what was fed. Memory: the policy's state (slots, heats per layer) and
+    the temporaries of one chunk, whatever the routing's length."""
+
+    def feed(self, chunk: Routes) -> None:
+        raise NotImplementedError
+
+    def result(self) -> PolicyResult:
+        raise NotImplementedError
+
+
+def drive(replay: Replay, routes: Routes | TraceRoutes, chunk_tokens: int, progress: Progress | None) -> PolicyResult:
+    for chunk in _chunks(routes, chunk_tokens, progress):
+        replay.feed(chunk)
+    return replay.result()
+
+
+class Meter:
+    """Progress over steps of known weights: each step reports ``(done, total)`` of its own."""
+
+    def __init__(self, total: int, progress: Progress | None) -> None:
+        self.total, self.done, self.progress = max(1, total), 0, progress
+
+    def part(self, weight: int) -> Progress | None:
+        if self.progress is None:
+            return None
+        base, report, total = self.done, self.progress, self.total
+        self.done += weight
+        return lambda d, t: report(base + (weight * d // t if t else weight), total)

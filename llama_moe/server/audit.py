@@ -1,0 +1,274 @@
+"""The MoE cache's audit log as runs (``python -m llama_moe audit check|summary FILE``): the invariants between
+its records (llama_moe.formats.audit reads and validates each one), and a summary of each run.
+
+A run is one context's life in one process: a ``load`` record, then ``ready`` (servers only), ``request``
+records, and ``exit`` (absent when the process was killed). One process can hold several runs in turn (a
+server that unloads and reloads its model), and several processes can share one file; their records
+interleave, told apart by ``pid``."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+from ..formats.audit import (COUNTERS, REQUEST_COUNTERS, AuditRecord, ExitRecord, Issue, LoadRecord, ReadyRecord,
+                             RequestRecord, read_audit)
+
+
+# ----------------------------------------------------------------------------------------------- runs
+
+@dataclass(frozen=True)
+class Run:
+    """One context's records in one process, from its load record on."""
+
+    pid: int
+    records: tuple[AuditRecord, ...]
+
+    @property
+    def load(self) -> LoadRecord | None:
+        r = self.records[0]
+        return r if isinstance(r, LoadRecord) else None
+
+    @property
+    def ready(self) -> ReadyRecord | None:
+        return next((r for r in self.records if isinstance(r, ReadyRecord)), None)
+
+    @property
+    def requests(self) -> tuple[RequestRecord, ...]:
+        return tuple(r for r in self.records if isinstance(r, RequestRecord))
+
+    @property
+    def exit(self) -> ExitRecord | None:
+        return next((r for r in self.records if isinstance(r, ExitRecord)), None)
+
+
+def split_runs(records: Iterable[AuditRecord]) -> tuple[Run, ...]:
+    """Group records per pid, starting a new run at each load (counters restart with a new context).
+    Records of a pid seen before its first load form a run without a load, which check reports."""
+    runs: list[list[AuditRecord]] = []
+    open_run: dict[int, list[AuditRecord]] = {}
+    for r in records:
+        cur = open_run.get(r.pid)
+        if cur is None or r.event == "load":
+            cur = []
+            runs.append(cur)
+            open_run[r.pid] = cur
+        cur.append(r)
+    return tuple(Run(rs[0].pid, tuple(rs)) for rs in runs)
+
+
+def _check_layers(r: LoadRecord | ExitRecord, issues: list[Issue]) -> None:
+    for name, total in (("hits", r.counters.hits), ("hits_profile", r.counters.hits_profile),
+                        ("misses", r.counters.misses), ("refused", r.counters.refused)):
+        per_layer = sum(getattr(l, name) for l in r.layers)
+        if r.layers and per_layer != total:
+            issues.append(Issue(r.line, "error", f"field 'layers': the layers' {name} add up to {per_layer}, "
+                                                 f"but field '{name}' is {total}"))
+    for l in r.layers:
+        if len(l.resident) > l.slots:
+            issues.append(Issue(r.line, "error", f"field 'layers': layer {l.il} holds {len(l.resident)} experts "
+                                                 f"in {l.slots} slots"))
+        if l.hits_profile > l.hits:
+            issues.append(Issue(r.line, "error", f"field 'layers': layer {l.il} has more hits_profile "
+                                                 f"({l.hits_profile}) than hits ({l.hits})"))
+
+
+def _exact_one_slot(run: Run) -> bool:
+    """Whether the request counters must add up exactly: every request on the same slot, so none overlapped."""
+    return len({r.slot for r in run.requests}) <= 1
+
+
+def check_run(run: Run) -> list[Issue]:
+    """The invariants between one run's records."""
+    issues: list[Issue] = []
+    first = run.records[0]
+    if not isinstance(first, LoadRecord):
+        issues.append(Issue(first.line, "error", f"'{first.event}' record of pid {run.pid} before any 'load' "
+                                                 f"record of that pid"))
+    else:
+        for name in COUNTERS:
+            if getattr(first.counters, name):
+                issues.append(Issue(first.line, "error", f"field '{name}': {getattr(first.counters, name)} at load, "
+                                                         f"but load is written before any decode (expected 0)"))
+        _check_layers(first, issues)
+    ready_seen = exited = False
+    prev = first
+    for r in run.records[1:] if isinstance(first, LoadRecord) else run.records:
+        if exited:
+            issues.append(Issue(r.line, "error", f"'{r.event}' record of pid {run.pid} after its 'exit' (line "
+                                                 f"{run.exit.line if run.exit else '?'})"))
+        if r.event == "ready":
+            if ready_seen:
+                issues.append(Issue(r.line, "error", f"a second 'ready' record for pid {run.pid}"))
+            ready_seen = True
+        elif r.event == "request" and not ready_seen:
+            issues.append(Issue(r.line, "error", f"'request' record of pid {run.pid} before its 'ready' record"))
+        elif r.event == "exit":
+            exited = True
+        if r.hybrid != first.hybrid:
+            issues.append(Issue(r.line, "error", f"field 'hybrid': {str(r.hybrid).lower()}, but the run's first "
+                                                 f"record (line {first.line}) says {str(first.hybrid).lower()}"))
+        if r is not prev:
+            for name in COUNTERS:
+                a, b = getattr(prev.counters, name), getattr(r.counters, name)
+                if b < a:
+                    issues.append(Issue(r.line, "error", f"field '{name}' went down from {a} (line {prev.line}) "
+                                                         f"to {b} within pid {run.pid}"))
+        if r.counters.hits_profile > r.counters.hits:
+            issues.append(Issue(r.line, "error", f"field 'hits_profile': {r.counters.hits_profile} is more than "
+                                                 f"hits ({r.counters.hits})"))
+        if r.hybrid and (r.counters.refused or (isinstance(r, RequestRecord) and r.req.refused)):
+            issues.append(Issue(r.line, "error", f"field 'refused': {r.counters.refused} in a hybrid run, which "
+                                                 f"refuses no lookup (the CPU computes what the cache lacks)"))
+        if isinstance(r, RequestRecord) and r.req.hits_profile > r.req.hits:
+            issues.append(Issue(r.line, "error", f"field 'req_hits_profile': {r.req.hits_profile} is more than "
+                                                 f"req_hits ({r.req.hits})"))
+        if isinstance(r, ExitRecord):
+            _check_layers(r, issues)
+            load = run.load
+            if load and r.layers and [(l.il, l.slots) for l in r.layers] != [(l.il, l.slots) for l in load.layers]:
+                issues.append(Issue(r.line, "error", f"field 'layers': not the layers and slots of the load record "
+                                                     f"(line {load.line})"))
+        prev = r
+    issues += _check_request_sums(run)
+    return issues
+
+
+def _check_request_sums(run: Run) -> list[Issue]:
+    """With one slot the requests never overlap, so each request's req_* counters are exactly what the
+    context's counters moved since the record before it, and they add up to exit minus ready."""
+    ready, reqs, end = run.ready, run.requests, run.exit
+    if ready is None or not reqs:
+        return []
+    issues: list[Issue] = []
+    pairs = [(n, n.removeprefix("req_")) for n in REQUEST_COUNTERS]
+    exact = _exact_one_slot(run)
+    if exact:
+        prev: AuditRecord = ready
+        for r in reqs:
+            for req_name, name in pairs:
+                moved = getattr(r.counters, name) - getattr(prev.counters, name)
+                own = getattr(r.req, name)
+                if own != moved:
+                    issues.append(Issue(r.line, "error", f"field '{req_name}': {own}, but the context's {name} moved "
+                                                         f"by {moved} since line {prev.line} (one slot: they must be equal)"))
+            prev = r
+    last = end if end is not None else reqs[-1]
+    for req_name, name in pairs:
+        total = sum(getattr(r.req, name) for r in reqs)
+        delta = getattr(last.counters, name) - getattr(ready.counters, name)
+        what = "exit" if end is not None else f"the last request (line {last.line}, no exit record)"
+        if exact and total != delta:
+            issues.append(Issue(last.line, "error", f"field '{req_name}': the {len(reqs)} requests of pid {run.pid} "
+                                                    f"add up to {total}, but {name} moved by {delta} from ready "
+                                                    f"(line {ready.line}) to {what}"))
+        elif not exact and total < delta:
+            # overlapping requests each count the others' lookups, so together they can only count more
+            issues.append(Issue(last.line, "error", f"field '{req_name}': the requests of pid {run.pid} add up to "
+                                                    f"{total}, less than the {delta} {name} moved from ready to {what}"))
+    return issues
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    path: str
+    n_records: int
+    runs: tuple[Run, ...]
+    issues: tuple[Issue, ...]
+
+    @property
+    def errors(self) -> tuple[Issue, ...]:
+        return tuple(i for i in self.issues if i.severity == "error")
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+
+def check_audit(path: str | Path) -> CheckResult:
+    """Every record against the field list, and every run's invariants: ordering (load, ready, request...,
+    exit), counters that never go down, zero counters at load, per-layer sums, and with one slot the request
+    counters adding up exactly to exit minus ready. Issues are sorted by line."""
+    audit = read_audit(path, strict=False)
+    runs = split_runs(audit.records)
+    issues = list(audit.issues)
+    for run in runs:
+        issues += check_run(run)
+        if run.exit is None and run.load is not None:
+            issues.append(Issue(run.load.line, "warning", f"pid {run.pid}'s run has no exit record "
+                                                          f"(killed, or still running)"))
+        if run.requests and not _exact_one_slot(run):
+            slots = sorted({r.slot for r in run.requests})
+            issues.append(Issue(run.records[0].line, "warning", f"pid {run.pid} served requests on slots {slots}: "
+                                                                f"overlapping requests count each other's lookups, "
+                                                                f"so only sum >= exit - ready is checked"))
+    issues.sort(key=lambda i: (i.line, i.severity != "error"))
+    return CheckResult(audit.path, len(audit.records), runs, tuple(issues))
+
+
+# ----------------------------------------------------------------------------------------------- summary
+
+@dataclass(frozen=True)
+class RunSummary:
+    pid: int
+    first_line: int
+    start: str
+    end: str
+    model: str
+    exited: bool
+    hybrid: bool
+    cache_bytes: int
+    slots: int
+    prefilled: int
+    requests: int
+    n_prompt: int           # over the requests
+    n_gen: int
+    hits: int               # the context's counters at the run's last record (the warmup does not count)
+    hits_profile: int
+    misses: int
+    hit_rate: float          # hits / (hits + misses + refused)
+    request_hit_rate: float  # over the requests' own counters
+    bytes_upload: int
+    bytes_cpu: int
+    copies: int
+    bytes_copy: int
+    swaps: int
+    gen_tps: float | None   # llama.cpp's perf at exit
+    refused: int = 0        # upload mode: selections of the lookups refused
+
+
+def summarize_run(run: Run) -> RunSummary:
+    last, load, reqs = run.records[-1], run.load, run.requests
+    c = last.counters
+    rh = sum(r.req.hits for r in reqs)
+    looked = sum(r.req.hits + r.req.misses + r.req.refused for r in reqs)
+    return RunSummary(
+        pid=run.pid, first_line=run.records[0].line, start=run.records[0].time, end=last.time,
+        model=(load.model.name or Path(load.model.path).name) if load else "?", exited=run.exit is not None,
+        hybrid=run.records[0].hybrid, cache_bytes=load.cache.bytes if load else 0,
+        slots=load.cache.slots if load else 0, prefilled=load.cache.prefilled if load else 0,
+        requests=len(reqs), n_prompt=sum(r.n_prompt for r in reqs), n_gen=sum(r.n_gen for r in reqs),
+        hits=c.hits, hits_profile=c.hits_profile, misses=c.misses, hit_rate=c.hit_rate,
+        request_hit_rate=rh / looked if looked else 0.0, bytes_upload=c.bytes_upload, bytes_cpu=c.bytes_cpu,
+        copies=c.copies, bytes_copy=c.bytes_copy, swaps=c.swaps,
+        gen_tps=run.exit.perf.gen_tps if run.exit else None, refused=c.refused)
+
+
+def summarize(path: str | Path) -> tuple[RunSummary, ...]:
+    """One summary per run; malformed records raise AuditError (run check to list them all)."""
+    return tuple(summarize_run(run) for run in split_runs(read_audit(path).records))
+
+
+def format_summary(runs: Iterable[RunSummary]) -> str:
+    header = ("pid", "start", "model", "mode", "requests", "prompt", "gen", "hit rate", "refused", "uploaded",
+              "CPU read", "copies", "swaps", "exit")
+    rows = [header]
+    for s in runs:
+        rows.append((str(s.pid), s.start, s.model, "hybrid" if s.hybrid else "upload", str(s.requests),
+                     str(s.n_prompt), str(s.n_gen), f"{s.hit_rate:.3f}", str(s.refused), f"{s.bytes_upload / 2**20:.2f} MiB",
+                     f"{s.bytes_cpu / 2**20:.2f} MiB", str(s.copies), str(s.swaps), "yes" if s.exited else "no"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    left = {1, 2, 3, 13}   # text columns; numbers align right
+    return "\n".join("  ".join(c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+                     .rstrip() for r in rows)
+

@@ -1,0 +1,253 @@
+"""llama-server's view of the MoE cache: the ``llamacpp:moe_cache_*`` series of ``/metrics`` (``--metrics``)
+and the per-request log line, parsed into the same counter names as :class:`llama_moe.stats.MoeCacheStats`."""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+
+from ..errors import MetricsError, ServerError
+from ..stats import HitRate
+
+PREFIX = "llamacpp:moe_cache_"
+# series name (without PREFIX) -> the MoeCacheMetrics field it fills; the reference's "Server metrics" table
+SCALARS = {
+    "hits_total": "n_hit",
+    "hits_profile_total": "n_hit_profile",
+    "misses_total": "n_miss",
+    "refused_total": "n_refused",
+    "upload_bytes_total": "n_bytes_upload",
+    "cpu_bytes_total": "n_bytes_cpu",
+    "copies_total": "n_copy",
+    "swaps_total": "n_swap",
+    "hit_ratio": "hit_ratio",
+    "slots": "n_slots",
+    "resident": "n_resident",
+    "prefilled": "n_prefilled",
+    "bytes": "n_bytes_cache",
+    "hybrid": "hybrid",
+}
+PER_LAYER = ("layer_hits_total", "layer_hits_profile_total", "layer_misses_total", "layer_refused_total")
+# series later than the first llama-server with a cache: their absence means a server built from older patches
+LATER_SERIES = ("refused_total", "resident", "layer_refused_total")
+COUNTER_SERIES = tuple(PREFIX + s for s in SCALARS if s.endswith("_total")) + tuple(PREFIX + s for s in PER_LAYER)
+ALL_SERIES = tuple(PREFIX + s for s in SCALARS) + tuple(PREFIX + s for s in PER_LAYER)
+
+
+@dataclass(frozen=True)
+class Sample:
+    name: str
+    labels: tuple[tuple[str, str], ...]
+    value: float
+
+    def label(self, key: str) -> str | None:
+        return dict(self.labels).get(key)
+
+
+_NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
+_SAMPLE_RE = re.compile(rf"^({_NAME})(?:\{{(.*)\}})?\s+(\S+)(?:\s+-?\d+)?\s*$")
+_LABEL_RE = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*(?:,|$)')
+_META_RE = re.compile(rf"^#\s+(HELP|TYPE)\s+({_NAME})(?:\s+(.*))?$")
+_TYPES = {"counter", "gauge", "histogram", "summary", "untyped"}
+
+
+def _unescape(value: str) -> str:
+    return re.sub(r"\\(.)", lambda m: "\n" if m.group(1) == "n" else m.group(1), value)
+
+
+def parse_prometheus(text: str) -> tuple[Sample, ...]:
+    """The samples of a Prometheus text exposition: ``# HELP``/``# TYPE`` lines, ``name value`` and
+    ``name{label="v",...} value`` (what llama-server writes). MetricsError names the bad line."""
+    samples = []
+    for n, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line:
+            continue
+        if line.startswith("#"):
+            meta = _META_RE.match(line)
+            if meta and meta.group(1) == "TYPE" and (meta.group(3) or "").strip() not in _TYPES:
+                raise MetricsError(f"line {n}: unknown metric type in {line!r}")
+            continue   # HELP text, or a plain comment
+        m = _SAMPLE_RE.match(line)
+        if not m:
+            raise MetricsError(f"line {n}: not a Prometheus sample: {line!r}")
+        name, label_text, value_text = m.groups()
+        labels = []
+        if label_text:
+            pos = 0
+            while pos < len(label_text):
+                lm = _LABEL_RE.match(label_text, pos)
+                if not lm or lm.end() == pos:
+                    raise MetricsError(f"line {n}: malformed labels in {line!r}")
+                labels.append((lm.group(1), _unescape(lm.group(2))))
+                pos = lm.end()
+        try:
+            value = float(value_text)   # also "NaN", "+Inf" and the 6-digit "1.23457e+06" of a C++ stream
+        except ValueError:
+            raise MetricsError(f"line {n}: {name} has the value {value_text!r}, not a number") from None
+        samples.append(Sample(name, tuple(labels), value))
+    return tuple(samples)
+
+
+def _count(value: float, name: str) -> int:
+    if math.isnan(value) or math.isinf(value) or value < 0:
+        raise MetricsError(f"{name} is {value}, not a count")
+    return int(round(value))
+
+
+@dataclass(frozen=True)
+class MoeCacheMetrics(HitRate):
+    """The MoE cache as llama-server's /metrics reports it: MoeCacheStats's counters (no n_bytes_copy: the
+    server does not export it), the server's own hit ratio (hits / (hits + misses + refused)),
+    {layer: (hits, hits_profile, misses)} and {layer: refused}."""
+
+    n_hit: int
+    n_hit_profile: int
+    n_miss: int
+    n_bytes_upload: int
+    n_bytes_cpu: int
+    hybrid: bool
+    n_copy: int
+    n_slots: int
+    n_prefilled: int
+    n_bytes_cache: int
+    n_swap: int
+    hit_ratio: float
+    layers: dict[int, tuple[int, int, int]]
+    n_refused: int = 0
+    n_resident: int = 0
+    layers_refused: dict[int, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ServerMetrics:
+    """What ``stats --server`` reports: llama-server's own throughput counters and the MoE cache."""
+
+    prompt_tokens: int
+    prompt_seconds: float
+    tokens_predicted: int
+    tokens_predicted_seconds: float
+    requests_processing: int
+    moe_cache: MoeCacheMetrics | None
+
+    @property
+    def prompt_tps(self) -> float:
+        return self.prompt_tokens / self.prompt_seconds if self.prompt_seconds else 0.0
+
+    @property
+    def gen_tps(self) -> float:
+        return self.tokens_predicted / self.tokens_predicted_seconds if self.tokens_predicted_seconds else 0.0
+
+
+def moe_cache_from_samples(samples: tuple[Sample, ...]) -> MoeCacheMetrics | None:
+    """None when the server has no MoE cache (no llamacpp:moe_cache_* series); MetricsError when it has some
+    of them but not all."""
+    ours = [s for s in samples if s.name.startswith(PREFIX)]
+    if not ours:
+        return None
+    scalars: dict[str, float] = {}
+    layers: dict[int, list[int | None]] = {}
+    for s in ours:
+        short = s.name[len(PREFIX):]
+        if short in SCALARS:
+            scalars[SCALARS[short]] = s.value
+        elif short in PER_LAYER:
+            layer = s.label("layer")
+            if layer is None or not layer.isdigit():
+                raise MetricsError(f"{s.name} needs a layer=\"N\" label, got {dict(s.labels)}")
+            layers.setdefault(int(layer), [None] * len(PER_LAYER))[PER_LAYER.index(short)] = _count(s.value, s.name)
+        # other moe_cache_* series: newer than this parser; ignored
+    missing = [k for k, v in SCALARS.items() if v not in scalars]
+    missing += [k for k in PER_LAYER if layers and all(v[PER_LAYER.index(k)] is None for v in layers.values())]
+    if missing:
+        older = (": a llama-server built from older patches than this llama_moe (rebuild it: python -m llama_moe build)"
+                 if set(missing) <= set(LATER_SERIES) else "")
+        raise MetricsError("the server's /metrics has MoE cache series but lacks "
+                           + ", ".join(PREFIX + k for k in missing) + older)
+    for il, values in layers.items():
+        for name, v in zip(PER_LAYER, values):
+            if v is None:
+                raise MetricsError(f"the server's /metrics lacks {PREFIX}{name}{{layer=\"{il}\"}}")
+    ints = {k: _count(v, PREFIX + k) for k, v in scalars.items() if k not in ("hit_ratio", "hybrid")}
+    ordered = sorted(layers.items())
+    return MoeCacheMetrics(**ints, hybrid=scalars["hybrid"] != 0, hit_ratio=scalars["hit_ratio"],
+                           layers={il: (v[0], v[1], v[2]) for il, v in ordered},  # type: ignore[misc]
+                           layers_refused={il: v[3] for il, v in ordered})  # type: ignore[misc]
+
+
+def parse_moe_cache(text: str) -> MoeCacheMetrics | None:
+    """The MoE cache counters of a /metrics text; None when the server has no cache."""
+    return moe_cache_from_samples(parse_prometheus(text))
+
+
+def parse_server_metrics(text: str) -> ServerMetrics:
+    samples = parse_prometheus(text)
+    plain = {s.name: s.value for s in samples if not s.labels}
+
+    def get(name: str) -> float:
+        return plain.get("llamacpp:" + name, 0.0)
+
+    return ServerMetrics(_count(get("prompt_tokens_total"), "prompt_tokens_total"), get("prompt_seconds_total"),
+                         _count(get("tokens_predicted_total"), "tokens_predicted_total"),
+                         get("tokens_predicted_seconds_total"),
+                         _count(get("requests_processing"), "requests_processing"), moe_cache_from_samples(samples))
+
+
+def fetch_metrics_text(server: str, timeout: float = 10.0, api_key: str | None = None) -> str:
+    """GET <server>/metrics; ServerError says why it failed (not reachable, no --metrics, API key)."""
+    import requests
+
+    url = server.rstrip("/") + "/metrics"
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        r = requests.get(url, timeout=timeout, headers=headers)
+    except requests.RequestException as exc:
+        raise ServerError(f"cannot reach {url}: {exc}") from exc
+    if r.status_code == 501:
+        raise ServerError(f"{server} does not serve /metrics: start llama-server with --metrics")
+    if r.status_code == 401:
+        raise ServerError(f"{url} wants an API key (the server's --api-key): pass --api-key or set LLAMA_API_KEY")
+    if r.status_code != 200:
+        raise ServerError(f"{url} answered HTTP {r.status_code}: {r.text[:200]}")
+    return r.text
+
+
+def fetch_server_metrics(server: str, timeout: float = 10.0, api_key: str | None = None) -> ServerMetrics:
+    return parse_server_metrics(fetch_metrics_text(server, timeout, api_key))
+
+
+# ----------------------------------------------------------------------------------------------- log lines
+
+@dataclass(frozen=True)
+class RequestLogLine:
+    """llama-server's per-request line. Upload mode: hits, hits_profile, misses, mib (uploaded), gib_s, refused
+    (None in the line of a build before it was counted). Hybrid: hits (on the GPU), misses (on the CPU), mib
+    (what the CPU read); hits_profile, gib_s and refused None (the hybrid refuses nothing). The rate is
+    hits / (hits + misses + refused)."""
+
+    hybrid: bool
+    rate_pct: float
+    hits: int
+    misses: int
+    mib: float
+    hits_profile: int | None = None
+    gib_s: float | None = None
+    refused: int | None = None
+
+
+_NUM = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+|nan|inf)"
+UPLOAD_LINE_RE = re.compile(rf"MoE cache hits = (?P<rate>{_NUM}) % \((?P<hits>\d+) hit, (?P<prof>\d+) from the "
+                            rf"profile, (?P<miss>\d+) uploaded: (?P<mib>{_NUM}) MiB, (?P<gibs>{_NUM}) GiB/s\)"
+                            rf"(?:, (?P<refused>\d+) refused)?")
+HYBRID_LINE_RE = re.compile(rf"MoE cache hits = (?P<rate>{_NUM}) % \(hybrid: (?P<hits>\d+) on the GPU, "
+                            rf"(?P<miss>\d+) on the CPU, which read (?P<mib>{_NUM}) MiB\)")
+
+
+def parse_request_log_line(line: str) -> RequestLogLine | None:
+    """The per-request MoE cache line anywhere in a log line, or None."""
+    if m := UPLOAD_LINE_RE.search(line):
+        return RequestLogLine(False, float(m["rate"]), int(m["hits"]), int(m["miss"]), float(m["mib"]),
+                              int(m["prof"]), float(m["gibs"]), None if m["refused"] is None else int(m["refused"]))
+    if m := HYBRID_LINE_RE.search(line):
+        return RequestLogLine(True, float(m["rate"]), int(m["hits"]), int(m["miss"]), float(m["mib"]))
+    return None

@@ -1,0 +1,101 @@
+"""A llama-server process on 127.0.0.1: found next to the loaded libllama, started with its logs in files,
+waited for until healthy (bounded), and stopped with one SIGTERM so that it writes its exit records."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import requests
+
+from ..errors import ServerStartError
+
+
+def server_binary() -> Path:
+    """The llama-server built with the loaded libllama (python -m llama_moe build, without --lib-only)."""
+    from .._native import loader as _loader
+
+    _loader.get_lib()
+    binary = Path(str(_loader.library_path())).parent / "llama-server"
+    if not binary.is_file():
+        raise ServerStartError(f"{binary} is missing: build the tools (python -m llama_moe build, without --lib-only)")
+    return binary
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def stop_process(proc: subprocess.Popen) -> int:
+    """One SIGTERM (a second makes llama-server exit at once, without its exit record), then a kill."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            return proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    return proc.wait(timeout=30)
+
+
+@dataclass
+class RunningServer:
+    proc: subprocess.Popen
+    url: str
+    log: Path   # llama.cpp logs to stderr; stdout goes beside it, with the suffix .out
+
+    def stop(self) -> int:
+        return stop_process(self.proc)
+
+    def __enter__(self) -> "RunningServer":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def start_server(binary: Path, args: list[str], log: Path, env: dict[str, str] | None = None,
+                 timeout: float = 90.0) -> RunningServer:
+    """Starts ``binary args --host 127.0.0.1 --port <free>`` and waits for /health."""
+    port = free_port()
+    return launch([str(binary), *args, "--host", "127.0.0.1", "--port", str(port)], f"http://127.0.0.1:{port}", log,
+                  env, timeout)
+
+
+def launch(command: list[str] | tuple[str, ...], url: str, log: Path, env: dict[str, str] | None = None,
+           timeout: float = 90.0) -> RunningServer:
+    """Starts a llama-server command line that listens at url and waits for its /health."""
+    # files, not pipes: a chatty server never blocks on a full pipe
+    with open(log.with_suffix(".out"), "wb") as out, open(log, "wb") as err:
+        proc = subprocess.Popen(list(command), env={**os.environ, **(env or {})}, stdout=out, stderr=err)
+    server = RunningServer(proc, url, log)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise ServerStartError(f"llama-server exited with {proc.returncode}:\n{_tail(log)}")
+        try:
+            if requests.get(url + "/health", timeout=2).status_code == 200:
+                return server
+        except requests.RequestException:
+            pass
+        time.sleep(0.2)
+    proc.kill()
+    proc.wait(timeout=30)
+    raise ServerStartError(f"llama-server not healthy after {timeout:.0f} s:\n{_tail(log)}")
+
+
+def _tail(log: Path) -> str:
+    return log.read_text(errors="replace")[-3000:] if log.is_file() else "(no log)"
+
+
+def run_in_foreground(command: list[str] | tuple[str, ...]) -> int:
+    """Runs a llama-server command line in this terminal, handing it Ctrl-C and SIGTERM, until it exits."""
+    proc = subprocess.Popen(list(command))
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda s, f: proc.send_signal(s))
+    return proc.wait()

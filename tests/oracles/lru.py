@@ -1,0 +1,99 @@
+"""An independent replay of the engine's upload cache (llama-moe-cache.cpp's LRU), one expert at a time, written
+apart from the package's policies: the tests hold the engine's counters and ``routing.policies.lru`` to it."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+from llama_moe.formats.trace import RoutingRecord
+
+MAX_UBATCH = 32  # LLAMA_MOE_CACHE_MAX_UBATCH: larger ubatches keep llama.cpp's path and are not looked up
+
+
+@dataclass
+class _LruLayer:
+    n_slots: int
+    expert_in: list[int] = field(default_factory=list)
+    last_use: list[int] = field(default_factory=list)
+    slot_of: dict[int, int] = field(default_factory=dict)
+    from_profile: list[bool] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.expert_in = [-1] * self.n_slots
+        self.last_use = [0] * self.n_slots
+        self.from_profile = [False] * self.n_slots
+
+
+@dataclass(frozen=True)
+class SimResult:
+    n_hit: int
+    n_hit_profile: int
+    n_miss: int
+    per_layer: dict[int, tuple[int, int]]  # il -> (hits, misses)
+    n_refused: int = 0  # distinct experts of the refused lookups (a ubatch whose tokens x k exceed the slots)
+    per_layer_refused: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def n_lookup(self) -> int:
+        return self.n_hit + self.n_miss + self.n_refused
+
+    @property
+    def hit_rate(self) -> float | None:
+        """hits / (hits + misses + refused); None when nothing was looked up."""
+        return self.n_hit / self.n_lookup if self.n_lookup else None
+
+
+def simulate_lru(records: Iterable[RoutingRecord], slots: dict[int, int], n_expert: int,
+                 prefill: Sequence[tuple[int, int]] = ()) -> SimResult:
+    """The upload mode: per layer, a free slot or else the least recently used slot the ubatch does not use.
+    ``slots`` maps each cached layer to its slot count; ``prefill`` is a profile's ranked pairs. A ubatch of up
+    to 32 tokens whose tokens x k exceed a layer's slots is refused there, as the engine refuses it when it
+    builds the graph (before the router picks): its distinct experts count as refused, and the slots stay."""
+    layers = {il: _LruLayer(n) for il, n in slots.items() if n < n_expert}  # whole layers need no lookups
+    for il, e in prefill:
+        layer = layers.get(il)
+        if layer is None or e in layer.slot_of or -1 not in layer.expert_in:
+            continue
+        s = layer.expert_in.index(-1)
+        layer.expert_in[s], layer.slot_of[e], layer.from_profile[s] = e, s, True
+    stamp = 0
+    hits = hits_profile = misses = refused = 0
+    per_layer: dict[int, list[int]] = {il: [0, 0, 0] for il in layers}
+    for rec in records:
+        layer = layers.get(rec.il)
+        n_tokens, k = rec.experts.shape
+        if layer is None or n_tokens > MAX_UBATCH:
+            continue
+        if n_tokens * k > layer.n_slots:
+            n = len(set(rec.experts.ravel().tolist()))
+            refused += n
+            per_layer[rec.il][2] += n
+            continue
+        stamp += 1
+        for e in rec.experts.ravel().tolist():  # hits first, distinct per ubatch
+            s = layer.slot_of.get(e, -1)
+            if s >= 0 and layer.last_use[s] != stamp:
+                layer.last_use[s] = stamp
+                hits += 1
+                hits_profile += layer.from_profile[s]
+                per_layer[rec.il][0] += 1
+        for e in rec.experts.ravel().tolist():
+            if e in layer.slot_of:
+                continue
+            victim = -1
+            for c in range(layer.n_slots):
+                if layer.expert_in[c] < 0:
+                    victim = c
+                    break
+                if layer.last_use[c] != stamp and (victim < 0 or layer.last_use[c] < layer.last_use[victim]):
+                    victim = c
+            old = layer.expert_in[victim]
+            if old >= 0:
+                del layer.slot_of[old]
+            layer.expert_in[victim], layer.slot_of[e] = e, victim
+            layer.from_profile[victim] = False
+            layer.last_use[victim] = stamp
+            misses += 1
+            per_layer[rec.il][1] += 1
+    return SimResult(hits, hits_profile, misses, {il: (h, m) for il, (h, m, _) in per_layer.items()}, refused,
+                     {il: r for il, (_, _, r) in per_layer.items()})
