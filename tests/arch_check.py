@@ -22,7 +22,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from cache_sizes import mib_for_slots  # noqa: E402
+from support.cache_sizes import mib_for_slots  # noqa: E402
 
 from llama_moe import Context, ContextParams, Model, ModelParams  # noqa: E402
 from oracles.lru import simulate_lru  # noqa: E402

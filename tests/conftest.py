@@ -1,4 +1,4 @@
-"""Shared fixtures: the real patched libllama and small synthetic MoE models made once per session."""
+"""Shared fixtures: the real patched libllama and small synthetic MoE models made once per test run."""
 from __future__ import annotations
 
 from pathlib import Path

@@ -19,7 +19,7 @@ from llama_moe.gguf.reader import read_tensor_bytes
 from llama_moe.synth import SHAPES, load_design, parse_shape, synthesize
 from llama_moe.synth import cli as synth_cli
 from llama_moe.synth import recency
-from cache_sizes import mib_for_slots
+from support.cache_sizes import mib_for_slots
 
 PROMPT = "The ship left the harbour at dawn, and the crew"
 N_GEN = 40

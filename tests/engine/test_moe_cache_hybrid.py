@@ -11,7 +11,7 @@ import pytest
 from llama_moe import Context, ContextParams, Model, ModelParams
 from llama_moe.errors import MoeCacheWarning
 from llama_moe.experts import expert_layout
-from cache_sizes import mib_for_slots
+from support.cache_sizes import mib_for_slots
 from llama_moe.formats.profile import Profile, write_profile
 
 PROMPTS = ["The ship left the harbour at dawn, and the crew", "To grow tomatoes in a small garden, start with"]

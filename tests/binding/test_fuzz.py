@@ -18,7 +18,7 @@ from llama_moe.gguf.reader import read_gguf
 from llama_moe.formats.profile import Profile, read_profile
 from llama_moe.formats.trace import TraceError, read_trace
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 FUZZ_SECONDS = 20
 
 
@@ -93,7 +93,7 @@ def test_gguf_reader_refuses_or_reads(tmp_path, tiny_model_path, cuts, length) -
 
 
 def _good_audit_log() -> bytes:
-    from test_audit import Run
+    from support.audit_log import Run
 
     run = Run(hybrid=True)
     lines = [run.load(), run.ready(), run.request(40, 12, 5), run.request(33, 7), run.exit()]

@@ -1,4 +1,4 @@
-"""Issue 10's faults and bad parameters: a model file truncated while it loads or after, no device for the MoE
+"""Faults and bad parameters: a model file truncated while it loads or after, no device for the MoE
 cache at start, and cache options that are out of range or contradict each other, through the Python API and
 the command lines. Each ends in a clear error or warning (or, where the operating system decides, in an outcome
 that is documented in docs/reliability.md and pinned here)."""
@@ -23,7 +23,7 @@ from llama_moe.experts import expert_layout
 from llama_moe.formats.profile import Profile, write_profile
 
 RAM = ModelParams(cpu_moe=True, repack=False)
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from cache_sizes import mib_for_slots
+from support.cache_sizes import mib_for_slots
 from llama_moe import Context, ContextParams, Model, ModelParams
 from llama_moe.synth.corpus import split_paragraphs
 

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from llama_moe.server.code_eval import SUITES, extract_code, run_answer
-from llama_server import find_server_binary, free_port, start_server, stop_server
+from support.llama_server import find_server_binary, free_port, start_server, stop_server
 
 RIGHT = {
     "is_prime": "def is_prime(n):\n    return n >= 2 and all(n % d for d in range(2, int(n ** 0.5) + 1))\n",

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from llama_server import find_server_binary, start_server, stop_server
+from support.llama_server import find_server_binary, start_server, stop_server
 
 SCALAR_SERIES = [
     "llamacpp:moe_cache_hits", "llamacpp:moe_cache_hits_profile", "llamacpp:moe_cache_misses",

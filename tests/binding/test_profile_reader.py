@@ -1,4 +1,4 @@
-"""Every refusal of the STRP profile reader, one fixed case each (tests/test_fuzz.py only shows that random damage
+"""Every refusal of the STRP profile reader, one fixed case each (tests/binding/test_fuzz.py only shows that random damage
 is refused with *some* ProfileError): the message each damage gets, and that the engine's own loader refuses the same
 file for the same reason (its warning, the cache then starts empty)."""
 from __future__ import annotations

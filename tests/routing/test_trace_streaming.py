@@ -160,7 +160,7 @@ def test_a_simulation_reads_the_same_in_chunks(trace) -> None:
 GOLDEN = {  # by the code before streaming (commit 983ab33) on _routing(1200, 7): train 0..899, test 900..1199
     '5/lru': [3381, 3819, 619, 40, 0, 0, 9635, 11965, 1737, 0.446064814815],
     '5/static': [2966, 4234, 434, 2966, 0, 0, 8893, 12707, 1198, 0.411712962963],
-    # adaptive: since the profile's experts start with a prior (fifth session), on this routing no swap clears it
+    # adaptive: since the profile's experts start with a prior, on this routing no swap clears it
     '5/adaptive': [2966, 4234, 434, 2966, 0, 0, 8893, 12707, 1198, 0.411712962963],
     '5/belady': [4283, 2917, 706, 0, 0, 0, 12458, 9142, 2050, 0.576759259259],
     '5/in-sample': [8943, 1317],

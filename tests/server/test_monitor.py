@@ -324,7 +324,7 @@ def _free_port() -> int:
 def test_the_page_against_a_live_llama_server(tmp_path: Path, lib, tiny_model_path: Path) -> None:
     """A real llama-server with the cache (in RAM) under requests, the monitor in front of it, headless Chromium
     reading the page: the numbers shown are the server's, and they move while requests run."""
-    from llama_server import find_server_binary, start_server, stop_server
+    from support.llama_server import find_server_binary, start_server, stop_server
 
     binary = find_server_binary()
     proc, url = start_server(binary, ["-m", str(tiny_model_path), "--cpu-moe", "--no-repack", "--moe-cache-mib", "2",
@@ -341,7 +341,7 @@ def test_the_page_against_a_live_llama_server(tmp_path: Path, lib, tiny_model_pa
         after = parse_moe_cache(requests.get(url + "/metrics", timeout=30).text)
         second = _Dom(_browse(tmp_path, m.url, "--dump-dom"))
         assert after.n_hit > before.n_hit and second.by_id["hits"] == _fmt_count(after.n_hit)
-        html = (Path(__file__).resolve().parent.parent / "llama_moe" / "server" / "monitor" / "monitor.html").read_text()
+        html = (Path(__file__).resolve().parents[2] / "llama_moe" / "server" / "monitor" / "monitor.html").read_text()
         # nothing the page fetches leaves 127.0.0.1: no absolute URLs to anywhere else
         assert not [u for u in re.findall(r"https?://[^\s\"'<>)]+", html) if not u.startswith("http://127.0.0.1")]
     finally:
@@ -388,7 +388,7 @@ def _run_page_script(tmp_path: Path, metrics: str) -> dict:
     harness, text = tmp_path / "harness.js", tmp_path / "metrics.txt"
     harness.write_text(_NODE_HARNESS)
     text.write_text(metrics)
-    page = Path(__file__).resolve().parent.parent / "llama_moe" / "server" / "monitor" / "monitor.html"
+    page = Path(__file__).resolve().parents[2] / "llama_moe" / "server" / "monitor" / "monitor.html"
     done = subprocess.run([node, str(harness), str(page), str(text)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)

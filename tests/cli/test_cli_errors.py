@@ -22,7 +22,7 @@ from llama_moe.cli import make_parser
 from llama_moe.experts import expert_layout
 from llama_moe.formats.profile import Profile, write_profile
 from llama_moe.formats.trace import RoutingRecord, write_trace
-from llama_server import free_port
+from support.llama_server import free_port
 
 TEXT = "The ship left the harbour at dawn. The sea was calm and the sailors sang of home.\n" * 3
 

@@ -15,7 +15,7 @@ from llama_moe.native_build.patches import PatchSeries, apply_series
 from llama_moe.native_build.source import BUNDLE_MARKER, BasePin, write_bundle
 from llama_moe.errors import BuildError
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _run_build(*args: str, **env: str) -> subprocess.CompletedProcess[str]:

@@ -2,7 +2,7 @@
 through the static and adaptive policies of llama_moe/routing/policies/, which the engine's cache mirrors. Seconds where
 the engine takes an hour on a GPU; for choosing the adaptive cache's constants before measuring them.
 
-    python tests/replay_adaptive.py --shape qwen3-30b-a3b --cache-pct 50 [--prior 0 16 64] [--warmup 256]
+    python benchmarks/replay_adaptive.py --shape qwen3-30b-a3b --cache-pct 50 [--prior 0 16 64] [--warmup 256]
         [--measure 0] [--order interleaved|topic]
 
 Prints, per prior (the heat a profile's expert starts with, in tokens' picks: routing.policies.PRIOR_TOKENS),

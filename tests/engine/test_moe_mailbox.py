@@ -14,7 +14,7 @@ import pytest
 from llama_moe import Context, ContextParams, Model
 from llama_moe.experts import expert_layout
 from llama_moe.formats.profile import Profile, write_profile
-from cache_sizes import mib_for_slots
+from support.cache_sizes import mib_for_slots
 from test_moe_cache_hybrid import PROMPTS, RAM, cache_on_cpu  # noqa: F401 (cache_on_cpu: an autouse fixture)
 
 N_GEN = 48

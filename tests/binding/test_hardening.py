@@ -13,7 +13,7 @@ import requests
 from llama_moe import Context, ContextParams, Model, ModelParams, Sampling
 from llama_moe.experts import expert_layout
 from llama_moe.formats.profile import Profile, write_profile
-from llama_server import find_server_binary, start_server, stop_server
+from support.llama_server import find_server_binary, start_server, stop_server
 
 RAM = ModelParams(cpu_moe=True, repack=False)
 

@@ -13,7 +13,7 @@ import pytest
 from llama_moe.bench.plot import decode_figure, plot_decode
 from llama_moe.bench.throughput import BenchRow
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _row(mode: str, pct: float, tps: float, spread: float = 0.5, threads: int = 8) -> BenchRow:

@@ -1,4 +1,4 @@
-"""Issue 10's lifecycle loop under AddressSanitizer: models and contexts created and freed with every MoE cache
+"""The lifecycle loop under AddressSanitizer: models and contexts created and freed with every MoE cache
 mode (none, upload, upload with a profile, hybrid, adaptive hybrid), decoding in each, the cache's statistics
 read, everything freed. LeakSanitizer reports what the run leaves unreachable; one iteration is compared with
 several, so that a one-time allocation of upstream's could be told from a leak that grows."""
@@ -17,7 +17,7 @@ from llama_moe import paths
 from llama_moe.experts import expert_layout
 from llama_moe.formats.profile import Profile, write_profile
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DRIVER = ROOT / "tests" / "lifecycle" / "lifecycle_loop.c"
 ITERATIONS = 3  # against 1: about 20 s in all on the 2-core CI machine
 LEAK_SUMMARY = re.compile(r"SUMMARY: AddressSanitizer: (\d+) byte\(s\) leaked in (\d+) allocation\(s\)")

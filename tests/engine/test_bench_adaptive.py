@@ -39,7 +39,7 @@ def test_five_configurations_side_by_side(lib, tiny_model_path, tmp_path) -> Non
     assert by["empty+adaptive"].n_swap >= 16 * 6
     # topic-dependent routing: the right text's profile beats the other text's by a wide margin. Measured on
     # this protocol (synthetic format 2, seed 0): wrong 0.705, wrong+adaptive 0.738, right 0.775, recovery
-    # 0.47; the numpy replay of the same protocol (tests/replay_adaptive.py --shape tiny --warmup 128
+    # 0.47; the numpy replay of the same protocol (benchmarks/replay_adaptive.py --shape tiny --warmup 128
     # --measure 384) 0.705, 0.735, 0.775 and 0.43. The adaptive margin is thin (0.033 against 0.03)
     assert by["right"].hit_rate > by["wrong"].hit_rate + 0.05
     assert by["wrong+adaptive"].hit_rate > by["wrong"].hit_rate + 0.03

@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 
-from llama_server import find_server_binary
+from support.llama_server import find_server_binary
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:

@@ -12,7 +12,7 @@ import pytest
 from llama_moe.server.check_audit import PROMPTS, CheckAuditError, check_audit_run
 from llama_moe.experts import expert_layout
 from llama_moe.formats.profile import Profile, write_profile
-from llama_server import find_server_binary
+from support.llama_server import find_server_binary
 
 
 @pytest.fixture()

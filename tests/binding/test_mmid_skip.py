@@ -14,7 +14,7 @@ import pytest
 from llama_moe import paths
 from llama_moe._native.loader import library_path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _patched_tree(lib: Path) -> Path | None:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from llama_moe.server import process as server_process
-from llama_moe.server.process import free_port  # noqa: F401 (the tests' import)
+from llama_moe.server.process import free_port
 
 
 # Our patches' llama-server options (0002-0005): the tests' servers use them all.
@@ -36,3 +36,5 @@ def start_server(binary: Path, args: list[str], log: Path) -> tuple[subprocess.P
 
 
 stop_server = server_process.stop_process
+
+__all__ = ["find_server_binary", "free_port", "start_server", "stop_server"]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from llama_server import find_server_binary, free_port, start_server, stop_server
+from support.llama_server import find_server_binary, free_port, start_server, stop_server
 import requests
 
 from llama_moe.formats.audit import ExitRecord, LoadRecord, ReadyRecord, RequestRecord, read_audit
