@@ -56,7 +56,7 @@ def _model(shape: str, tmp: Path) -> Path:
 
 
 def _profile(path: Path, tmp: Path) -> Path:
-    from llama_moe.commands.bench import train_profile
+    from llama_moe.bench.corpus_profile import train_profile
     return train_profile(path, tmp / "p.strp", log=lambda s: None, n_ctx=512)
 
 
@@ -69,7 +69,7 @@ def _generate(model, cp, tokens: list[int], n: int) -> tuple[list[int], np.ndarr
 
 def one(check: str, n: int, model_path: Path | None, profile_path: Path | None) -> str:
     from llama_moe import Context, ContextParams, Model, ModelParams
-    from llama_moe._env import environment
+    from llama_moe._native.env import environment
     from llama_moe.equivalence import DEVICE_TOLERANCE, PROMPTS, Mode, compare_mode, reference
     from llama_moe.errors import NativeCallError
     from llama_moe.experts import expert_layout
