@@ -29,7 +29,7 @@ from oracles.lru import simulate_lru  # noqa: E402
 from llama_moe.experts import ExpertLayout, expert_layout  # noqa: E402
 from llama_moe.gguf import read_gguf  # noqa: E402
 from llama_moe.params import EXPERTS_REGEX  # noqa: E402
-from llama_moe.profile import Profile, write_profile  # noqa: E402
+from llama_moe.formats.profile import Profile, write_profile  # noqa: E402
 from llama_moe.routing.budget import engine_slots, mib_to_bytes  # noqa: E402
 
 N_GEN = 128

@@ -30,11 +30,6 @@ REPORT = os.environ.get("LLAMA_MOE_ARCH_REPORT")
 NEEDS_ENGINE = {
     "gemma4": "per-expert scales (ffn_down_exps.scale, as Gemma 4 ships): the cache turns those layers off "
               "instead of copying each expert's scale beside its slot, so no layer is cached",
-    "nemotron_h_moe": "gate-less experts: the mailbox reads the gate tensor's shape at context creation and "
-                      "crashes (SIGSEGV) when there is none",
-    "nemotron_h_moe-per-layer-k": "experts per token stored per layer, 0 in layer 0: the cache takes layer 0's "
-                                  "count for every layer, so the hybrid counts no hit or miss; and the gate-less "
-                                  "mailbox crash",
 }
 
 
