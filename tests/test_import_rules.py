@@ -17,7 +17,7 @@ ALLOWED = {
     # the cache's fit before the context exists, from the engine's arithmetic, until the library says it
     # (llama_moe_cache_get_status): the one place the binding reaches routing/
     ("llama_moe._native.cache_status", "llama_moe.routing.budget"),
-    # the synth command's parser lives with synth/ (its own engineer's package) and shares the CLI's one-line errors
+    # the synth command's parser lives in synth/ and shares the CLI's one-line errors
     ("llama_moe.synth.cli", "llama_moe.cli"),
     ("llama_moe.__main__", "llama_moe.cli"),
 }
