@@ -108,14 +108,14 @@ def test_the_checker_finds_a_violation_of_each_rule(tmp_path: Path) -> None:
     files = {
         "__init__.py": "",
         "errors.py": "",
-        "helper.py": "from .routing import plan\n",                      # the binding reaches routing through it
-        "context.py": "from . import helper\n",
+        "middle.py": "from .routing import plan\n",                      # the binding reaches routing through it
+        "context.py": "from . import middle\n",
         "model.py": "def f():\n    from .bench.run import x\n",        # a lazy import counts as well
         "_native/__init__.py": "",
         "_native/cache_status.py": "from ..routing import budget\n",   # the one allowed exception
         "routing/__init__.py": "", "routing/plan.py": "", "routing/budget.py": "",
         "bench/__init__.py": "", "bench/run.py": "import argparse\n",   # argparse outside cli/
-        "formats/__init__.py": "", "formats/trace.py": "from ..errors import E\nfrom .. import helper\n",
+        "formats/__init__.py": "", "formats/trace.py": "from ..errors import E\nfrom .. import middle\n",
         "server/__init__.py": "from ..cli import main\n",               # a library module importing cli/
         "cli/__init__.py": "import argparse\n",
     }
@@ -125,8 +125,8 @@ def test_the_checker_finds_a_violation_of_each_rule(tmp_path: Path) -> None:
     found = violations(root)
     assert found == [
         "llama_moe.bench.run imports argparse: option parsing belongs to llama_moe.cli",
-        "llama_moe.formats.trace imports llama_moe.helper: formats/ imports only llama_moe.errors",
+        "llama_moe.formats.trace imports llama_moe.middle: formats/ imports only llama_moe.errors",
         "llama_moe.server imports llama_moe.cli: only the entry points import the command line",
         "the binding reaches llama_moe.bench.run: llama_moe.model -> llama_moe.bench.run",
-        "the binding reaches llama_moe.routing.plan: llama_moe.context -> llama_moe.helper -> llama_moe.routing.plan",
+        "the binding reaches llama_moe.routing.plan: llama_moe.context -> llama_moe.middle -> llama_moe.routing.plan",
     ], found

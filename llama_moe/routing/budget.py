@@ -27,6 +27,11 @@ def _fixed_bytes(layout: ExpertLayout, hybrid: bool) -> tuple[int, int]:
     return row, maps + (row if hybrid else 0)
 
 
+def slot_row_bytes(layout: ExpertLayout, hybrid: bool) -> int:
+    """Bytes of one slot in every cached layer (and, in hybrid mode, a copy of its biases beside each slot)."""
+    return _fixed_bytes(layout, hybrid)[0]
+
+
 def engine_slots(layout: ExpertLayout, cache_bytes: int, hybrid: bool) -> dict[int, int]:
     """Layer -> slots the engine allocates for a cache of ``cache_bytes``: the same count in every layer
     (budget / bytes of one slot in every layer), capped at the layer's experts (a layer then is held whole).
@@ -41,6 +46,21 @@ def engine_slots(layout: ExpertLayout, cache_bytes: int, hybrid: bool) -> dict[i
             f"{mib_for_slots(layout, 1, hybrid):.2f} MiB{' in hybrid mode' if hybrid else ''} (the engine would turn the "
             f"cache off)")
     return {l.il: min(slots, l.n_expert) for l in layout.layers}
+
+
+def slots_beside_whole(layout: ExpertLayout, cache_bytes: int, whole: set[int], hybrid: bool) -> int | None:
+    """The engine's arithmetic with a per-layer split, for a report: the layers ``whole`` hold all their experts
+    first, and the others share what is left evenly. The slots per other layer (None: there is no other layer),
+    or CacheBudgetError when the whole layers leave less than one slot for each of the others."""
+    others = [l for l in layout.layers if l.il not in whole]
+    row_others = sum(l.bytes_per_expert for l in others)
+    left = (cache_bytes - sum(l.n_expert * l.bytes_per_expert for l in layout.layers if l.il in whole)
+            - _fixed_bytes(layout, False)[1] - (row_others if hybrid else 0))
+    other_slots = min(max(left, 0) // row_others, layout.n_expert) if others else None
+    if left < 0 or (other_slots is not None and other_slots < 1):
+        raise CacheBudgetError(f"{len(whole)} layers held whole leave less than one slot for each of the other "
+                               f"{len(others)} layers")
+    return other_slots
 
 
 def engine_buffer_bytes(layout: ExpertLayout, slots: dict[int, int], hybrid: bool) -> int:
@@ -87,5 +107,5 @@ def cache_mib_for_vram(model_path: str | os.PathLike[str], layout: ExpertLayout,
 
 __all__ = [
     "GiB", "MAX_UBATCH", "MiB", "cache_bytes_for_slots", "cache_mib_for_vram", "engine_buffer_bytes", "engine_slots",
-    "mib_for_slots", "mib_to_bytes", "non_expert_bytes",
+    "mib_for_slots", "mib_to_bytes", "non_expert_bytes", "slot_row_bytes", "slots_beside_whole",
 ]

@@ -10,9 +10,9 @@ import numpy as np
 
 from ..experts import ExpertLayout
 from ..formats.profile import Profile
-from .budget import (MAX_UBATCH, MiB, _fixed_bytes, cache_mib_for_vram, engine_buffer_bytes, engine_slots, mib_for_slots,
-                     mib_to_bytes, non_expert_bytes)
-from ..errors import ToolInputError
+from .budget import (MAX_UBATCH, MiB, cache_mib_for_vram, engine_buffer_bytes, engine_slots, mib_for_slots, mib_to_bytes,
+                     non_expert_bytes, slot_row_bytes, slots_beside_whole)
+from ..errors import CacheBudgetError, ToolInputError
 from .heldout import Estimate, FoldCounts, Folds, KFoldResult, choose_folds, fold_counts, kfold_result, t_interval
 from .policies import Job, Meter, replay_jobs
 from .ranking import prefill_resident
@@ -135,7 +135,7 @@ def plan_cache(model: str, layout: ExpertLayout, cache_mib: float, hybrid: bool,
     policy = "static" if hybrid else "lru"
     whole = {il for il, n in slots.items() if n >= n_expert}
     head = (model, hybrid, budget, cache_mib, per_layer, len(slots), len(whole), n_expert, layout.n_expert_used,
-            _fixed_bytes(layout, hybrid)[0], engine_buffer_bytes(layout, slots, hybrid), policy)
+            slot_row_bytes(layout, hybrid), engine_buffer_bytes(layout, slots, hybrid), policy)
     warnings = refusal_warnings(layout, slots, hybrid)
     if routes is None:
         if whole_layers:
@@ -223,15 +223,11 @@ def _whole_layers(layout: ExpertLayout, route_layers: Sequence[int], lookups: np
     options.sort(key=lambda w: (-w.misses_per_token / w.extra_mib, w.il))  # most misses removed per MiB
     chosen = tuple(options[:n])
     whole = {w.il for w in chosen}
-    others = [l for l in layout.layers if l.il not in whole]
     if not chosen:
         return WholeLayersReport((), None, None, uniform)
-    # the engine's arithmetic with a per-layer split: the whole layers first, the rest shared evenly
-    row_others = sum(l.bytes_per_expert for l in others)
-    left = (mib_to_bytes(cache_mib) - sum(l.n_expert * l.bytes_per_expert for l in layout.layers if l.il in whole)
-            - _fixed_bytes(layout, False)[1] - (row_others if hybrid else 0))
-    other_slots = min(max(left, 0) // row_others, layout.n_expert) if others else None
-    if left < 0 or (other_slots is not None and other_slots < 1):  # they do not fit with a slot for each other layer
+    try:
+        other_slots = slots_beside_whole(layout, mib_to_bytes(cache_mib), whole, hybrid)
+    except CacheBudgetError:  # they do not fit with a slot for each other layer
         return WholeLayersReport(chosen, None, None, uniform)
     alt = {l.il: l.n_expert if l.il in whole else int(other_slots or 0) for l in layout.layers}
     return WholeLayersReport(chosen, other_slots, _share(lookups, route_layers, replay(alt), alt,
