@@ -67,7 +67,7 @@ def main() -> int:
     from llama_moe.bench.corpus_profile import train_profile
 
     # short windows: on the tiny model (head_dim 32, no flash attention on CUDA) tracing in 4096-token windows
-    # traps the device (tests/gpu/h200_bisect.py trace-long; its kernel is not named yet)
+    # traps the device with CUDA graphs, on the unpatched base too (benchmarks/cuda/results/2026-12-01-h200-mailbox-ring/trap.md)
     profile = train_profile(path, Path(tempfile.mkdtemp()) / "train.strp", log=lambda s: None, n_ctx=512)
     # hybrid and adaptive hand over through the mailbox on CUDA; hybrid-split through the scheduler
     hybrid = {"moe_cache_hybrid": True, "moe_cache_profile": profile}
