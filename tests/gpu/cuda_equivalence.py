@@ -52,12 +52,19 @@ def main() -> int:
     ap.add_argument("--no-prompt", action="store_true", help="skip the prompt copies (n_copy) check")
     ap.add_argument("--shape", default="tiny", help="without a model: the synthetic shape (gpt-oss-tiny: expert biases)")
     ap.add_argument("--experts", default="q8_0", help="without a model: the experts' type")
+    ap.add_argument("--arch", help="without a model: a tiny random-weight model of this architecture (synth --arch)")
     ap.add_argument("--modes", help="the modes to compare with no cache, comma-separated (default: all)")
+    ap.add_argument("--prompts", type=int, default=len(PROMPTS), help="how many of the prompts")
+    ap.add_argument("--pcts", default="25,50,100", help="the cache sizes, in percent of the experts")
     args = ap.parse_args()
     import logging
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
     if args.model:
         path = Path(args.model)
+    elif args.arch:
+        from llama_moe.synth.synthesize import synthesize_arch
+        path = Path(tempfile.mkdtemp()) / f"{args.arch}-{args.experts}.gguf"
+        synthesize_arch(path, args.arch, expert_type=args.experts, seed=0)
     else:
         from llama_moe.synth.synthesize import synthesize
         path = Path(tempfile.mkdtemp()) / f"{args.shape}-{args.experts}.gguf"
@@ -82,9 +89,10 @@ def main() -> int:
     if args.prompt_only:
         return 0 if ok else 1
     with Model(path, ModelParams(cpu_moe=True, use_mmap=False)) as model:
-        for prompt in PROMPTS:
+        pcts = [int(p) for p in args.pcts.split(",")]
+        for prompt in PROMPTS[:args.prompts]:
             ref = reference(model, prompt, args.n)
-            for mode, pct in [(m, p) for m in modes for p in (25, 50, 100)]:
+            for mode, pct in [(m, p) for m in modes for p in pcts]:
                 c = compare_mode(model, ref, modes[mode], total * pct / 100 + 1, prompt, DEVICE_TOLERANCE)
                 ok &= c.ok
                 s = c.stats
@@ -92,7 +100,7 @@ def main() -> int:
                       f"hit rate {s.hit_rate:.3f}, {s.n_miss} misses, {s.n_swap} swaps, {s.n_slots} slots")
             # the mailbox with the CPU computing every miss changes where the CPU's experts are computed and how they
             # come back, nothing else
-            for pct in (25, 50):
+            for pct in [p for p in pcts if p < 100]:
                 cp = ContextParams(n_ctx=1024, moe_cache_mib=total * pct / 100 + 1, **hybrid)
                 with environment(LLAMA_MOE_MAILBOX_GPU_SHARE="0"):
                     mailbox = greedy_steps(model, cp, prompt, args.n)

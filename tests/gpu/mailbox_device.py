@@ -8,14 +8,18 @@ since CUDA reads some of its variables once per process.
   position 0), and the tokens and logits after it are those of the scheduler's path, bit for bit.
 - ring: the CPU side slowed before each record (LLAMA_MOE_MAILBOX_TEST_DELAY_US=300), one-token ubatches back to
   back: no error, no record lost, tokens, logits and per-layer counts those of the scheduler's path.
-- default, graphs, pdl: the hybrid through the mailbox against the scheduler's path (the same kernels: bit for
-  bit), as built, with CUDA graphs off (GGML_CUDA_DISABLE_GRAPHS=1) and programmatic dependent launch off
-  (GGML_CUDA_PDL=0).
+- default, graphs, pdl, graphs-pdl: the hybrid through the mailbox against the scheduler's path (the same
+  kernels: bit for bit), as built, with CUDA graphs off (GGML_CUDA_DISABLE_GRAPHS=1), programmatic dependent
+  launch off (GGML_CUDA_PDL=0), and both off.
 - no-pinned: GGML_CUDA_NO_PINNED=1: the mailbox says it cannot run and the hybrid goes the scheduler's way,
   with the scheduler's tokens.
 - two-contexts: two contexts of one model decoding at once on the GPU, each with the tokens it has alone.
 - share: more than 32 experts a token (tiny, 64 experts, 40 a token) with LLAMA_MOE_MAILBOX_GPU_SHARE=0.5, against
-  no cache by the equivalence rule (tokens identical, or parting only at a near tie).
+  no cache by the equivalence rule (tokens identical, or parting only at a near tie); where the device cannot
+  read the host copy, the reason the engine gives.
+- litmus: about 10^6 send/receive rounds (a 48-layer tiny model, one-token steps, CUDA graphs replayed) with
+  every core busy with other work: no decode fails, no record is lost, and every round of the same prompt
+  gives the same tokens and logits as the first, which are the scheduler's.
 Prints a line per check ending in "-> ok" or "-> WRONG", then "MAILBOX DEVICE: PASS" or "... FAIL".
 """
 from __future__ import annotations
@@ -32,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-CHECKS = ("default", "stall", "ring", "graphs", "pdl", "no-pinned", "two-contexts", "share")
+CHECKS = ("default", "stall", "ring", "graphs", "pdl", "graphs-pdl", "no-pinned", "two-contexts", "share", "litmus")
 
 
 def _log_lines() -> list[str]:
@@ -76,8 +80,9 @@ def one(check: str, n: int, model_path: Path | None, profile_path: Path | None) 
 
     tmp = Path(tempfile.mkdtemp())
     lines = _log_lines()
-    if check == "share" or model_path is None:
-        path = _model("tiny,n_expert=64,n_expert_used=40" if check == "share" else "tiny", tmp)
+    if check in ("share", "litmus") or model_path is None:
+        shape = {"share": "tiny,n_expert=64,n_expert_used=40", "litmus": "tiny,n_layer=48"}.get(check, "tiny")
+        path = _model(shape, tmp)
         profile = _profile(path, tmp)
     else:
         path, profile = model_path, profile_path or _profile(model_path, tmp)
@@ -119,7 +124,7 @@ def one(check: str, n: int, model_path: Path | None, profile_path: Path | None) 
                 " 0 records lost" in line and not line.startswith("0 ")
             return (f"ring: {line.split('mailbox: ')[-1]}; tokens, logits and per-layer counts "
                     f"{'those of the scheduler' if good else 'DIFFERENT'} -> {'ok' if good else 'WRONG'}")
-        if check in ("default", "graphs", "pdl", "no-pinned"):
+        if check in ("default", "graphs", "pdl", "graphs-pdl", "no-pinned"):
             cp = ContextParams(n_ctx=1024, moe_cache_mib=total * 0.5 + 1, **hybrid)
             got = _generate(model, cp, prompt, n)
             with environment(LLAMA_MOE_CACHE_NO_MAILBOX="1"):
@@ -129,7 +134,8 @@ def one(check: str, n: int, model_path: Path | None, profile_path: Path | None) 
                 said = any("no page-locked memory for the mailbox" in l for l in lines)
                 return (f"no-pinned (GGML_CUDA_NO_PINNED=1): the mailbox {'said it cannot run' if said else 'SAID NOTHING'}; "
                         f"tokens and logits {'those of the scheduler' if same else 'DIFFERENT'} -> {'ok' if same and said else 'WRONG'}")
-            var = {"default": "defaults", "graphs": "GGML_CUDA_DISABLE_GRAPHS=1", "pdl": "GGML_CUDA_PDL=0"}[check]
+            var = {"default": "defaults", "graphs": "GGML_CUDA_DISABLE_GRAPHS=1", "pdl": "GGML_CUDA_PDL=0",
+                   "graphs-pdl": "GGML_CUDA_DISABLE_GRAPHS=1 GGML_CUDA_PDL=0"}[check]
             used = any("layers hand over to" in l for l in lines)
             good = same and used
             return (f"{check} ({var}): the mailbox {'on' if used else 'OFF'}; {n} tokens and their logits against the "
@@ -160,9 +166,45 @@ def one(check: str, n: int, model_path: Path | None, profile_path: Path | None) 
                 ok &= c.ok
                 parts.append(c.describe())
             reads = next((l for l in lines if "the device read" in l), "")
+            why = next((l.split("has no effect): ")[-1].strip() for l in lines if "has no effect" in l), "")
             return (f"share (64 experts, 40 a token, GPU share 0.5): {'; '.join(parts)}; "
-                    f"{reads.split('; ')[1] if reads.count('; ') >= 1 else 'no exit line'} -> {'ok' if ok else 'WRONG'}")
+                    f"{reads.split('; ')[1] if reads.count('; ') >= 1 else 'no exit line'}"
+                    f"{'; the share did not apply: ' + why if why else ''} -> {'ok' if ok else 'WRONG'}")
+        if check == "litmus":
+            return _litmus(model, prompt, total, hybrid, lines)
     raise SystemExit(f"unknown check {check!r}")
+
+
+def _litmus(model, prompt: list[int], total: float, hybrid: dict, lines: list[str], rounds: int = 1_000_000,
+            chunk: int = 1000, seconds: float = float(os.environ.get("LITMUS_SECONDS", "240"))) -> str:
+    from llama_moe import ContextParams
+    from llama_moe._native.env import environment
+    from llama_moe.errors import LlamaMoeError
+    cp = ContextParams(n_ctx=2048, moe_cache_mib=total * 0.5 + 1, **hybrid)
+    with environment(LLAMA_MOE_CACHE_NO_MAILBOX="1"):
+        ref = _generate(model, cp, prompt, chunk)
+    n_moe = len(ref[2])
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 4)]
+    t0, done, same, failed = time.monotonic(), 0, 0, ""
+    try:
+        while done < rounds and time.monotonic() - t0 < seconds:
+            try:
+                got = _generate(model, cp, prompt, chunk)
+            except LlamaMoeError as e:
+                failed = str(e)
+                break
+            done += chunk * n_moe  # one-token steps: a round per MoE layer each
+            same += got[0] == ref[0] and np.array_equal(got[1], ref[1])
+    finally:
+        for b in busy:
+            b.kill()
+    n = -(-done // (chunk * n_moe))
+    lost = [l for l in lines if "records lost" in l and " 0 records lost" not in l]
+    good = not failed and same == n and not lost  # fewer rounds than asked when time ran out: said in the line
+    return (f"litmus: {done} rounds ({n} runs of {chunk} tokens over {n_moe} MoE layers) in {time.monotonic() - t0:.0f} s "
+            f"with {len(busy)} busy processes, CUDA graphs {'off' if os.environ.get('GGML_CUDA_DISABLE_GRAPHS') else 'on'}; "
+            f"{same} of {n} runs bit-identical to the scheduler's; {failed or 'no decode failed'}; "
+            f"{lost[0].split('mailbox: ')[-1] if lost else 'no record lost'} -> {'ok' if good else 'WRONG'}")
 
 
 def main() -> int:
@@ -182,6 +224,7 @@ def main() -> int:
     model_path = _model("tiny", tmp)
     profile_path = _profile(model_path, tmp)
     env_of = {"graphs": {"GGML_CUDA_DISABLE_GRAPHS": "1"}, "pdl": {"GGML_CUDA_PDL": "0"},
+              "graphs-pdl": {"GGML_CUDA_DISABLE_GRAPHS": "1", "GGML_CUDA_PDL": "0"},
               "no-pinned": {"GGML_CUDA_NO_PINNED": "1"}}
     ok = True
     for check in a.checks.split(","):
@@ -191,7 +234,8 @@ def main() -> int:
         try:
             r = subprocess.run([sys.executable, __file__, "--one", check, "-n", str(a.n), "--model", str(model_path),
                                 "--profile", str(profile_path)], capture_output=True, text=True,
-                               timeout=a.timeout, env={**os.environ, **env_of.get(check, {})})
+                               timeout=a.timeout + (int(os.environ.get("LITMUS_SECONDS", "240")) if check == "litmus" else 0),
+                               env={**os.environ, **env_of.get(check, {})})
             line = r.stdout.strip().splitlines()[-1] if r.stdout.strip() else \
                 f"{check}: exit {r.returncode}: {r.stderr.strip().splitlines()[-1:] } -> WRONG"
         except subprocess.TimeoutExpired:
