@@ -71,6 +71,17 @@ def main() -> int:
         synthesize(path, shape=args.shape, expert_type=args.experts, seed=0)
     layout = expert_layout(path)
     total = layout.total_expert_bytes / 2**20
+
+    def mib_at(pct: int) -> float:
+        """The cache for pct% of each layer's experts (below 100, at least one expert short of the whole layer,
+        so the cache's path runs and the layers are not simply held whole). Sized by the engine's arithmetic: a
+        fixed +1 MiB holds every expert of the small architectures' tiny models."""
+        if pct >= 100:
+            return total + 1
+        from llama_moe.routing.budget import cache_bytes_for_slots
+        slots = max(1, min(layout.n_expert - 1, round(layout.n_expert * pct / 100)))
+        half = sum(l.bytes_per_expert for l in layout.layers) // 2
+        return (cache_bytes_for_slots(layout, slots, True) + half) / 2**20
     from llama_moe.bench.corpus_profile import train_profile
 
     # short windows: on the tiny model (head_dim 32, no flash attention on CUDA) tracing in 4096-token windows
@@ -93,15 +104,16 @@ def main() -> int:
         for prompt in PROMPTS[:args.prompts]:
             ref = reference(model, prompt, args.n)
             for mode, pct in [(m, p) for m in modes for p in pcts]:
-                c = compare_mode(model, ref, modes[mode], total * pct / 100 + 1, prompt, DEVICE_TOLERANCE)
+                c = compare_mode(model, ref, modes[mode], mib_at(pct), prompt, DEVICE_TOLERANCE)
                 ok &= c.ok
                 s = c.stats
-                print(f"{prompt[:30]!r:34} {mode:12} {pct:3d}%: {c.describe()} over {args.n} -> {'ok' if c.ok else 'WRONG'}; "
-                      f"hit rate {s.hit_rate:.3f}, {s.n_miss} misses, {s.n_swap} swaps, {s.n_slots} slots")
+                cache = (f"hit rate {s.hit_rate:.3f}, {s.n_miss} misses, {s.n_swap} swaps, {s.n_slots} slots" if s
+                         else "no cache (the engine turned it off)")
+                print(f"{prompt[:30]!r:34} {mode:12} {pct:3d}%: {c.describe()} over {args.n} -> {'ok' if c.ok else 'WRONG'}; {cache}")
             # the mailbox with the CPU computing every miss changes where the CPU's experts are computed and how they
             # come back, nothing else
             for pct in [p for p in pcts if p < 100]:
-                cp = ContextParams(n_ctx=1024, moe_cache_mib=total * pct / 100 + 1, **hybrid)
+                cp = ContextParams(n_ctx=1024, moe_cache_mib=mib_at(pct), **hybrid)
                 with environment(LLAMA_MOE_MAILBOX_GPU_SHARE="0"):
                     mailbox = greedy_steps(model, cp, prompt, args.n)
                 with environment(LLAMA_MOE_CACHE_NO_MAILBOX="1"):
