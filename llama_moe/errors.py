@@ -47,6 +47,14 @@ class ClosedError(LlamaMoeError, ValueError):
     """A model or context was used after close()."""
 
 
+class ChatTemplateError(LlamaMoeError, ValueError):
+    """A chat template the model lacks, a name llama.cpp does not know, or a template it cannot apply."""
+
+
+class SessionError(LlamaMoeError, ValueError):
+    """A session file that is damaged, truncated, of another model or of a context that cannot take it."""
+
+
 class MoeCacheWarning(UserWarning):
     """A MoE cache option that cannot take effect: the cache asked for is off (no device to hold it, no
     experts in RAM, a size too small for one expert per layer), or an option does nothing without another."""
@@ -131,8 +139,8 @@ class CheckAuditError(LlamaMoeError, ValueError):
 
 
 __all__ = [
-    "AbiMismatchError", "AuditError", "BuildError", "CacheBudgetError", "CheckAuditError", "ClosedError",
-    "CodeEvalError", "GgufError", "LlamaMoeError", "MetricsError", "ModelLoadError", "MonitorError",
+    "AbiMismatchError", "AuditError", "BuildError", "CacheBudgetError", "ChatTemplateError", "CheckAuditError",
+    "ClosedError", "CodeEvalError", "GgufError", "LlamaMoeError", "MetricsError", "ModelLoadError", "MonitorError",
     "MoeCacheWarning", "NativeCallError", "NativeLibraryError", "ParameterError", "PlotUnavailableError",
-    "ProfileError", "ServePlanError", "ServerError", "ServerStartError", "ToolInputError", "TraceError",
+    "ProfileError", "ServePlanError", "ServerError", "ServerStartError", "SessionError", "ToolInputError", "TraceError",
 ]

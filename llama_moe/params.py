@@ -18,6 +18,7 @@ EXPERTS_REGEX = r"\.ffn_(up|down|gate|gate_up)_(ch|)exps"
 INT32_MAX = 2**31 - 1
 UINT32_MAX = 2**32 - 1
 MiB = 2**20
+LLAMA_MAX_SEQ = 256  # llama.cpp's src/llama-cparams.h
 
 
 def mib_to_bytes(mib: float) -> int:
@@ -157,6 +158,8 @@ class ContextParams:
     moe_cache_profile: str | os.PathLike[str] | None = None
     moe_cache_hybrid: bool = False
     moe_cache_adaptive: bool = False
+    # sequences decoded together (generate_batch); each has n_ctx // n_seq_max positions of its own
+    n_seq_max: int = 1
 
     def validate(self) -> None:
         """Raises ParameterError naming the field for any value llama.cpp's struct cannot take or would misread
@@ -166,6 +169,7 @@ class ContextParams:
         check_whole("n_ubatch", self.n_ubatch, 1, 1 << 24)
         if self.n_ubatch > self.n_batch:
             raise ParameterError(f"n_ubatch ({self.n_ubatch}) cannot exceed n_batch ({self.n_batch})")
+        check_whole("n_seq_max", self.n_seq_max, 1, LLAMA_MAX_SEQ, "a whole number of sequences")
         for name in ("n_threads", "n_threads_batch"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral)
@@ -200,6 +204,7 @@ class ContextParams:
         p.n_ctx = int(self.n_ctx)
         p.n_batch = int(self.n_batch)
         p.n_ubatch = int(self.n_ubatch)
+        p.n_seq_max = int(self.n_seq_max)
         threads = int(self.n_threads or default_threads())
         p.n_threads = threads
         p.n_threads_batch = int(self.n_threads_batch or threads)

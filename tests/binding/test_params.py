@@ -43,9 +43,11 @@ CONTEXT_BAD = {
     "moe_cache_profile": [5, 2.0, "", b"", "a\0b", ["p.strp"]],
     "moe_cache_hybrid": [1, "yes", None],
     "moe_cache_adaptive": [1, "no", None],
+    "n_seq_max": [0, -1, 257, U32, 2.0, "4", None, True],
 }
 CONTEXT_GOOD = {"n_ctx": [0, 256, np.int64(512)], "n_batch": [1, 1 << 24], "n_threads": [None, 1, 1024],
-                "flash_attn": [None, True, False], "moe_cache_mib": [0, 0.5, 1 << 24]}
+                "flash_attn": [None, True, False], "moe_cache_mib": [0, 0.5, 1 << 24],
+                "n_seq_max": [1, 8, 256, np.int32(4)]}
 
 SAMPLING_BAD = {
     "temperature": [-0.1, -INF, NAN, INF, "0.7", None, True],

@@ -171,6 +171,11 @@ typedef struct llama_sampler_chain_params {
     bool no_perf;
 } llama_sampler_chain_params;
 
+typedef struct llama_chat_message {
+    const char * role;
+    const char * content;
+} llama_chat_message;
+
 struct llama_perf_context_data {
     double t_start_ms;
     double t_load_ms;
@@ -201,6 +206,8 @@ void llama_free(struct llama_context * ctx);
 uint32_t llama_n_ctx(const struct llama_context * ctx);
 uint32_t llama_n_batch(const struct llama_context * ctx);
 uint32_t llama_n_ubatch(const struct llama_context * ctx);
+uint32_t llama_n_ctx_seq(const struct llama_context * ctx);
+uint32_t llama_n_seq_max(const struct llama_context * ctx);
 llama_memory_t llama_get_memory(const struct llama_context * ctx);
 
 const struct llama_vocab * llama_model_get_vocab(const struct llama_model * model);
@@ -208,6 +215,7 @@ int32_t llama_model_n_ctx_train(const struct llama_model * model);
 int32_t llama_model_n_embd(const struct llama_model * model);
 int32_t llama_model_n_layer(const struct llama_model * model);
 int32_t llama_model_meta_val_str(const struct llama_model * model, const char * key, char * buf, size_t buf_size);
+const char * llama_model_chat_template(const struct llama_model * model, const char * name);
 int32_t llama_model_desc(const struct llama_model * model, char * buf, size_t buf_size);
 uint64_t llama_model_size(const struct llama_model * model);
 uint64_t llama_model_n_params(const struct llama_model * model);
@@ -221,6 +229,10 @@ void llama_memory_clear(llama_memory_t mem, bool data);
 bool llama_memory_seq_rm(llama_memory_t mem, llama_seq_id seq_id, llama_pos p0, llama_pos p1);
 llama_pos llama_memory_seq_pos_max(llama_memory_t mem, llama_seq_id seq_id);
 
+size_t llama_state_seq_get_size(struct llama_context * ctx, llama_seq_id seq_id);
+size_t llama_state_seq_get_data(struct llama_context * ctx, uint8_t * dst, size_t size, llama_seq_id seq_id);
+size_t llama_state_seq_set_data(struct llama_context * ctx, const uint8_t * src, size_t size, llama_seq_id dest_seq_id);
+
 struct llama_batch llama_batch_init(int32_t n_tokens, int32_t embd, int32_t n_seq_max);
 void llama_batch_free(struct llama_batch batch);
 int32_t llama_decode(struct llama_context * ctx, struct llama_batch batch);
@@ -233,6 +245,10 @@ int32_t llama_token_to_piece(const struct llama_vocab * vocab, llama_token token
                              int32_t lstrip, bool special);
 int32_t llama_detokenize(const struct llama_vocab * vocab, const llama_token * tokens, int32_t n_tokens,
                          char * text, int32_t text_len_max, bool remove_special, bool unparse_special);
+
+int32_t llama_chat_apply_template(const char * tmpl, const struct llama_chat_message * chat, size_t n_msg,
+                                  bool add_ass, char * buf, int32_t length);
+int32_t llama_chat_builtin_templates(const char ** output, size_t len);
 
 struct llama_sampler * llama_sampler_chain_init(struct llama_sampler_chain_params params);
 void llama_sampler_chain_add(struct llama_sampler * chain, struct llama_sampler * smpl);
