@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import logging
 
+from .batch import BatchResult, BatchStream
+from .chat import ChatMessage, ChatResult, ChatStream
 from .context import GREEDY, Completion, Context, Perf, Sampling
-from .errors import (AbiMismatchError, AuditError, BuildError, CacheBudgetError, CheckAuditError, ClosedError,
-                     CodeEvalError, GgufError, LlamaMoeError, MetricsError, ModelLoadError, MonitorError,
+from .errors import (AbiMismatchError, AuditError, BuildError, CacheBudgetError, ChatTemplateError, CheckAuditError,
+                     ClosedError, CodeEvalError, GgufError, LlamaMoeError, MetricsError, ModelLoadError, MonitorError,
                      MoeCacheWarning, NativeCallError, NativeLibraryError, ParameterError, PlotUnavailableError,
-                     ProfileError, ServePlanError, ServerError, ServerStartError, ToolInputError, TraceError)
+                     ProfileError, ServePlanError, ServerError, ServerStartError, SessionError, ToolInputError,
+                     TraceError)
 from .model import MoeGeometry, Model
 from .params import ContextParams, ModelParams
 from .stats import HitRate, LayerStats, MoeCacheStats
@@ -40,10 +43,12 @@ __all__ = [
     # the API: a model, a context over it, and their parameters
     "Context", "ContextParams", "GREEDY", "Model", "ModelParams", "Sampling", "native_version",
     # what its methods return
-    "Completion", "HitRate", "LayerStats", "MoeCacheStats", "MoeGeometry", "Perf", "RoutingRecord",
+    "BatchResult", "BatchStream", "ChatMessage", "ChatResult", "ChatStream", "Completion", "HitRate", "LayerStats",
+    "MoeCacheStats", "MoeGeometry", "Perf", "RoutingRecord",
     # every error and warning llama_moe raises (llama_moe.errors)
-    "AbiMismatchError", "AuditError", "BuildError", "CacheBudgetError", "CheckAuditError", "ClosedError",
-    "CodeEvalError", "GgufError", "LlamaMoeError", "MetricsError", "ModelLoadError", "MonitorError", "MoeCacheWarning",
-    "NativeCallError", "NativeLibraryError", "ParameterError", "PlotUnavailableError", "ProfileError",
-    "ServePlanError", "ServerError", "ServerStartError", "ToolInputError", "TraceError",
+    "AbiMismatchError", "AuditError", "BuildError", "CacheBudgetError", "ChatTemplateError", "CheckAuditError",
+    "ClosedError", "CodeEvalError", "GgufError", "LlamaMoeError", "MetricsError", "ModelLoadError", "MonitorError",
+    "MoeCacheWarning", "NativeCallError", "NativeLibraryError", "ParameterError", "PlotUnavailableError",
+    "ProfileError", "ServePlanError", "ServerError", "ServerStartError", "SessionError", "ToolInputError",
+    "TraceError",
 ]

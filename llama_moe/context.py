@@ -4,7 +4,7 @@ from __future__ import annotations
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import numpy as np
 
@@ -17,6 +17,10 @@ from .model import Model
 from .params import ContextParams, check_sampling
 from .stats import LayerStats, MoeCacheStats
 from .formats.trace import RoutingRecord, parse_stream
+
+if TYPE_CHECKING:
+    from .batch import BatchResult
+    from .chat import ChatResult, ChatStream, Message
 
 
 @dataclass(frozen=True)
@@ -121,6 +125,7 @@ class Context(NativeHandle):
         self._batch = batch
         self._n_batch = n_batch
         self.n_past = 0
+        self._evaluated: list[int] = []  # the tokens of sequence 0 in the KV cache, in order (chat reuses a prefix)
 
     @property
     def n_ctx(self) -> int:
@@ -131,6 +136,7 @@ class Context(NativeHandle):
         with self._lock:
             self._lib.llama_memory_clear(self._lib.llama_get_memory(self._live()), True)
             self.n_past = 0
+            self._evaluated.clear()
 
     def decode(self, tokens: Sequence[int], all_logits: bool = False) -> None:
         """Evaluates tokens after the ones already evaluated, in chunks of n_batch; the last token's
@@ -158,6 +164,7 @@ class Context(NativeHandle):
                     b.logits[i] = 1 if last_chunk and (all_logits or i == len(chunk) - 1) else 0
                 _check.check(self._lib.llama_decode(ptr, b), "llama_decode", _check.DECODE_CODES)
                 self.n_past += len(chunk)
+                self._evaluated.extend(chunk)
 
     def logits(self, i: int = -1) -> np.ndarray:
         """A copy of the logits of output ``i`` of the last decode (-1: the last)."""
@@ -207,6 +214,37 @@ class Context(NativeHandle):
         t_first = t_first or t_end
         return Completion(tuple(prompt_tokens), tuple(out), self.model.detokenize(out), t_first - t0, t_end - t_first,
                           "length" if len(out) == max_tokens else "eog")
+
+    # -- chat and several sequences (chat.py, batch.py) -------------------------------------------------------
+    def chat(self, messages: Sequence[Message], max_tokens: int = 256, sampling: Sampling = GREEDY, *,
+             template: str | None = None, stop: Sequence[str] = ()) -> ChatResult:
+        """Answers a conversation formatted with the model's chat template (or the named ``template``), up to the
+        template's end of turn, a ``stop`` string or ``max_tokens``. See llama_moe.chat."""
+        from .chat import chat
+
+        return chat(self, messages, max_tokens, sampling, template=template, stop=stop)
+
+    def chat_stream(self, messages: Sequence[Message], max_tokens: int = 256, sampling: Sampling = GREEDY, *,
+                    template: str | None = None, stop: Sequence[str] = ()) -> ChatStream:
+        """``chat`` as it is made: iterates over pieces of text; ``.result`` holds the ChatResult at the end."""
+        from .chat import ChatStream
+
+        return ChatStream(self, messages, max_tokens, sampling, template=template, stop=stop)
+
+    def generate_batch(self, prompts: Sequence[str | Sequence[int]], max_tokens: int | Sequence[int] = 128,
+                       sampling: Sampling | Sequence[Sampling] = GREEDY, stop_at_eog: bool = True) -> BatchResult:
+        """Generates for up to ``n_seq_max`` prompts at once, one batch per step. See llama_moe.batch."""
+        from .batch import generate_batch
+
+        return generate_batch(self, prompts, max_tokens, sampling, stop_at_eog)
+
+    def stream_batch(self, prompts: Sequence[str | Sequence[int]], max_tokens: int | Sequence[int] = 128,
+                     sampling: Sampling | Sequence[Sampling] = GREEDY, stop_at_eog: bool = True
+                     ) -> Iterator[tuple[int, int]]:
+        """``generate_batch`` as it is made: yields (prompt index, token) pairs."""
+        from .batch import stream_batch
+
+        return stream_batch(self, prompts, max_tokens, sampling, stop_at_eog)
 
     # -- the MoE cache -------------------------------------------------------------------------------
     def moe_cache_stats(self) -> MoeCacheStats | None:
