@@ -1,6 +1,7 @@
 """A context over a model: decoding batches, logits, and generation (greedy or sampled, streamed)."""
 from __future__ import annotations
 
+import os
 import time
 import warnings
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from .formats.trace import RoutingRecord, parse_stream
 if TYPE_CHECKING:
     from .batch import BatchResult
     from .chat import ChatResult, ChatStream, Message
+    from .session import SessionInfo
 
 
 @dataclass(frozen=True)
@@ -245,6 +247,18 @@ class Context(NativeHandle):
         from .batch import stream_batch
 
         return stream_batch(self, prompts, max_tokens, sampling, stop_at_eog)
+
+    def save_session(self, path: str | os.PathLike[str]) -> SessionInfo:
+        """Writes sequence 0 (its KV state and tokens) and the cache's working set to ``path``. See llama_moe.session."""
+        from .session import save_session
+
+        return save_session(self, path)
+
+    def load_session(self, path: str | os.PathLike[str]) -> SessionInfo:
+        """Replaces sequence 0 by a saved session of the same model; a refused file leaves the context as it was."""
+        from .session import load_session
+
+        return load_session(self, path)
 
     # -- the MoE cache -------------------------------------------------------------------------------
     def moe_cache_stats(self) -> MoeCacheStats | None:
