@@ -158,6 +158,8 @@ class ContextParams:
     moe_cache_profile: str | os.PathLike[str] | None = None
     moe_cache_hybrid: bool = False
     moe_cache_adaptive: bool = False
+    # the hybrid uploads at most this many of each layer's missed experts between two decodes (0 = none)
+    moe_cache_admit: int = 0
     # sequences decoded together (generate_batch); each has n_ctx // n_seq_max positions of its own
     n_seq_max: int = 1
 
@@ -184,6 +186,10 @@ class ContextParams:
             raw = os.fsencode(profile)
             if not raw or b"\0" in raw:
                 raise ParameterError(f"moe_cache_profile must be a non-empty path without NUL, got {profile!r}")
+        check_whole("moe_cache_admit", self.moe_cache_admit, 0, 9999, "a whole number of experts (0: no admission)")
+        if self.moe_cache_admit and not self.moe_cache_hybrid:
+            raise ParameterError(f"moe_cache_admit={self.moe_cache_admit} needs moe_cache_hybrid=True: the upload cache "
+                                 f"already uploads every miss")
         mib = self.moe_cache_mib
         if isinstance(mib, bool) or not isinstance(mib, numbers.Real) or not 0 <= mib <= 1 << 24:
             raise ParameterError(f"moe_cache_mib must be a number of MiB from 0 to {1 << 24}, got {mib!r}")
@@ -192,8 +198,8 @@ class ContextParams:
             warnings.warn("moe_cache_adaptive is ignored without moe_cache_hybrid=True: the upload cache is an LRU, "
                           "which already follows the text", MoeCacheWarning, stacklevel=4)
         if mib == 0:
-            given = [name for name in ("moe_cache_profile", "moe_cache_hybrid", "moe_cache_adaptive")
-                     if getattr(self, name) not in (None, False)]
+            given = [name for name in ("moe_cache_profile", "moe_cache_hybrid", "moe_cache_adaptive", "moe_cache_admit")
+                     if getattr(self, name) not in (None, False, 0)]
             if given:
                 warnings.warn(f"{', '.join(given)} {'does' if len(given) == 1 else 'do'} nothing without moe_cache_mib: "
                               f"there is no MoE cache", MoeCacheWarning, stacklevel=4)
@@ -221,4 +227,5 @@ class ContextParams:
             p.moe_cache_profile = profile
         p.moe_cache_hybrid = self.moe_cache_hybrid
         p.moe_cache_adaptive = self.moe_cache_adaptive
+        p.moe_cache_admit = int(self.moe_cache_admit)
         return p, keep

@@ -10,7 +10,7 @@ import argparse
 from .common import add_output_options, check_files, emit, kfold_arg, model_layout, progress, rate, read_traces
 from ..errors import ToolInputError
 from ..routing.heldout import Estimate
-from ..routing.policies import POLICIES, PolicyResult
+from ..routing.policies import ALL_POLICIES, POLICIES, PolicyResult
 from ..routing.simulation import SimulateReport, SizeResult, simulate_sizes
 
 
@@ -26,7 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "traces (leave one out), else 10 contiguous blocks; K: K contiguous blocks of the tokens; 'trace': "
                    "one per trace")
     p.add_argument("--hybrid", action="store_true", help="slots as --moe-cache-hybrid computes them (one null slot per layer)")
-    p.add_argument("--policies", default=",".join(POLICIES), help=f"comma-separated, from {','.join(POLICIES)} (default: all)")
+    p.add_argument("--policies", default=",".join(POLICIES), help=f"comma-separated, from {','.join(ALL_POLICIES)} (default: {','.join(POLICIES)})")
     add_output_options(p)
     p.set_defaults(func=run)
 
@@ -41,9 +41,9 @@ def run(args: argparse.Namespace) -> int:
     if not args.test and not args.kfold:
         raise ToolInputError("a hit rate must be held out: give --test H.bin, or --kfold K (an in-sample one alone misleads)")
     policies = tuple(x.strip() for x in args.policies.split(",") if x.strip())
-    unknown = [x for x in policies if x not in POLICIES]
+    unknown = [x for x in policies if x not in ALL_POLICIES]
     if unknown or not policies:
-        raise ToolInputError(f"unknown policies {unknown}; choose from {', '.join(POLICIES)}")
+        raise ToolInputError(f"unknown policies {unknown}; choose from {', '.join(ALL_POLICIES)}")
     check_files(args.train + args.test)
     train = read_traces(args, args.train, layout)
     test = read_traces(args, args.test, layout) if args.test else None

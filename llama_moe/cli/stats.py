@@ -44,6 +44,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--moe-cache-hybrid", action="store_true", help="the CPU computes the experts the cache lacks (no uploads)")
     p.add_argument("--moe-cache-adaptive", action="store_true",
                    help="with --moe-cache-hybrid: swap the experts the router picks most into the cache while generating")
+    p.add_argument("--moe-cache-admit", type=int, default=0, metavar="N",
+                   help="with --moe-cache-hybrid: upload at most N of each layer's missed experts between two decodes, "
+                        "into its least recently used slots (default 0: none)")
     p.add_argument("--no-repack", action="store_true", help="keep CPU weights in their file layout (the cache needs it on a CPU-only build)")
     p.add_argument("--temp", type=float, default=0.8,
                    help="sampling temperature (default 0.8, seeded; 0 is greedy, which loops on the synthetic models)")
@@ -55,19 +58,24 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def check_cache_options(mib: float, profile: str | None, hybrid: bool, adaptive: bool) -> None:
+def check_cache_options(mib: float, profile: str | None, hybrid: bool, adaptive: bool, admit: int = 0) -> None:
     """The --moe-cache-* options of a command line, refused with their own names when they contradict each other
     (llama-server only warns and goes on without the cache)."""
     if not mib >= 0 or mib > 1 << 24:  # also NaN
         raise ParameterError(f"--moe-cache-mib must be from 0 to {1 << 24} (MiB), got {mib:g}")
     if mib == 0:
         given = [f for f, v in (("--moe-cache-profile", profile), ("--moe-cache-hybrid", hybrid),
-                                ("--moe-cache-adaptive", adaptive)) if v]
+                                ("--moe-cache-adaptive", adaptive), ("--moe-cache-admit", admit)) if v]
         if given:
             raise ParameterError(f"{', '.join(given)} need{'s' if len(given) == 1 else ''} a cache: give --moe-cache-mib N")
     if adaptive and not hybrid:
         raise ParameterError("--moe-cache-adaptive works with --moe-cache-hybrid only (the upload cache is an LRU, "
                              "which already follows the text)")
+    if not 0 <= admit <= 9999:
+        raise ParameterError(f"--moe-cache-admit must be a count of experts from 0 to 9999, got {admit}")
+    if admit and not hybrid:
+        raise ParameterError("--moe-cache-admit works with --moe-cache-hybrid only (the upload cache already uploads "
+                             "every miss)")
     if profile is not None and not Path(profile).is_file():
         raise ParameterError(f"--moe-cache-profile {profile}: no such file")
 
@@ -77,7 +85,8 @@ def run(args: argparse.Namespace) -> int:
         if args.model:
             raise ServerError("stats takes a MODEL or --server URL, not both")
         return run_server(args)
-    check_cache_options(args.moe_cache_mib, args.moe_cache_profile, args.moe_cache_hybrid, args.moe_cache_adaptive)
+    check_cache_options(args.moe_cache_mib, args.moe_cache_profile, args.moe_cache_hybrid, args.moe_cache_adaptive,
+                        args.moe_cache_admit)
     for flag, value, low in (("-n/--n-gen", args.n_gen, 1), ("-c/--ctx", args.ctx, 0), ("--n-cpu-moe", args.n_cpu_moe, 0)):
         if value is not None and value < low:
             raise ParameterError(f"{flag} must be >= {low}, got {value}")
@@ -88,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
                      use_mmap=False)  # experts in RAM are read faster from a (pinned, on a GPU build) copy than from mmap
     cp = ContextParams(n_ctx=args.ctx, n_threads=args.threads, moe_cache_mib=args.moe_cache_mib,
                        moe_cache_profile=args.moe_cache_profile, moe_cache_hybrid=args.moe_cache_hybrid,
-                       moe_cache_adaptive=args.moe_cache_adaptive)
+                       moe_cache_adaptive=args.moe_cache_adaptive, moe_cache_admit=args.moe_cache_admit)
     report = run_stats(model_path, mp, cp, args.prompt or default_prompt(), args.n_gen,
                        Sampling(temperature=args.temp, seed=args.seed))
     if args.json:

@@ -18,7 +18,7 @@ COUNTERS = ("hits", "hits_profile", "misses", "bytes_upload", "bytes_cpu", "copi
 # a request's own counters: the context's counters at its end minus those at its start
 REQUEST_COUNTERS = ("req_hits", "req_hits_profile", "req_misses", "req_bytes_upload", "req_bytes_cpu", "req_refused")
 # counters added after the first audit logs: a log written by an earlier build lacks them, and they read as 0
-LATER_COUNTERS = ("refused", "req_refused")
+LATER_COUNTERS = ("refused", "req_refused", "moe_cache_admit")  # fields of later builds: 0 when absent
 _TIME_RE = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}(Z|\+00:00)$")
 
 
@@ -79,6 +79,7 @@ class LoadParams:
     n_batch: int
     n_ubatch: int
     tensor_overrides: tuple[str, ...]
+    moe_cache_admit: int = 0  # later builds: the hybrid's admissions per layer between decodes
 
 
 @dataclass(frozen=True)
@@ -288,7 +289,8 @@ def _load(f: _Fields, base: dict) -> LoadRecord:
         patterns = tuple(str(o.get("pattern", o)) if isinstance(o, dict) else str(o) for o in overrides)
         params = LoadParams("" if build is None else str(build), p.num("moe_cache_mib"), p.bool("moe_cache_hybrid"),
                             p.bool("moe_cache_adaptive"), p.int("n_gpu_layers", minimum=None), p.int("n_threads"),
-                            p.int("n_threads_batch"), p.int("n_ctx"), p.int("n_batch"), p.int("n_ubatch"), patterns)
+                            p.int("n_threads_batch"), p.int("n_ctx"), p.int("n_batch"), p.int("n_ubatch"), patterns,
+                            p.int("moe_cache_admit"))
         p.done()
     c = f.obj_("cache")
     cache = CacheInfo(c.int("slots"), c.int("prefilled"), c.int("bytes")) if c else CacheInfo(0, 0, 0)

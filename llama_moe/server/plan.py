@@ -80,8 +80,9 @@ def plan_serve(model: Path, server: Path, *, gpu_free_mib: float | None, gpu_nam
         raise ServePlanError(f"--threads must be at most 1024 or auto, got {threads}")
     if not 0 < port < 65536:
         raise ServePlanError(f"--port must be from 1 to 65535, got {port}")
-    if hybrid and not profile and "--moe-cache-adaptive" not in extra:
-        raise ServePlanError("--hybrid needs --profile (or '-- --moe-cache-adaptive'): without either the hybrid cache "
+    if hybrid and not profile and "--moe-cache-adaptive" not in extra and "--moe-cache-admit" not in extra:
+        raise ServePlanError("--hybrid needs --profile (or '-- --moe-cache-adaptive' or '-- --moe-cache-admit N'): "
+                             "without one the hybrid cache "
                              "stays empty, and the CPU computes every expert")
     if profile and not Path(profile).is_file():
         raise ServePlanError(f"--profile {profile}: no such file")

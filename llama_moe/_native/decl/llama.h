@@ -165,6 +165,7 @@ struct llama_context_params {
     const char * moe_cache_profile;
     bool         moe_cache_hybrid;
     bool         moe_cache_adaptive;
+    int32_t      moe_cache_admit;
 };
 
 typedef struct llama_sampler_chain_params {

@@ -19,6 +19,7 @@ struct llama_moe_cache_stats {
     uint64_t n_swap;
     uint64_t n_refused;
     uint64_t n_resident;
+    uint64_t n_admit;
 };
 
 struct llama_moe_cache_layer_stats {

@@ -10,6 +10,8 @@ distinct experts of each ubatch of up to 32 tokens; layers held whole need no lo
   the CPU.
 - ``adaptive``: the hybrid that swaps hot experts in (the reference's "adaptive cache" and its constants).
 - ``belady``: per layer, the most hits a cache of that size could have, knowing the future (the ceiling).
+- ``admit1``, ``admit2``, ``admit4``, ``admit8``: the hybrid with admission of that many missed experts per
+  layer and decode (``--moe-cache-admit N``, llama_moe_cache::admit); not in the default set.
 
 Every policy also reports h_layer: the share of looked-up or refused (layer, token) pairs whose k experts were
 all resident when the ubatch was looked up (the tokens that need no CPU or upload work in that layer; a refused
@@ -38,6 +40,7 @@ from typing import Callable, Sequence
 from ..ranking import CHUNK_TOKENS
 from ..routes import Routes
 from ..tracefiles import TraceRoutes
+from .admit import ADMIT_CHUNK_TOKENS, AdmitReplay, admit_replay
 from .adaptive import HALF_LIFE_TOKENS, PRIOR_TOKENS, AdaptiveReplay, adaptive, adaptive_replay
 from .base import Meter, PolicyResult, Progress, Replay, _looked_up, drive, merge_results
 from .belady import belady_routes
@@ -52,14 +55,16 @@ REPLAYS: dict[str, tuple[ReplayFactory, int]] = {
     "lru": (lru_replay, LRU_CHUNK_TOKENS),
     "static": (static_replay, CHUNK_TOKENS),
     "adaptive": (adaptive_replay, CHUNK_TOKENS),
+    **{f"admit{n}": (admit_replay(n), ADMIT_CHUNK_TOKENS) for n in (1, 2, 4, 8)},
 }
-POLICIES = (*REPLAYS, "belady")
+POLICIES = ("lru", "static", "adaptive", "belady")  # the default set
+ALL_POLICIES = (*REPLAYS, "belady")
 
 BELADY_GROUP_BYTES = 16 << 20  # a streamed belady reads as many layers' ids per pass as fit in this (at least one)
 
 
 def _unknown(name: str) -> ValueError:
-    return ValueError(f"unknown policy {name!r}; one of {', '.join(POLICIES)}")
+    return ValueError(f"unknown policy {name!r}; one of {', '.join(ALL_POLICIES)}")
 
 
 def replayer(name: str, layers: Sequence[int], k: int, one_token: bool, slots: dict[int, int], n_expert: int,
@@ -173,7 +178,8 @@ def replay_jobs(routes: Routes | TraceRoutes, jobs: Sequence[Job], n_expert: int
 
 
 __all__ = [
-    "BELADY_GROUP_BYTES", "HALF_LIFE_TOKENS", "POLICIES", "PRIOR_TOKENS", "REPLAYS", "AdaptiveReplay", "Job",
+    "ALL_POLICIES", "BELADY_GROUP_BYTES", "HALF_LIFE_TOKENS", "POLICIES", "PRIOR_TOKENS", "REPLAYS", "AdaptiveReplay",
+    "AdmitReplay", "Job",
     "LruLoopReplay", "LruTokensReplay", "Meter", "PolicyResult", "Replay", "StaticReplay", "drive", "adaptive", "belady",
     "lru", "merge_results", "replay_jobs", "replayer", "run_policy", "static",
 ]

@@ -253,6 +253,7 @@ void common_moe_audit_load(const llama_context * ctx, const common_params & para
         { "moe_cache_mib",      params.moe_cache_mib },
         { "moe_cache_hybrid",   params.moe_cache_hybrid },
         { "moe_cache_adaptive", params.moe_cache_adaptive },
+        { "moe_cache_admit",    params.moe_cache_admit },
         { "n_gpu_layers",       params.n_gpu_layers },
         { "n_threads",          params.cpuparams.n_threads },
         { "n_threads_batch",    params.cpuparams_batch.n_threads },

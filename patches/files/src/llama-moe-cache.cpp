@@ -298,13 +298,28 @@ std::unique_ptr<llama_moe_cache> llama_moe_cache::create(const llama_model & mod
     if (params.hybrid) {
         // the reference's wording: these lines are what users grep for
         LLAMA_LOG_INFO("impl: hybrid MoE cache: %d layers held whole (GPU only), the others split between GPU and CPU\n", n_whole);
-        if (params.profile.empty() && !params.adaptive && n_whole < (int) cache->layers.size()) {
+        if (params.profile.empty() && !params.adaptive && params.admit <= 0 && n_whole < (int) cache->layers.size()) {
             LLAMA_LOG_WARN("impl: hybrid MoE cache without a profile starts empty and stays empty: the CPU computes "
                            "every expert of the layers not held whole (give --moe-cache-profile, or --moe-cache-adaptive)\n");
         }
     }
     if (params.adaptive && params.hybrid && params.profile.empty()) {
         LLAMA_LOG_INFO("impl: adaptive hybrid MoE cache without a profile starts empty and fills itself while generating\n");
+    }
+    if (params.admit > 0 && params.hybrid) {
+        LLAMA_LOG_INFO("impl: hybrid MoE cache admits up to %d missed experts per layer between two decodes, into the "
+                       "least recently used slots\n", params.admit);
+        if (params.adaptive) {
+            LLAMA_LOG_WARN("llama_moe_cache: --moe-cache-adaptive with --moe-cache-admit: the adaptive rounds swap by heat, "
+                           "admission by recency; both run\n");
+        }
+    }
+    if (params.admit > 0 && !params.hybrid) {
+        LLAMA_LOG_WARN("llama_moe_cache: --moe-cache-admit without --moe-cache-hybrid is ignored: the upload cache "
+                       "already uploads every miss\n");
+    }
+    if (params.admit < 0) {
+        LLAMA_LOG_WARN("llama_moe_cache: --moe-cache-admit %d is not a count of experts; admission is off\n", params.admit);
     }
     if (params.adaptive && !params.hybrid) {
         LLAMA_LOG_WARN("llama_moe_cache: --moe-cache-adaptive without --moe-cache-hybrid is ignored: the upload cache is an LRU, "
@@ -377,9 +392,10 @@ void llama_moe_cache::log_summary() const {
         LLAMA_LOG_INFO("llama_moe_cache: per-layer hit rate min %.1f %%, median %.1f %%, max %.1f %% over %zu layers\n",
                        rates.front(), rates[rates.size() / 2], rates.back(), rates.size());
     }
-    // admitted: experts brought into slots while running, the upload mode's misses and the adaptive swaps
+    // admitted: experts brought into slots while running, the upload mode's misses, the adaptive swaps and the
+    // hybrid's admissions
     const uint64_t lookups  = hits + misses + refused;
-    const uint64_t admitted = (params.hybrid ? 0 : misses) + n_swap;
+    const uint64_t admitted = (params.hybrid ? 0 : misses) + n_swap + n_admit;
     char ratio[32] = "n/a";
     if (lookups > 0) {
         snprintf(ratio, sizeof(ratio), "%.4f", (double) hits / lookups);
@@ -394,6 +410,9 @@ llama_moe_cache::~llama_moe_cache() {
     log_summary();
     if (adaptive()) {
         LLAMA_LOG_INFO("llama_moe_cache: adaptive: %" PRIu64 " experts swapped in\n", n_swap);
+    }
+    if (admitting()) {
+        LLAMA_LOG_INFO("llama_moe_cache: admission: %" PRIu64 " missed experts uploaded between decodes\n", n_admit);
     }
     for (ggml_backend_buffer_t b : {buf, buf_host}) {
         if (b) {
@@ -727,6 +746,10 @@ void llama_moe_cache::count_hybrid_locked(llama_moe_cache_layer & l, const int32
             } else if (!missed[e]) {
                 missed[e] = 1;
                 l.n_miss++;
+                if (admitting()) {
+                    l.admit_queue.push_back(e);
+                    admit_pending = true;
+                }
                 n_bytes_cpu += l.expert_bytes;
                 if (!l.heat.empty()) {
                     l.heat[e] += 1.0;
@@ -789,6 +812,7 @@ void llama_moe_cache::get_stats(llama_moe_cache_stats * out) const {
     out->n_copy         = n_copy;
     out->n_bytes_copy   = n_bytes_copy;
     out->n_swap         = n_swap;
+    out->n_admit        = n_admit;
     out->hybrid         = params.hybrid;
     out->n_slots        = n_slots_total;
     out->n_prefilled    = n_prefilled;
@@ -823,6 +847,66 @@ int32_t llama_moe_cache::get_resident(int32_t il, int32_t * out, int32_t n_max) 
         return n;
     }
     return 0;
+}
+
+bool llama_moe_cache::between_decodes_due() const {
+    return rebalance_due() || admit_pending;
+}
+
+void llama_moe_cache::between_decodes() {
+    if (rebalance_due()) {
+        rebalance(-1);
+    }
+    if (admit_pending) {
+        std::lock_guard<std::mutex> lock(mutex);
+        admit();
+    }
+}
+
+// Uploads at most params.admit of each layer's missed experts, first missed first, each into a free slot or
+// else the least recently used one (the lowest of equals); an admitted expert counts as just used. The rest
+// of a layer's misses are dropped: the next decode's misses are the fresher ones.
+int32_t llama_moe_cache::admit() {
+    const auto t0 = std::chrono::steady_clock::now();
+    const uint64_t now = ++stamp; // newer than every hit of the decode before
+    int32_t n = 0;
+    for (auto & l : layers) {
+        int32_t n_layer = 0;
+        for (const int32_t e : l.admit_queue) {
+            if (n_layer >= params.admit) {
+                break;
+            }
+            if (l.slot_of[e] >= 0 || l.n_slots < 1) {
+                continue; // admitted earlier in this round
+            }
+            int32_t s = 0;
+            for (int32_t i = 0; i < l.n_slots; ++i) {
+                if (l.expert_in[i] < 0) {
+                    s = i;
+                    break;
+                }
+                if (l.last_use[i] < l.last_use[s]) {
+                    s = i;
+                }
+            }
+            upload(l, e, s);
+            l.last_use[s] = now;
+            n_layer++;
+        }
+        l.admit_queue.clear();
+        if (n_layer > 0) {
+            push_slot_map(l);
+            n_bytes_upload += (uint64_t) n_layer * l.expert_bytes;
+            n += n_layer;
+        }
+    }
+    admit_pending = false;
+    n_admit += n;
+    if (n > 0) {
+        const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+        LLAMA_LOG_DEBUG("%s: %d experts admitted in %.1f ms\n", __func__, n, ms);
+    }
+    return n;
 }
 
 bool llama_moe_cache::rebalance_due() const {

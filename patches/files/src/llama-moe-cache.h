@@ -38,6 +38,7 @@ struct llama_moe_cache_params {
     std::string profile;     // STRP file, empty = start empty
     bool        hybrid   = false;
     bool        adaptive = false;
+    int32_t     admit    = 0;     // hybrid: missed experts uploaded per layer between two decodes (0 = none)
 };
 
 // The expert chains a layer's MoE FFN runs for one ubatch: one (the model's experts, or the cache's copies
@@ -98,6 +99,7 @@ struct llama_moe_cache_layer {
     uint64_t n_refused = 0; // upload mode: distinct experts of the ubatches whose lookup was refused
 
     std::vector<double> heat; // adaptive: expert -> faded count of ubatches that selected it
+    std::vector<int32_t> admit_queue; // admission: the distinct experts missed since the last admission, first seen first
 };
 
 struct llama_moe_cache {
@@ -132,6 +134,13 @@ struct llama_moe_cache {
     int32_t rebalance(int32_t max_swaps);
     bool    adaptive() const { return params.adaptive && params.hybrid; }
 
+    // Admission (hybrid + --moe-cache-admit N): the experts a decode missed are uploaded before the next one,
+    // at most N per layer, into the least recently used slots. Whether this or an adaptive round is due, and
+    // the work itself; the caller makes sure the device is idle.
+    bool    between_decodes_due() const;
+    void    between_decodes();
+    bool    admitting() const { return params.admit > 0 && params.hybrid; }
+
     // The mailbox's CPU side (llama-moe-mailbox.h): counts one token's selected experts of layer il like the
     // hybrid's graph does, and gives the CPU's ids (-1 for the experts the cache holds).
     void count_selected(int il, const int32_t * selected, int32_t * cpu_ids);
@@ -154,6 +163,7 @@ private:
     void prefill(const std::string & path, uint32_t n_layer);
     void push_slot_map(llama_moe_cache_layer & layer);
     int32_t do_rebalance(int32_t max_swaps, int32_t max_fills);
+    int32_t admit(); // the caller holds mutex
     void    count_by_size(int64_t n_tokens, uint64_t hits, uint64_t misses, uint64_t refused);
     void    log_summary() const;
 
@@ -184,6 +194,8 @@ private:
     uint64_t n_bytes_cpu = 0;
     uint64_t n_copy = 0, n_bytes_copy = 0;
     uint64_t n_swap = 0;
+    uint64_t n_admit = 0;
+    bool     admit_pending = false; // an admission queue is not empty
     uint64_t n_hit_by[2]  = {0, 0}; // [0] ubatches of up to 8 tokens (generation), [1] larger ones, for the exit summary
     uint64_t n_miss_by[2] = {0, 0};
     uint64_t n_refused_by[2] = {0, 0};

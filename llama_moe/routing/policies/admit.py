@@ -1,0 +1,109 @@
+"""``admit``: the hybrid with admission (``--moe-cache-admit N``, llama_moe_cache::admit): a ubatch's hits run
+from the slots and its misses on the CPU; after the ubatch (one decode) each layer uploads up to N of its
+distinct misses, first missed first, into a free slot, else the least recently used one (the lowest of equals),
+and an admitted expert counts as just used. Over 32 tokens a ubatch takes llama.cpp's path (no lookup). Nothing
+is refused: the hybrid computes whatever the slots lack."""
+from __future__ import annotations
+
+import heapq
+from typing import Sequence
+
+from ..ranking import prefill_resident
+from ..routes import Routes
+from .base import PolicyResult, Replay, _looked_up
+
+ADMIT_CHUNK_TOKENS = 1024  # tokens fed at a time (the results do not depend on it)
+
+
+class AdmitReplay(Replay):
+    """Slot by slot, each layer its own slots and stamps, as the engine counts (count_hybrid_locked, admit)."""
+
+    def __init__(self, layers: Sequence[int], k: int, slots: dict[int, int], n_expert: int,
+                 profile: Sequence[tuple[int, int]], admit: int) -> None:
+        if admit < 1:
+            raise ValueError(f"admit must be at least 1 expert per layer and decode, got {admit}")
+        self.admit = admit
+        self.looked = _looked_up(layers, slots, n_expert)
+        self.layers = [layers[j] for j in self.looked]
+        filled = prefill_resident(profile, slots, n_expert)
+        # per looked-up layer: free slots (ascending), expert_in, slot_of, last_use, from_profile, [hits, misses],
+        # and a heap of (last use, slot) with stale entries skipped: the victim is the least recently used slot,
+        # the lowest of equals, as the engine's scan finds it
+        self.state = []
+        for il in self.layers:
+            n, f = slots[il], filled[il]
+            heap = [(0, s) for s in range(len(f))]
+            self.state.append((list(range(len(f), n)), f + [-1] * (n - len(f)), {e: s for s, e in enumerate(f)},
+                               [0] * n, [True] * len(f) + [False] * (n - len(f)), [0, 0], heap))
+        self.clock = 0
+        self.hits_profile = self.large = self.token_layers = self.all_in = self.n_admit = 0
+        self.n_slots = sum(slots[il] for il in self.layers)
+
+    def feed(self, chunk: Routes) -> None:
+        bounds = list(zip(chunk.starts[:-1].tolist(), chunk.starts[1:].tolist()))
+        columns = [(chunk.counted[:, j].tolist(), chunk.layer_tokens[:, j].tolist()) for j in self.looked]
+        for u, (a, b) in enumerate(bounds):
+            self.clock += 1  # the ubatch's lookups
+            hit_stamp = self.clock
+            queues = []
+            for j, (_, _, slot_of, last_use, from_profile, acc, heap), (counted, n_tokens) in zip(
+                    self.looked, self.state, columns):
+                queue: list[int] = []
+                queues.append(queue)
+                if not n_tokens[u]:
+                    continue
+                if not counted[u]:  # over 32 tokens: llama.cpp's path
+                    self.large += 1
+                    continue
+                rows = [row for row in chunk.experts[a:b, j].tolist() if row[0] >= 0]
+                for row in rows:
+                    self.all_in += all(e in slot_of for e in row)
+                self.token_layers += len(rows)
+                seen: set[int] = set()
+                for row in rows:
+                    for e in row:
+                        if e in seen:
+                            continue
+                        seen.add(e)
+                        s = slot_of.get(e, -1)
+                        if s >= 0:
+                            last_use[s] = hit_stamp
+                            heapq.heappush(heap, (hit_stamp, s))
+                            acc[0] += 1
+                            self.hits_profile += from_profile[s]
+                        else:
+                            acc[1] += 1
+                            queue.append(e)
+            self.clock += 1  # the admission after the decode: newer than every hit of it
+            for (free, expert_in, slot_of, last_use, from_profile, _, heap), queue in zip(self.state, queues):
+                done = 0
+                for e in queue:
+                    if done >= self.admit:
+                        break
+                    if free:
+                        victim = free.pop(0)
+                    else:
+                        while True:
+                            stamp, victim = heapq.heappop(heap)
+                            if stamp == last_use[victim]:
+                                break
+                        del slot_of[expert_in[victim]]
+                    expert_in[victim], slot_of[e], from_profile[victim], last_use[victim] = e, victim, False, self.clock
+                    heapq.heappush(heap, (self.clock, victim))
+                    done += 1
+                self.n_admit += done
+
+    def result(self) -> PolicyResult:
+        per_layer = {il: (st[5][0], st[5][1]) for il, st in zip(self.layers, self.state)}
+        return PolicyResult(f"admit{self.admit}", sum(h for h, _ in per_layer.values()), self.hits_profile,
+                            sum(m for _, m in per_layer.values()), self.token_layers, self.all_in, 0, self.n_slots,
+                            sum(len(st[2]) for st in self.state), per_layer, n_swap=self.n_admit, n_large=self.large)
+
+
+
+def admit_replay(admit: int):
+    """The factory of REPLAYS' signature for admission of ``admit`` experts per layer and decode."""
+    def make(layers: Sequence[int], k: int, one_token: bool, slots: dict[int, int], n_expert: int,
+             profile: Sequence[tuple[int, int]]) -> Replay:
+        return AdmitReplay(layers, k, slots, n_expert, profile, admit)
+    return make

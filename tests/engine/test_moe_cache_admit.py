@@ -1,0 +1,162 @@
+"""The hybrid with admission (moe_cache_admit N) on the real patched libllama, the CPU as the cache's device:
+each decode's missed experts are uploaded before the next decode, at most N per layer, into the least recently
+used slots. Nothing a token computes changes, and the counters are those of an independent replay of the
+engine's own routing trace."""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from llama_moe import Context, ContextParams, Model, ModelParams, Sampling
+from llama_moe.errors import ParameterError
+from llama_moe.experts import expert_layout
+from llama_moe.formats.trace import RoutingRecord
+from support.cache_sizes import mib_for_slots
+
+PROMPT = "The ship left the harbour at dawn, and the crew"
+SAMPLING = Sampling(temperature=0.8, seed=3)  # sampled text: greedy decoding of a bigram model loops
+N_GEN = 160
+SLOTS = 8
+RAM = ModelParams(cpu_moe=True, repack=False)
+
+
+@pytest.fixture(autouse=True)
+def cache_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LLAMA_MOE_CACHE_DEVICE", "CPU")
+
+
+def _admitting(path: Path, n: int, **kw) -> ContextParams:
+    return ContextParams(n_ctx=1024, moe_cache_mib=mib_for_slots(path, SLOTS, hybrid=True), moe_cache_hybrid=True,
+                         moe_cache_admit=n, **kw)
+
+
+@dataclass
+class _Layer:
+    """One layer of the replay: slot -> expert, slot -> last use, the misses waiting for the next admission."""
+    expert_in: list[int]
+    last_use: list[int]
+    queue: list[int] = field(default_factory=list)
+    hits: int = 0
+    misses: int = 0
+
+
+def replay(records: list[RoutingRecord], n_slots: int, admit: int) -> tuple[dict[int, _Layer], int]:
+    """The admission rule, written from its description: per ubatch and layer, a selected expert in a slot is a
+    hit (once per ubatch) and marks the slot used; a missed one (once per ubatch) waits in first-seen order.
+    Between decodes (here: between ubatches, one ubatch a decode), each layer uploads its first ``admit``
+    waiting experts, each into its first free slot, else the least recently used one (the lowest of equals),
+    marked as used after every hit of the ubatch before."""
+    layers: dict[int, _Layer] = {}
+    admitted, clock, prev_il = 0, 0, None
+
+    def admit_all() -> None:
+        nonlocal admitted, clock
+        clock += 1
+        for l in layers.values():
+            n = 0
+            for e in l.queue:
+                if n >= admit:
+                    break
+                if e in l.expert_in:
+                    continue
+                free = [s for s, x in enumerate(l.expert_in) if x < 0]
+                s = free[0] if free else min(range(n_slots), key=lambda i: (l.last_use[i], i))
+                l.expert_in[s], l.last_use[s] = e, clock
+                n += 1
+            l.queue.clear()
+            admitted += n
+
+    for r in records:
+        if prev_il is not None and r.il <= prev_il:
+            admit_all()  # the next decode starts
+        prev_il = r.il
+        clock += 1
+        l = layers.setdefault(r.il, _Layer([-1] * n_slots, [0] * n_slots))
+        seen: set[int] = set()
+        for e in r.experts.reshape(-1).tolist():
+            if e < 0 or e in seen:  # -1: a token the layer did not compute (the last layer computes a prompt's last)
+                continue
+            seen.add(e)
+            if e in l.expert_in:
+                l.hits += 1
+                l.last_use[l.expert_in.index(e)] = clock
+            else:
+                l.misses += 1
+                l.queue.append(e)
+    return layers, admitted
+
+
+@pytest.mark.parametrize("admit", [1, 4])
+def test_admission_changes_no_token_and_counts_as_its_replay(lib, tiny_model_path, caplog, admit: int) -> None:
+    layout = expert_layout(tiny_model_path)
+    caplog.set_level(logging.INFO, logger="llama_moe.native")
+    with Model(tiny_model_path, RAM) as model:
+        with Context(model, ContextParams(n_ctx=1024)) as ctx:
+            plain = list(ctx.generate(PROMPT, N_GEN, SAMPLING, stop_at_eog=False))
+            plain_logits = ctx.logits().copy()
+        with Context(model, _admitting(tiny_model_path, admit)) as ctx:
+            ctx.start_trace()
+            got = list(ctx.generate(PROMPT, N_GEN, SAMPLING, stop_at_eog=False))
+            records = ctx.stop_trace()
+            logits = ctx.logits().copy()
+            stats = ctx.moe_cache_stats()
+            per_layer = {l.il: l for l in ctx.layer_stats()}
+            resident = {il: sorted(ctx.resident(il).tolist()) for il in per_layer}
+    assert got == plain
+    assert np.array_equal(logits, plain_logits)
+    layers, admitted = replay(records, SLOTS, admit)
+    # the last decode's misses wait for a next decode that never came
+    assert stats.n_admit == admitted > 0
+    assert stats.n_swap == 0 and stats.n_prefilled == 0
+    assert stats.n_bytes_upload == stats.n_admit * layout.layers[0].bytes_per_expert
+    for il, l in layers.items():
+        assert (per_layer[il].n_hit, per_layer[il].n_miss) == (l.hits, l.misses), il
+        assert resident[il] == sorted(e for e in l.expert_in if e >= 0), il
+    assert f"admits up to {admit} missed experts per layer between two decodes" in caplog.text
+    assert "starts empty and stays empty" not in caplog.text
+
+
+def test_admission_fills_a_hybrid_that_would_stay_empty(lib, tiny_model_path) -> None:
+    rates, admitted = {}, {}
+    with Model(tiny_model_path, RAM) as model:
+        for n in (0, 8):
+            cp = _admitting(tiny_model_path, n, n_threads=2)
+            with Context(model, cp) as ctx:
+                list(ctx.generate(PROMPT, 96, SAMPLING, stop_at_eog=False))
+                s = ctx.moe_cache_stats()
+                rates[n], admitted[n] = s.hit_rate, s.n_admit
+    assert rates[0] == 0.0 and admitted[0] == 0  # the hybrid without a profile nor admission stays empty
+    assert rates[8] > 0.3 and admitted[8] > 0, (rates, admitted)
+
+
+def test_admission_through_the_mailbox_is_the_schedulers(lib, tiny_model_path, monkeypatch) -> None:
+    """The mailbox's CPU side counts a token's misses itself: admission sees the same misses either way."""
+    out = {}
+    with Model(tiny_model_path, RAM) as model:
+        for way in ("scheduler", "mailbox"):
+            if way == "mailbox":
+                monkeypatch.setenv("LLAMA_MOE_MAILBOX_ON_CPU", "1")
+            with Context(model, _admitting(tiny_model_path, 2, n_threads=2)) as ctx:
+                tokens = list(ctx.generate(PROMPT, 64, SAMPLING, stop_at_eog=False))
+                out[way] = (tokens, ctx.logits().copy(), [(l.n_hit, l.n_miss) for l in ctx.layer_stats()],
+                            ctx.moe_cache_stats().n_admit)
+    assert out["mailbox"][0] == out["scheduler"][0]
+    assert np.array_equal(out["mailbox"][1], out["scheduler"][1])
+    assert out["mailbox"][2:] == out["scheduler"][2:]
+    assert out["mailbox"][3] > 0
+
+
+@pytest.mark.parametrize("kw, why", [
+    ({"moe_cache_admit": -1}, "moe_cache_admit must be a whole number of experts"),
+    ({"moe_cache_admit": 2.5}, "moe_cache_admit must be a whole number of experts"),
+    ({"moe_cache_admit": True}, "moe_cache_admit must be a whole number of experts"),
+    ({"moe_cache_admit": 2, "moe_cache_hybrid": False}, "needs moe_cache_hybrid=True"),
+])
+def test_bad_admission_settings_are_refused(kw, why) -> None:
+    base = {"moe_cache_mib": 4, "moe_cache_hybrid": True}
+    with pytest.raises(ParameterError, match=why):
+        ContextParams(**{**base, **kw}).validate()
