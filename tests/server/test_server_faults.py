@@ -140,3 +140,33 @@ def test_four_slots_and_two_hundred_requests(server_binary, tiny_model_path, tmp
     assert sum(r["event"] == "request" for r in records) == 200 and records[-1]["event"] == "exit"
     check = _audit_check(audit)
     assert check.returncode == 0, check.stdout + check.stderr
+
+
+@pytest.mark.parametrize("bad", ["2junk", "-1", "", "12345", "1.5"])
+def test_a_bad_admission_count_is_refused_at_start(server_binary, tiny_model_path, tmp_path, bad) -> None:
+    proc = subprocess.run([str(server_binary), *_args(tiny_model_path, tmp_path / "a.jsonl"), "--moe-cache-hybrid",
+                           "--moe-cache-admit", bad, "--port", "1"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0
+    assert f"--moe-cache-admit {bad}: not a count of experts from 0 to 9999" in proc.stderr
+
+
+def test_admission_in_the_server_counts_and_is_audited(server_binary, tiny_model_path, tmp_path) -> None:
+    """The hybrid admitting its misses behind llama-server: the audit's load record names the setting, the
+    exit summary counts the admissions, and the audit log passes its check."""
+    audit, log = tmp_path / "audit.jsonl", tmp_path / "server.log"
+    proc, url = start_server(server_binary, _args(tiny_model_path, audit, "--moe-cache-hybrid", "--moe-cache-admit", "2", "-v"),
+                             log)
+    try:
+        r = requests.post(f"{url}/completion", json={"prompt": "The ship left the harbour", "n_predict": 48,
+                                                      "temperature": 0.8, "seed": 1}, timeout=120)
+        assert r.status_code == 200, r.text
+    finally:
+        stop_server(proc)
+    records = [json.loads(line) for line in audit.read_text().splitlines()]
+    assert records[0]["params"]["moe_cache_admit"] == 2 and records[0]["params"]["moe_cache_hybrid"] is True
+    text = log.read_text()
+    assert "hybrid MoE cache admits up to 2 missed experts per layer between two decodes" in text
+    admitted = [line for line in text.splitlines() if "llama_moe_cache: admission:" in line]
+    assert admitted and int(admitted[-1].split("admission: ")[1].split()[0]) > 0, admitted
+    check = _audit_check(audit)
+    assert check.returncode == 0, check.stdout + check.stderr
