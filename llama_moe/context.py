@@ -13,7 +13,7 @@ from ._native import check as _check
 from ._native.cache_status import cache_off_reason, check_cache_fits
 from ._native.ffi import ffi
 from ._native.handle import NativeHandle
-from .errors import MoeCacheWarning, NativeCallError
+from .errors import MoeCacheWarning, NativeCallError, ParameterError
 from .model import Model
 from .params import ContextParams, check_sampling
 from .stats import LayerStats, MoeCacheStats
@@ -254,11 +254,12 @@ class Context(NativeHandle):
 
         return save_session(self, path)
 
-    def load_session(self, path: str | os.PathLike[str]) -> SessionInfo:
-        """Replaces sequence 0 by a saved session of the same model; a refused file leaves the context as it was."""
+    def load_session(self, path: str | os.PathLike[str], warm: bool = True) -> SessionInfo:
+        """Replaces sequence 0 by a saved session of the same model; a refused file leaves the context as it was.
+        With ``warm`` (and a cache) the session's working set is brought into the cache before the next token."""
         from .session import load_session
 
-        return load_session(self, path)
+        return load_session(self, path, warm)
 
     # -- the MoE cache -------------------------------------------------------------------------------
     def moe_cache_stats(self) -> MoeCacheStats | None:
@@ -296,6 +297,22 @@ class Context(NativeHandle):
             raise ValueError(f"max_swaps must be >= 0, got {max_swaps}")
         with self._lock:
             return int(self._lib.llama_moe_cache_rebalance(self._live(), max_swaps))
+
+    def admit_experts(self, il: int, experts: Sequence[int]) -> int:
+        """Uploads the given experts of layer ``il`` that the cache lacks, first given first, into its free or
+        least recently used slots, now, between two decodes (at most the layer's slots; counted in
+        ``MoeCacheStats.n_admit``). Returns how many were uploaded: 0 for a layer the cache does not look up
+        (held whole, or not cached). Any cache mode; ParameterError without a cache or for an id outside the
+        layer's experts."""
+        ids = [int(e) for e in experts]
+        with self._lock:
+            ptr = self._live()
+            if not self._lib.llama_moe_cache_get_stats(ptr, ffi.new("struct llama_moe_cache_stats *")):
+                raise ParameterError("admit_experts: this context has no MoE cache")
+            n = int(self._lib.llama_moe_cache_admit_experts(ptr, int(il), ffi.new("int32_t[]", ids or [0]), len(ids)))
+        if n < 0:
+            raise ParameterError(f"admit_experts: an expert id of layer {il} is out of range: {ids}")
+        return n
 
     # -- routing traces --------------------------------------------------------------------------------
     def start_trace(self) -> None:

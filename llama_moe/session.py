@@ -39,6 +39,7 @@ class SessionInfo:
     tokens: tuple[int, ...]
     state_bytes: int
     working_set: dict[int, tuple[int, ...]]
+    n_warmed: int = 0  # load_session: experts of the working set brought into the cache
 
     @property
     def n_tokens(self) -> int:
@@ -101,7 +102,9 @@ def read_session(path: str | os.PathLike[str]) -> tuple[dict[str, Any], bytes]:
         header = json.loads(data[at:at + n_header])
         tokens, model, working = header["tokens"], header["model"], header["working_set"]
         if not (isinstance(tokens, list) and all(isinstance(t, int) for t in tokens) and isinstance(model, dict)
-                and isinstance(working, dict)):
+                and isinstance(working, dict)
+                and all(k.isdigit() and isinstance(v, list) and all(isinstance(e, int) and not isinstance(e, bool)
+                                                                     for e in v) for k, v in working.items())):
             raise ValueError("fields of the wrong type")
     except (ValueError, KeyError, TypeError) as exc:
         raise SessionError(f"{path}: the header is malformed: {exc}") from exc
@@ -113,9 +116,11 @@ def read_session(path: str | os.PathLike[str]) -> tuple[dict[str, Any], bytes]:
     return header, data[at:at + n_state]
 
 
-def load_session(ctx: Context, path: str | os.PathLike[str]) -> SessionInfo:
+def load_session(ctx: Context, path: str | os.PathLike[str], warm: bool = True) -> SessionInfo:
     """Replaces sequence 0 of ``ctx`` by the session's (its last token evaluated again, so that generation
-    continues from it); the context is unchanged when the file is refused."""
+    continues from it); the context is unchanged when the file is refused. With ``warm`` and a cache, each
+    layer's saved experts are uploaded into its slots first (``Context.admit_experts``; counted as admissions),
+    so that a returning conversation starts with its experts."""
     path = Path(path)
     header, state = read_session(path)
     mine = identity(ctx)
@@ -151,11 +156,20 @@ def load_session(ctx: Context, path: str | os.PathLike[str]) -> SessionInfo:
                                f"the context is as it was")
         ctx.n_past = len(tokens)
         ctx._evaluated[:] = tokens
+        # the conversation's experts back in the cache before its next token (a cache of any mode; at most
+        # each layer's slots)
+        working = {int(k): tuple(int(e) for e in v) for k, v in header["working_set"].items()}
+        has_cache = bool(lib.llama_moe_cache_get_stats(ptr, ffi.new("struct llama_moe_cache_stats *")))
+        warmed = 0
+        if has_cache and warm:
+            for il, experts in working.items():
+                if experts and 0 <= il < mine["n_layer"] and all(0 <= e < mine["n_expert"] for e in experts):
+                    warmed += max(0, int(lib.llama_moe_cache_admit_experts(ptr, il, ffi.new("int32_t[]", list(experts)),
+                                                                           len(experts))))
         if tokens:  # the state holds no logits: the last token is evaluated again, for the next one's
             lib.llama_memory_seq_rm(mem, 0, len(tokens) - 1, -1)
             ctx.n_past -= 1
             del ctx._evaluated[-1]
             ctx.decode(tokens[-1:])
-    working = {int(k): tuple(int(e) for e in v) for k, v in header["working_set"].items()}
-    log.info("session loaded: %s, %d tokens", path, len(tokens))
-    return SessionInfo(path, tuple(tokens), len(state), working)
+    log.info("session loaded: %s, %d tokens, %d experts brought into the cache", path, len(tokens), warmed)
+    return SessionInfo(path, tuple(tokens), len(state), working, warmed)

@@ -110,3 +110,47 @@ def test_bad_files_are_refused_and_the_context_is_unchanged(model, tmp_path: Pat
         list(fresh.generate("To grow tomatoes in a small garden, start with", 4, stop_at_eog=False))
         assert list(fresh.generate([], 8, stop_at_eog=False)) == expected  # the refusals changed nothing
     assert state and header["tokens"]
+
+
+def test_a_returning_conversation_starts_with_its_experts(model, tmp_path: Path, tiny_model_path) -> None:
+    """An admitting hybrid's working set saved with the session is brought into a fresh context's cache on load:
+    the tokens after the resume are the same warm or cold, and the first 32 tokens hit more often warm."""
+    from llama_moe import Sampling
+    from support.cache_sizes import mib_for_slots
+    sampling = Sampling(temperature=0.8, seed=5)
+    cp = _params(moe_cache_mib=mib_for_slots(tiny_model_path, 12, hybrid=True), moe_cache_hybrid=True,
+                 moe_cache_admit=2)
+    path = tmp_path / "warm.session"
+    with Context(model, cp) as ctx:
+        list(ctx.generate(PROMPT, 96, sampling, stop_at_eog=False))
+        saved = ctx.save_session(path)
+    n_saved = sum(len(v) for v in saved.working_set.values())
+    assert n_saved > 0
+    runs = {}
+    for warm in (False, True):
+        with Context(model, cp) as ctx:
+            info = ctx.load_session(path, warm=warm)
+            assert info.n_warmed == (n_saved if warm else 0)
+            if warm:
+                for il, experts in saved.working_set.items():
+                    assert sorted(ctx.resident(il).tolist()) == sorted(experts)
+            start = ctx.moe_cache_stats()
+            tokens = list(ctx.generate([], 32, sampling, stop_at_eog=False))
+            end = ctx.moe_cache_stats()
+            runs[warm] = (tokens, (end.n_hit - start.n_hit) / (end.n_lookup - start.n_lookup))
+    assert runs[True][0] == runs[False][0]
+    assert runs[True][1] > runs[False][1], runs
+
+
+def test_admit_experts_refuses_what_it_cannot_do(model, tiny_model_path) -> None:
+    from llama_moe.errors import ParameterError
+    with Context(model, _params()) as ctx:
+        with pytest.raises(ParameterError, match="no MoE cache"):
+            ctx.admit_experts(0, [1, 2])
+    with Context(model, _params(moe_cache_mib=2)) as ctx:
+        with pytest.raises(ParameterError, match="out of range"):
+            ctx.admit_experts(0, [1, 999])
+        assert ctx.admit_experts(0, [3, 4, 3]) == 2
+        assert {3, 4} <= set(ctx.resident(0).tolist())
+        assert ctx.admit_experts(0, [3]) == 0  # held already
+        assert ctx.moe_cache_stats().n_admit == 2

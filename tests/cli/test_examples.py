@@ -45,3 +45,10 @@ def test_batch_generates_four_prompts_together(lib) -> None:
     out = _run("batch.py", "--cache-mib", "2", "-n", "24")
     assert len(re.findall(r"^\[\d\] ", out, re.M)) == 4
     assert re.search(r"4 sequences: \d+ tokens decoded in \d+ steps at [\d.]+ tok/s together", out)
+
+
+def test_a_session_resumes_warm(lib) -> None:
+    out = _run("sessions.py", "--cache-mib", "2", "-n", "24")
+    assert re.search(r"saved \d+ tokens, \d+ bytes of state and [1-9]\d* experts", out)
+    assert re.search(r"resumed with [1-9]\d* experts brought back", out)
+    assert re.search(r"hit rate after the resume 0\.\d{3}", out)

@@ -35,6 +35,7 @@ bool    llama_moe_cache_get_stats(const struct llama_context * ctx, struct llama
 int32_t llama_moe_cache_get_layer_stats(const struct llama_context * ctx, struct llama_moe_cache_layer_stats * stats, int32_t n_max);
 int32_t llama_moe_cache_get_resident(const struct llama_context * ctx, int32_t il, int32_t * experts, int32_t n_max);
 int32_t llama_moe_cache_rebalance(struct llama_context * ctx, int32_t max_swaps);
+int32_t llama_moe_cache_admit_experts(struct llama_context * ctx, int32_t il, const int32_t * experts, int32_t n);
 
 void    llama_moe_trace_start(struct llama_context * ctx);
 void    llama_moe_trace_stop(struct llama_context * ctx);

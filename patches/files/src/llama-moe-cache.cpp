@@ -909,6 +909,55 @@ int32_t llama_moe_cache::admit() {
     return n;
 }
 
+int32_t llama_moe_cache::admit_experts(int32_t il, const int32_t * experts, int32_t n) {
+    std::lock_guard<std::mutex> lock(mutex);
+    const auto it = layer_of_il.find(il);
+    if (it == layer_of_il.end()) {
+        return 0;
+    }
+    auto & l = layers[it->second];
+    for (int32_t i = 0; i < n; ++i) {
+        if (experts[i] < 0 || experts[i] >= l.n_expert) {
+            LLAMA_LOG_ERROR("%s: layer %d has experts 0 to %d, got %d\n", __func__, il, l.n_expert - 1, experts[i]);
+            return -1;
+        }
+    }
+    if (l.whole) {
+        return 0; // every expert is held already
+    }
+    const uint64_t now = ++stamp; // newer than every slot not admitted here, so none of these is evicted by another
+    int32_t done = 0;
+    for (int32_t i = 0; i < n && done < l.n_slots; ++i) {
+        const int32_t e = experts[i];
+        if (l.slot_of[e] >= 0) {
+            l.last_use[l.slot_of[e]] = now;
+            continue;
+        }
+        int32_t s = 0;
+        for (int32_t j = 0; j < l.n_slots; ++j) {
+            if (l.expert_in[j] < 0) {
+                s = j;
+                break;
+            }
+            if (l.last_use[j] < l.last_use[s]) {
+                s = j;
+            }
+        }
+        if (l.last_use[s] == now && l.expert_in[s] >= 0) {
+            break; // every slot holds one of the given experts
+        }
+        upload(l, e, s);
+        l.last_use[s] = now;
+        done++;
+    }
+    if (done > 0) {
+        push_slot_map(l);
+        n_bytes_upload += (uint64_t) done * l.expert_bytes;
+        n_admit += done;
+    }
+    return done;
+}
+
 bool llama_moe_cache::rebalance_due() const {
     return adaptive() && (n_tokens_small >= next_fill || n_tokens_small >= next_swap);
 }

@@ -141,6 +141,12 @@ struct llama_moe_cache {
     void    between_decodes();
     bool    admitting() const { return params.admit > 0 && params.hybrid; }
 
+    // Uploads the given experts of layer il that the cache lacks, first given first, into free or least recently
+    // used slots, now (at most the layer's slots; the caller makes sure the device is idle). Counted as
+    // admissions. Returns how many were uploaded (0 for a layer the cache does not look up), -1 for an id out
+    // of range.
+    int32_t admit_experts(int32_t il, const int32_t * experts, int32_t n);
+
     // The mailbox's CPU side (llama-moe-mailbox.h): counts one token's selected experts of layer il like the
     // hybrid's graph does, and gives the CPU's ids (-1 for the experts the cache holds).
     void count_selected(int il, const int32_t * selected, int32_t * cpu_ids);

@@ -51,6 +51,15 @@ int32_t llama_moe_cache_rebalance(struct llama_context * ctx, int32_t max_swaps)
     return cache->rebalance(std::max(max_swaps, 0));
 }
 
+int32_t llama_moe_cache_admit_experts(struct llama_context * ctx, int32_t il, const int32_t * experts, int32_t n) {
+    llama_moe_cache * cache = ctx ? ctx->get_moe_cache() : nullptr;
+    if (cache == nullptr || (n > 0 && experts == nullptr) || n < 0) {
+        return -1;
+    }
+    ctx->synchronize(); // the uploads overwrite slots a computation in flight may read
+    return cache->admit_experts(il, experts, n);
+}
+
 void llama_moe_trace_start(struct llama_context * ctx) {
     ctx->get_moe_trace().start();
 }
