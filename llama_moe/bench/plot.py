@@ -14,7 +14,7 @@ from .throughput import BenchRow
 INSTALL_HINT = "pip install 'llama_moe[bench]'"
 
 # modes drawn as lines over the cache size, in the order bench.MODES runs them; others follow in the rows' order
-_LINE_ORDER = ("n-cpu-moe", "upload", "hybrid", "hybrid-no-mailbox", "hybrid-adaptive")
+_LINE_ORDER = ("n-cpu-moe", "upload", "hybrid", "hybrid-no-mailbox", "hybrid-adaptive", "hybrid-admit")
 _LABELS = {
     "n-cpu-moe": "n-cpu-moe N (llama.cpp's split)",
     "cpu-moe": "cpu-moe (experts in RAM)",

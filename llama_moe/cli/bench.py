@@ -33,7 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--pp", type=int, default=512)
     p.add_argument("--runs", type=int, default=2)
     p.add_argument("--no-vram", action="store_true", help="skip the all-in-VRAM ceiling")
-    p.add_argument("--modes", default="cpu-moe,n-cpu-moe,upload,hybrid,hybrid-adaptive,vram",
+    p.add_argument("--modes", default="cpu-moe,n-cpu-moe,upload,hybrid,hybrid-adaptive,hybrid-admit,vram",
                    help="comma-separated, of: " + ", ".join(MODES))
     p.add_argument("--profile", help="the hybrid modes' profile (default: made from the corpus's train paragraphs)")
     p.add_argument("--profile-stride", type=int, default=1, metavar="K",

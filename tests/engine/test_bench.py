@@ -14,10 +14,10 @@ def test_every_mode_runs_and_reports(lib, tiny_model_path, tmp_path, monkeypatch
     profile = train_profile(tiny_model_path, tmp_path / "train.strp", log=lambda s: None)
     rows = run_bench(tiny_model_path, [50], [2], n_gen=24, n_pp=64, runs=1, vram=True, log=lambda s: None,
                      modes=MODES, profile=profile)
-    assert [r.mode for r in rows] == ["cpu-moe", "upload", "hybrid", "hybrid-no-mailbox", "hybrid-adaptive", "n-cpu-moe 3",
-                                      "all-in-vram"]
+    assert [r.mode for r in rows] == ["cpu-moe", "upload", "hybrid", "hybrid-no-mailbox", "hybrid-adaptive", "hybrid-admit",
+                                      "n-cpu-moe 3", "all-in-vram"]
     assert all(r.decode_tps > 0 and r.pp_tps > 0 for r in rows)
-    cached = [r for r in rows if r.mode in ("upload", "hybrid", "hybrid-no-mailbox", "hybrid-adaptive")]
+    cached = [r for r in rows if r.mode in ("upload", "hybrid", "hybrid-no-mailbox", "hybrid-adaptive", "hybrid-admit")]
     assert all(r.hit_rate is not None and 0 < r.hit_rate <= 1 for r in cached)
     assert all(abs(r.cache_pct - 50) < 1 for r in cached)
     # the RAM bound: every expert of a token from RAM for cpu-moe, the CPU's share for the hybrid, none in VRAM
