@@ -123,3 +123,24 @@ def test_the_cache_on_each_architecture(lib, tmp_path: Path, config: str) -> Non
     assert not failed, f"{config}: {len(failed)} of {len(result['checks'])} checks failed:\n" + \
         "\n".join(f"  {name}: {detail}" for name, detail in failed.items())
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def test_a_cache_it_cannot_serve_says_why_without_wrong_advice(lib, tmp_path: Path, monkeypatch) -> None:
+    """Gemma 4's per-expert scales keep every MoE layer on llama.cpp's path: the cache is off, and the warning
+    names the scales instead of advising --cpu-moe for experts that are already in RAM."""
+    import warnings
+
+    from llama_moe import Context, ContextParams, Model, ModelParams
+    from llama_moe.errors import MoeCacheWarning
+
+    monkeypatch.setenv("LLAMA_MOE_CACHE_DEVICE", "CPU")
+    path = tmp_path / "g4.gguf"
+    synthesize_arch(path, "gemma4", "q8_0", seed=0)
+    with Model(path, ModelParams(cpu_moe=True, repack=False)) as model:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with Context(model, ContextParams(n_ctx=256, n_threads=2, moe_cache_mib=2)) as ctx:
+                assert ctx.moe_cache_stats() is None
+    said = " ".join(str(w.message) for w in caught if issubclass(w.category, MoeCacheWarning))
+    assert "4 with per-expert scales" in said and "the cache is off" in said
+    assert "cpu_moe=True" not in said and "--cpu-moe" not in said

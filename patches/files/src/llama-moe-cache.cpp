@@ -95,10 +95,6 @@ std::unique_ptr<llama_moe_cache> llama_moe_cache::create(const llama_model & mod
         if (down == nullptr || (gate == nullptr && up == nullptr)) {
             continue;
         }
-        if (l.ffn_gate_exps_s || l.ffn_up_exps_s || l.ffn_down_exps_s) {
-            n_scaled++; // per-expert scales would be looked up by slot id
-            continue;
-        }
         bool host = llama_moe_cache_host_tensor(down);
         for (ggml_tensor * t : {gate, up}) {
             host = host && (t == nullptr || llama_moe_cache_host_tensor(t));
@@ -108,6 +104,10 @@ std::unique_ptr<llama_moe_cache> llama_moe_cache::create(const llama_model & mod
             if (down->buffer && strstr(ggml_backend_buffer_name(down->buffer), "CPU") != nullptr) {
                 n_repacked++;
             }
+            continue;
+        }
+        if (l.ffn_gate_exps_s || l.ffn_up_exps_s || l.ffn_down_exps_s) {
+            n_scaled++; // per-expert scales would be looked up by slot id
             continue;
         }
         const bool has_bias = l.ffn_gate_exps_b || l.ffn_up_exps_b || l.ffn_down_exps_b || l.ffn_gate_up_exps_b;
@@ -161,6 +161,12 @@ std::unique_ptr<llama_moe_cache> llama_moe_cache::create(const llama_model & mod
     }
     if (n_biased > 0) {
         LLAMA_LOG_WARN("llama_moe_cache: %d layers have expert biases the hybrid cannot copy (not F32 rows in RAM); they keep llama.cpp's path\n", n_biased);
+    }
+    if (cache->layers.empty() && n_scaled + n_biased > 0) {
+        // the experts are in RAM: advice to put them there would mislead
+        LLAMA_LOG_WARN("llama_moe_cache: --moe-cache-mib is set, but the cache can serve none of the layers that keep their experts on the CPU "
+                       "(%d with per-expert scales, %d with biases it cannot copy); the cache is off\n", n_scaled, n_biased);
+        return nullptr;
     }
     if (cache->layers.empty()) {
         LLAMA_LOG_WARN("llama_moe_cache: --moe-cache-mib is set, but no layer has its experts in RAM%s; the cache is off "
