@@ -118,8 +118,9 @@ def test_mailbox_with_expert_biases(lib, tmp_path, monkeypatch, caplog) -> None:
 
 
 @pytest.mark.parametrize("env,why", [
-    ({"LLAMA_MOE_MAILBOX_GPU_SHARE": "half"}, "LLAMA_MOE_MAILBOX_GPU_SHARE=half is not a share from 0 to 1; using 0.00"),
-    ({"LLAMA_MOE_MAILBOX_GPU_SHARE": "1.5"}, "LLAMA_MOE_MAILBOX_GPU_SHARE=1.5 is not a share from 0 to 1; using 0.00"),
+    ({"LLAMA_MOE_MAILBOX_GPU_SHARE": "half"}, "LLAMA_MOE_MAILBOX_GPU_SHARE=half is not a number from 0 to 1; using 0"),
+    ({"LLAMA_MOE_MAILBOX_GPU_SHARE": "1.5"}, "LLAMA_MOE_MAILBOX_GPU_SHARE=1.5 is not a number from 0 to 1; using 0"),
+    ({"LLAMA_MOE_MAILBOX_GPU_SHARE": "nan"}, "LLAMA_MOE_MAILBOX_GPU_SHARE=nan is not a number from 0 to 1; using 0"),
     ({"LLAMA_MOE_MAILBOX_GPU_SHARE": "0.5", "LLAMA_MOE_MAILBOX_FUSE": "0"},
      "the CPU computes every miss (LLAMA_MOE_MAILBOX_GPU_SHARE=0.50 has no effect): LLAMA_MOE_MAILBOX_FUSE=0 builds no route"),
 ])
@@ -137,6 +138,43 @@ def test_a_gpu_share_that_cannot_apply_says_why(lib, tiny_model_path, monkeypatc
         tokens, _, _ = _run(model, cp, PROMPTS[0])
     assert tokens == plain
     assert any(r.levelno == logging.WARNING and why in r.getMessage() for r in caplog.records), caplog.text
+
+
+@pytest.mark.parametrize("name,value,why", [
+    # every setting llama_moe reads, each kind of malformed value: refused with the default, and a warning
+    ("LLAMA_MOE_MAILBOX_THREADS", "abc", "is not a whole number from 1 to 1024; using"),
+    ("LLAMA_MOE_MAILBOX_THREADS", "-3", "is not a whole number from 1 to 1024; using"),
+    ("LLAMA_MOE_MAILBOX_THREADS", "2junk", "is not a whole number from 1 to 1024; using"),
+    ("LLAMA_MOE_MAILBOX_TIMEOUT_MS", "abc", "is not a whole number from 1 to 3600000; using 10000"),
+    ("LLAMA_MOE_MAILBOX_TIMEOUT_MS", "0", "is not a whole number from 1 to 3600000; using 10000"),
+    ("LLAMA_MOE_MAILBOX_PREFETCH", "-1", "is not a whole number from 0 to 1073741824; using"),
+    ("LLAMA_MOE_MAILBOX_TEST_DELAY_US", "x", "is not a whole number from 0 to 10000000; using 0"),
+    ("LLAMA_MOE_MAILBOX_TEST_STALL", "layer3", "is not a whole number from 0 to 1048576; using -1"),
+    ("GGML_MMID_CHUNK", "-1", "is not a whole number from 0 to 65536; using"),
+    ("GGML_MMID_CHUNK", "abc", "is not a whole number from 0 to 65536; using"),
+    ("GGML_MMID_CHUNK", "99999999999999999999", "is not a whole number from 0 to 65536; using"),
+    ("LLAMA_MOE_MAILBOX_FUSE", "maybe", "is not 1 or 0 (true/false, on/off, yes/no); using 1"),
+    ("LLAMA_MOE_CACHE_NO_MAILBOX", "sure", "is not 1 or 0 (true/false, on/off, yes/no); using 0"),
+    ("LLAMA_MOE_CACHE_NO_COPY", "2", "is not 1 or 0 (true/false, on/off, yes/no); using 0"),
+    ("LLAMA_MOE_MAILBOX_TEST_EMPTY", "yes please", "is not 1 or 0 (true/false, on/off, yes/no); using 0"),
+])
+def test_a_malformed_setting_is_replaced_by_its_default_with_a_warning(lib, tiny_model_path, monkeypatch, caplog,
+                                                                     name, value, why) -> None:
+    """Each variable is read strictly (no atoi: "2junk" is not 2, "-1" no count, an overflow no clamp): the
+    default is used, the warning names the variable, the value and the default, and the decode runs, with the
+    tokens of no cache and the mailbox on."""
+    caplog.set_level(logging.INFO, logger="llama_moe.native")
+    cp = ContextParams(n_ctx=256, n_threads=2, moe_cache_mib=mib_for_slots(tiny_model_path, 8, hybrid=True),
+                       moe_cache_hybrid=True, moe_cache_adaptive=True)
+    with Model(tiny_model_path, RAM) as model:
+        plain, _, _ = _run(model, ContextParams(n_ctx=256, n_threads=2), PROMPTS[0])
+        monkeypatch.setenv("LLAMA_MOE_MAILBOX_ON_CPU", "1")
+        monkeypatch.setenv(name, value)
+        tokens, _, _ = _run(model, cp, PROMPTS[0])
+    assert tokens == plain
+    said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and f"{name}={value} {why}" in r.getMessage()]
+    assert said, caplog.text
+    assert "hand over to" in caplog.text  # the mailbox ran with the default
 
 
 def test_mailbox_off_switch_and_lifecycles(lib, tiny_model_path, monkeypatch, caplog) -> None:

@@ -1,4 +1,5 @@
 #include "llama-moe-cache.h"
+#include "llama-moe-config.h"
 
 #include "llama-impl.h"
 #include "llama-model.h"
@@ -25,8 +26,8 @@ static constexpr double MiB = 1024.0*1024.0;
 // LLAMA_MOE_CACHE_DEVICE=CPU puts it in host memory: nothing is faster then, but every lookup, upload and
 // counter runs, which is how the cache is tested on machines without a GPU.
 static ggml_backend_buffer_type_t llama_moe_cache_pick_buft(const llama_model & model, std::string & name, ggml_backend_dev_t & dev_out) {
-    const char * env = getenv("LLAMA_MOE_CACHE_DEVICE");
-    if (env && *env) {
+    const char * env = llama_moe_env_str("LLAMA_MOE_CACHE_DEVICE");
+    if (env) {
         if (strcasecmp(env, "CPU") == 0) {
             name = "CPU";
             dev_out = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
@@ -243,8 +244,7 @@ std::unique_ptr<llama_moe_cache> llama_moe_cache::create(const llama_model & mod
     ggml_backend_buffer_clear(cache->buf, 0); // the null slots stay zero for good
     cache->device = dev;
     // LLAMA_MOE_CACHE_NO_COPY=1: prompts take every expert from RAM, as without a cache (for comparing)
-    const char * no_copy = getenv("LLAMA_MOE_CACHE_NO_COPY");
-    cache->copy_on = no_copy == nullptr || *no_copy == '\0' || strcmp(no_copy, "0") == 0;
+    cache->copy_on = !llama_moe_env_flag("LLAMA_MOE_CACHE_NO_COPY", false);
     if (ggml_get_first_tensor(cache->ctx_host) != nullptr) { // none when every layer is whole
         cache->buf_host = ggml_backend_alloc_ctx_tensors_from_buft(cache->ctx_host, ggml_backend_cpu_buffer_type());
         if (!cache->buf_host) {

@@ -1,4 +1,5 @@
 #include "llama-moe-cpu-part.h"
+#include "llama-moe-config.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -105,14 +106,9 @@ bool llama_moe_cpu_part::plan(ggml_context * ctx, ggml_cgraph * gf, ggml_threadp
     steps.clear();
     inputs.clear();
     work_bytes = 0;
-    chunk_rows = 0;
-    if (const char * env = getenv("GGML_MMID_CHUNK")) {
-        chunk_rows = std::max(0, atoi(env));
-    }
-    prefetch_bytes = LLAMA_MOE_CPU_PART_PREFETCH;
-    if (const char * env = getenv("LLAMA_MOE_MAILBOX_PREFETCH")) {
-        prefetch_bytes = std::max(0, atoi(env));
-    }
+    // GGML_MMID_CHUNK as ggml-cpu reads it (its own reader: ggml does not link llama), by the same rule
+    chunk_rows = (int) llama_moe_env_int("GGML_MMID_CHUNK", 0, 0, 1 << 16);
+    prefetch_bytes = (int) llama_moe_env_int("LLAMA_MOE_MAILBOX_PREFETCH", LLAMA_MOE_CPU_PART_PREFETCH, 0, 1 << 30);
 
     const int n_nodes = ggml_graph_n_nodes(gf);
     std::vector<ggml_tensor *> group; // the MUL_MAT_IDs of the step being built

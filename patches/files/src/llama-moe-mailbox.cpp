@@ -1,4 +1,5 @@
 #include "llama-moe-mailbox.h"
+#include "llama-moe-config.h"
 
 #include "llama-impl.h"
 #include "llama-moe-cache.h"
@@ -17,8 +18,7 @@ static constexpr int64_t LLAMA_MOE_MAILBOX_AWAKE_US  = 2000;
 static constexpr int64_t LLAMA_MOE_MAILBOX_DROWSY_US = 1000000;
 
 std::unique_ptr<llama_moe_mailbox> llama_moe_mailbox::create(llama_moe_cache & cache, int n_threads, bool all_on_gpu) {
-    const char * off = getenv("LLAMA_MOE_CACHE_NO_MAILBOX");
-    if (off != nullptr && *off != '\0' && strcmp(off, "0") != 0) {
+    if (llama_moe_env_flag("LLAMA_MOE_CACHE_NO_MAILBOX", false)) {
         LLAMA_LOG_INFO("llama_moe_cache: mailbox off (LLAMA_MOE_CACHE_NO_MAILBOX): the hybrid hands over through the scheduler\n");
         return nullptr;
     }
@@ -28,7 +28,7 @@ std::unique_ptr<llama_moe_mailbox> llama_moe_mailbox::create(llama_moe_cache & c
     }
     const char * reg = ggml_backend_reg_name(ggml_backend_dev_backend_reg(dev));
     const bool cuda = strcmp(reg, "CUDA") == 0;
-    const bool cpu_test = ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU && getenv("LLAMA_MOE_MAILBOX_ON_CPU") != nullptr;
+    const bool cpu_test = ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU && llama_moe_env_flag("LLAMA_MOE_MAILBOX_ON_CPU", false);
     if (!cuda && !cpu_test) {
         return nullptr; // the scheduler's path: the mailbox needs host memory the device can poll
     }
@@ -37,10 +37,7 @@ std::unique_ptr<llama_moe_mailbox> llama_moe_mailbox::create(llama_moe_cache & c
     mb->cache      = &cache;
     // the thread that drives the device keeps a core; on the H200 host (16 cores) a part with experts to
     // compute took 114 us with 15 threads, 141 with 12 and 168 with 8 (docs/benchmarks.md)
-    mb->n_threads  = std::max(1, n_threads - 1);
-    if (const char * t = getenv("LLAMA_MOE_MAILBOX_THREADS")) {
-        mb->n_threads = std::max(1, atoi(t));
-    }
+    mb->n_threads  = (int) llama_moe_env_int("LLAMA_MOE_MAILBOX_THREADS", std::max(1, n_threads - 1), 1, 1024);
     mb->all_on_gpu = all_on_gpu;
     mb->n_used     = cache.get_n_expert_used();
     if (mb->n_used > 64) {
@@ -49,23 +46,19 @@ std::unique_ptr<llama_moe_mailbox> llama_moe_mailbox::create(llama_moe_cache & c
                        (long long) mb->n_used);
         return nullptr;
     }
-    if (const char * t = getenv("LLAMA_MOE_MAILBOX_TIMEOUT_MS")) {
-        mb->timeout = std::max(1, atoi(t));
-    }
-    if (const char * t = getenv("LLAMA_MOE_MAILBOX_FUSE")) {
-        mb->fuse = strcmp(t, "0") != 0;
-    }
-    if (getenv("LLAMA_MOE_MAILBOX_TEST_EMPTY") != nullptr) {
+    mb->timeout = (int32_t) llama_moe_env_int("LLAMA_MOE_MAILBOX_TIMEOUT_MS", LLAMA_MOE_MAILBOX_TIMEOUT_MS, 1, 3600 * 1000);
+    mb->fuse    = llama_moe_env_flag("LLAMA_MOE_MAILBOX_FUSE", true);
+    if (llama_moe_env_flag("LLAMA_MOE_MAILBOX_TEST_EMPTY", false)) {
         mb->test_empty = true;
         LLAMA_LOG_WARN("llama_moe_cache: mailbox: LLAMA_MOE_MAILBOX_TEST_EMPTY: the CPU computes none of its experts; the output is wrong (a timing test)\n");
     }
-    if (const char * t = getenv("LLAMA_MOE_MAILBOX_TEST_DELAY_US")) {
-        mb->test_delay_us = std::max(0, atoi(t));
+    mb->test_delay_us = (int) llama_moe_env_int("LLAMA_MOE_MAILBOX_TEST_DELAY_US", 0, 0, 10 * 1000 * 1000);
+    if (mb->test_delay_us > 0) {
         LLAMA_LOG_WARN("llama_moe_cache: mailbox: LLAMA_MOE_MAILBOX_TEST_DELAY_US: the CPU side waits %d us before each record (a test)\n",
                        mb->test_delay_us);
     }
-    if (const char * t = getenv("LLAMA_MOE_MAILBOX_TEST_STALL")) {
-        mb->stall_il = atoi(t);
+    mb->stall_il = (int) llama_moe_env_int("LLAMA_MOE_MAILBOX_TEST_STALL", -1, 0, 1 << 20);
+    if (mb->stall_il >= 0) {
         LLAMA_LOG_WARN("llama_moe_cache: mailbox: LLAMA_MOE_MAILBOX_TEST_STALL: layer %d will not be answered until a decode "
                        "has failed on it (a test)\n", mb->stall_il.load());
     }
@@ -153,17 +146,8 @@ std::unique_ptr<llama_moe_mailbox> llama_moe_mailbox::create(llama_moe_cache & c
         }
     }
 
-    float share = LLAMA_MOE_MAILBOX_GPU_SHARE;
-    const char * share_env = getenv("LLAMA_MOE_MAILBOX_GPU_SHARE");
-    if (const char * t = share_env) {
-        char * end = nullptr;
-        share = strtof(t, &end);
-        if (end == t || *end != '\0' || !(share >= 0.0f && share <= 1.0f)) {
-            LLAMA_LOG_WARN("llama_moe_cache: mailbox: LLAMA_MOE_MAILBOX_GPU_SHARE=%s is not a share from 0 to 1; using %.2f\n", t,
-                           LLAMA_MOE_MAILBOX_GPU_SHARE);
-            share = LLAMA_MOE_MAILBOX_GPU_SHARE;
-        }
-    }
+    const char * share_env = llama_moe_env_str("LLAMA_MOE_MAILBOX_GPU_SHARE");
+    const float share = llama_moe_env_float("LLAMA_MOE_MAILBOX_GPU_SHARE", LLAMA_MOE_MAILBOX_GPU_SHARE, 0.0f, 1.0f);
     std::string why;
     if (share > 0.0f && !mb->set_host_reads((int32_t) (share * 1000.0f + 0.5f), cuda, why)) {
         // a warning where the share was asked for, a note where it is the default
