@@ -93,45 +93,63 @@ class Context(NativeHandle):
     """A llama.cpp context: KV cache, compute buffers and (with the patch series) the MoE expert cache.
 
     One thread at a time: every native call holds the context's lock, so concurrent calls queue.
+
+    A context keeps its model's memory: after ``model.close()`` the context still decodes, generates,
+    tokenizes (``tokenize``/``detokenize`` here) and rebalances, and the model is freed with the last of its
+    contexts. A closed context raises ``ClosedError``, a generation in progress included.
     """
 
     _kind = "Context"
 
     def __init__(self, model: Model, params: ContextParams | None = None) -> None:
         super().__init__()
-        self.model = model  # a strong reference: the model must outlive its contexts
+        self.model = model
         self.params = params or ContextParams()
         lib = model._lib
         native, keep = self.params._to_native(lib)
-        model.check_file()  # a memory-mapped file truncated since the load would crash the warm-up decode
-        if self.params.moe_cache_mib > 0:
-            check_cache_fits(model, self.params)
-        _check.begin()
-        ptr = _check.check_ptr(lib.llama_init_from_model(model._native, native), "llama_init_from_model",
-                               "could not create the context")
+        # The context computes with the model's weights and vocabulary: it holds the model's memory until it is
+        # freed itself, whatever happens to the Model first (close(), the garbage collector).
+        held = model._hold()  # ClosedError on a closed model
+        try:
+            ptr = self._create(model, held, native)
+        except BaseException:
+            held.release()
+            raise
         del keep  # the context copied the strings it needs
         self._lib = lib
-        # Why the MoE cache asked for is off (llama.cpp goes on without it), or None
-        self.moe_cache_off_reason = cache_off_reason(lib, ptr) if self.params.moe_cache_mib > 0 else None
-        if self.moe_cache_off_reason is not None:
-            warnings.warn(f"moe_cache_mib={self.params.moe_cache_mib:g} asked for a MoE expert cache, but the context "
-                          f"has none: {self.moe_cache_off_reason}", MoeCacheWarning, stacklevel=2)
+        self._vocab = model._vocab
         n_batch = int(lib.llama_n_batch(ptr))
         batch = lib.llama_batch_init(n_batch, 0, 1)
 
         def free(p: Any = ptr, b: Any = batch, l: Any = lib) -> None:
             l.llama_batch_free(b)
-            l.llama_free(p)
+            l.llama_free(p)  # joins the cache's threads (the mailbox's CPU side) before the model may go
 
-        self._adopt(ptr, free)
+        self._adopt(ptr, free, holds=(held,))
         self._batch = batch
         self._n_batch = n_batch
         self.n_past = 0
         self._evaluated: list[int] = []  # the tokens of sequence 0 in the KV cache, in order (chat reuses a prefix)
 
+    def _create(self, model: Model, held: Any, native: Any) -> Any:
+        lib = model._lib
+        model.check_file()  # a memory-mapped file truncated since the load would crash the warm-up decode
+        if self.params.moe_cache_mib > 0:
+            check_cache_fits(model, self.params)
+        _check.begin()
+        ptr = _check.check_ptr(lib.llama_init_from_model(held.ptr, native), "llama_init_from_model",
+                               "could not create the context")
+        # Why the MoE cache asked for is off (llama.cpp goes on without it), or None
+        self.moe_cache_off_reason = cache_off_reason(lib, ptr) if self.params.moe_cache_mib > 0 else None
+        if self.moe_cache_off_reason is not None:
+            warnings.warn(f"moe_cache_mib={self.params.moe_cache_mib:g} asked for a MoE expert cache, but the context "
+                          f"has none: {self.moe_cache_off_reason}", MoeCacheWarning, stacklevel=3)
+        return ptr
+
     @property
     def n_ctx(self) -> int:
-        return int(self._lib.llama_n_ctx(self._live()))
+        with self._lock:
+            return int(self._lib.llama_n_ctx(self._live()))
 
     def reset(self) -> None:
         """Forgets the evaluated tokens (clears the KV cache)."""
@@ -145,12 +163,12 @@ class Context(NativeHandle):
         logits (or every token's, with ``all_logits``, for the last chunk) become readable."""
         if not tokens:
             raise ValueError("decode needs at least one token")
-        n_vocab = self.model.n_vocab
-        for t in tokens:
-            if not 0 <= t < n_vocab:
-                raise ValueError(f"token id {t} is outside the vocabulary (0..{n_vocab - 1})")
         with self._lock:
             ptr = self._live()
+            n_vocab = self._vocab.n_tokens
+            for t in tokens:
+                if not 0 <= t < n_vocab:
+                    raise ValueError(f"token id {t} is outside the vocabulary (0..{n_vocab - 1})")
             if self.n_past + len(tokens) > self.n_ctx:
                 raise ValueError(f"{self.n_past} + {len(tokens)} tokens do not fit the context of {self.n_ctx}")
             b = self._batch
@@ -174,7 +192,7 @@ class Context(NativeHandle):
             ptr = self._lib.llama_get_logits_ith(self._live(), i)
             if ptr == ffi.NULL:
                 raise NativeCallError("llama_get_logits_ith", None, f"no logits for output {i}")
-            n = self.model.n_vocab
+            n = self._vocab.n_tokens
             return np.frombuffer(ffi.buffer(ptr, 4 * n), dtype=np.float32).copy()
 
     def generate(self, prompt: str | Sequence[int], max_tokens: int = 128, sampling: Sampling = GREEDY,
@@ -183,7 +201,7 @@ class Context(NativeHandle):
         An empty prompt continues from where the last decode or generation stopped (decoding in chunks)."""
         if max_tokens < 0:
             raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
-        tokens = self.model.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+        tokens = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
         if not tokens and self.n_past == 0:
             raise ValueError("an empty prompt continues a sequence, but nothing has been decoded yet")
         sampler = _Sampler(self._lib, sampling)
@@ -193,7 +211,8 @@ class Context(NativeHandle):
             for _ in range(max_tokens):
                 with self._lock:
                     tok = int(self._lib.llama_sampler_sample(sampler.chain, self._live(), -1))
-                if stop_at_eog and self.model.is_eog(tok):
+                    eog = self._vocab.is_eog(tok)
+                if stop_at_eog and eog:
                     return
                 yield tok
                 self.decode([tok])
@@ -203,7 +222,7 @@ class Context(NativeHandle):
     def complete(self, prompt: str | Sequence[int], max_tokens: int = 128, sampling: Sampling = GREEDY,
                  stop_at_eog: bool = True) -> Completion:
         """Generates to the end (or ``max_tokens``) and returns the text with its timings."""
-        prompt_tokens = self.model.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+        prompt_tokens = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
         out: list[int] = []
         t0 = time.perf_counter()
         t_first = None
@@ -214,7 +233,7 @@ class Context(NativeHandle):
             out.append(tok)
         t_end = time.perf_counter()
         t_first = t_first or t_end
-        return Completion(tuple(prompt_tokens), tuple(out), self.model.detokenize(out), t_first - t0, t_end - t_first,
+        return Completion(tuple(prompt_tokens), tuple(out), self.detokenize(out), t_first - t0, t_end - t_first,
                           "length" if len(out) == max_tokens else "eog")
 
     # -- chat and several sequences (chat.py, batch.py) -------------------------------------------------------
@@ -260,6 +279,17 @@ class Context(NativeHandle):
         from .session import load_session
 
         return load_session(self, path, warm)
+
+    # -- the model's vocabulary, through the context: it works after model.close() while the context is open
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        with self._lock:
+            self._live()
+            return self._vocab.tokenize(text, add_special, parse_special)
+
+    def detokenize(self, tokens: Sequence[int], remove_special: bool = False, unparse_special: bool = False) -> str:
+        with self._lock:
+            self._live()
+            return self._vocab.detokenize(tokens, remove_special, unparse_special)
 
     # -- the MoE cache -------------------------------------------------------------------------------
     def moe_cache_stats(self) -> MoeCacheStats | None:

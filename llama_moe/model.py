@@ -10,6 +10,7 @@ from ._native import check as _check
 from ._native.ffi import ffi
 from ._native.handle import NativeHandle
 from ._native.loader import get_lib
+from ._native.vocab import Vocab
 from .errors import GgufError, ModelLoadError
 from .params import ModelParams
 
@@ -48,7 +49,11 @@ def _check_gguf(path: Path) -> tuple[MoeGeometry, int]:
 
 
 class Model(NativeHandle):
-    """A GGUF model loaded by the patched libllama. Close it (or use ``with``) to free its memory."""
+    """A GGUF model loaded by the patched libllama. Close it (or use ``with``) to free its memory.
+
+    Its contexts keep its memory: ``close()`` while a context is open closes the model (its own methods raise
+    ``ClosedError``) but frees its weights only when the last of its contexts is closed, so the contexts keep
+    working. A context cannot be made on a closed model."""
 
     _kind = "Model"
 
@@ -69,7 +74,7 @@ class Model(NativeHandle):
             raise ModelLoadError(f"{self.path}: llama.cpp could not load it: {_check.said('no reason given')}")
         self._lib = lib
         self._adopt(ptr, lambda p=ptr, l=lib: l.llama_model_free(p))
-        self._vocab = lib.llama_model_get_vocab(ptr)
+        self._vocab = Vocab(lib, lib.llama_model_get_vocab(ptr))
         try:
             self.check_file()
         except ModelLoadError:
@@ -97,101 +102,79 @@ class Model(NativeHandle):
                 f"from a complete file")
 
     # -- geometry -------------------------------------------------------------------------------------
+    # Each call holds the model's memory while it runs (_using): a close() from another thread waits for it.
     @property
     def n_layer(self) -> int:
-        return int(self._lib.llama_model_n_layer(self._live()))
+        with self._using() as ptr:
+            return int(self._lib.llama_model_n_layer(ptr))
 
     @property
     def n_embd(self) -> int:
-        return int(self._lib.llama_model_n_embd(self._live()))
+        with self._using() as ptr:
+            return int(self._lib.llama_model_n_embd(ptr))
 
     @property
     def n_vocab(self) -> int:
-        self._live()
-        return int(self._lib.llama_vocab_n_tokens(self._vocab))
+        with self._using():
+            return self._vocab.n_tokens
 
     @property
     def n_params(self) -> int:
-        return int(self._lib.llama_model_n_params(self._live()))
+        with self._using() as ptr:
+            return int(self._lib.llama_model_n_params(ptr))
 
     @property
     def size_bytes(self) -> int:
-        return int(self._lib.llama_model_size(self._live()))
+        with self._using() as ptr:
+            return int(self._lib.llama_model_size(ptr))
 
     @property
     def description(self) -> str:
         buf = ffi.new("char[]", 256)
-        self._lib.llama_model_desc(self._live(), buf, 256)
+        with self._using() as ptr:
+            self._lib.llama_model_desc(ptr, buf, 256)
         return ffi.string(buf).decode("utf-8", "replace")
 
     def meta(self, key: str) -> str | None:
         """A GGUF metadata value as llama.cpp renders it, or None when the key is absent."""
-        ptr = self._live()
         size = 256
-        while True:
-            buf = ffi.new("char[]", size)
-            n = self._lib.llama_model_meta_val_str(ptr, key.encode(), buf, size)
-            if n < 0:
-                return None
-            if n < size:
-                return ffi.string(buf).decode("utf-8", "replace")
-            size = n + 1
+        with self._using() as ptr:
+            while True:
+                buf = ffi.new("char[]", size)
+                n = self._lib.llama_model_meta_val_str(ptr, key.encode(), buf, size)
+                if n < 0:
+                    return None
+                if n < size:
+                    return ffi.string(buf).decode("utf-8", "replace")
+                size = n + 1
 
     # -- vocabulary -----------------------------------------------------------------------------------
     @property
     def bos(self) -> int:
-        self._live()
-        return int(self._lib.llama_vocab_bos(self._vocab))
+        with self._using():
+            return self._vocab.bos
 
     @property
     def eos(self) -> int:
-        self._live()
-        return int(self._lib.llama_vocab_eos(self._vocab))
+        with self._using():
+            return self._vocab.eos
 
     def is_eog(self, token: int) -> bool:
-        self._live()
-        return bool(self._lib.llama_vocab_is_eog(self._vocab, token))
+        with self._using():
+            return self._vocab.is_eog(token)
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
-        self._live()
-        data = text.encode("utf-8")
-        capacity = len(data) + 8
-        while True:
-            out = ffi.new("llama_token[]", capacity)
-            n = self._lib.llama_tokenize(self._vocab, data, len(data), out, capacity, add_special, parse_special)
-            if n >= 0:
-                return list(out[0:n])
-            if n == -(2**31):
-                raise ModelLoadError("tokenize: the text is too long for llama.cpp's int32 token count")
-            capacity = -n
+        with self._using():
+            return self._vocab.tokenize(text, add_special, parse_special)
 
     def token_to_piece(self, token: int, special: bool = False) -> bytes:
         """The bytes of one token; a multi-byte character can be split across tokens."""
-        self._live()
-        self._check_token(token)
-        buf = ffi.new("char[]", 64)
-        n = self._lib.llama_token_to_piece(self._vocab, token, buf, 64, 0, special)
-        if n < 0:
-            buf = ffi.new("char[]", -n)
-            n = self._lib.llama_token_to_piece(self._vocab, token, buf, -n, 0, special)
-        return ffi.buffer(buf, n)[:]
+        with self._using():
+            return self._vocab.token_to_piece(token, special)
 
     def detokenize(self, tokens: Sequence[int], remove_special: bool = False, unparse_special: bool = False) -> str:
-        self._live()
-        for t in tokens:
-            self._check_token(t)
-        arr = ffi.new("llama_token[]", list(tokens))
-        capacity = max(16, 8 * len(tokens))
-        while True:
-            buf = ffi.new("char[]", capacity)
-            n = self._lib.llama_detokenize(self._vocab, arr, len(tokens), buf, capacity, remove_special, unparse_special)
-            if n >= 0:
-                return ffi.buffer(buf, n)[:].decode("utf-8", "replace")
-            capacity = -n
-
-    def _check_token(self, token: int) -> None:
-        if not 0 <= token < self.n_vocab:
-            raise ValueError(f"token id {token} is outside the vocabulary (0..{self.n_vocab - 1})")
+        with self._using():
+            return self._vocab.detokenize(tokens, remove_special, unparse_special)
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"{self.geometry.n_layer} layers, {self.geometry.n_expert} experts"
