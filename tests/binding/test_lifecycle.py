@@ -1,7 +1,9 @@
 """The lifecycle loop under AddressSanitizer: models and contexts created and freed with every MoE cache
 mode (none, upload, upload with a profile, hybrid, adaptive hybrid), decoding in each, the cache's statistics
 read, everything freed. LeakSanitizer reports what the run leaves unreachable; one iteration is compared with
-several, so that a one-time allocation of upstream's could be told from a leak that grows."""
+several, so that a one-time allocation of upstream's could be told from a leak that grows. Then the Python
+binding's orders of closing and of garbage collection (tests/lifecycle/lifetimes.py) in a Python with libasan
+preloaded."""
 from __future__ import annotations
 
 import json
@@ -9,6 +11,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -128,3 +131,48 @@ def test_the_mailbox_lifecycle_leaks_nothing(driver, tiny_model_path, profile) -
     assert rc == 0 and "lifecycle_loop: 1 iterations, 5 model+context cycles" in out, out + err[-3000:]
     assert "llama_moe_cache: mailbox: 6 layers hand over" in err and "hand-overs from the GPU; its part of a layer took" in err, err[-3000:]
     assert leaks(err) == (0, 0), err[-6000:]
+
+
+# -- the Python binding's lifetimes under ASan -----------------------------------------------------------------
+# The orders of closing and of garbage collection of a model and its context (tests/lifecycle/lifetimes.py) in a
+# Python with libasan preloaded. libllama is not instrumented here, but its copies out of the model's weights
+# (rebalance()'s uploads: memcpy) and its frees go through ASan's interceptors; the planted run proves it.
+LIFETIMES = ROOT / "tests" / "lifecycle" / "lifetimes.py"
+
+
+def _libasan() -> str:
+    cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
+    if cc is None:
+        pytest.skip("no C compiler to find libasan with")
+    found = subprocess.run([cc, "-print-file-name=libasan.so"], capture_output=True, text=True).stdout.strip()
+    if not found or not Path(found).is_file():
+        pytest.skip(f"{cc} has no libasan.so")
+    return str(Path(found).resolve())
+
+
+def run_lifetimes(model: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "LD_PRELOAD": _libasan(), "PYTHONPATH": str(ROOT), "LLAMA_MOE_CACHE_DEVICE": "CPU",
+           # Python's own allocations at exit are no business of this test: leaks are the loop's above
+           "ASAN_OPTIONS": "detect_leaks=0:halt_on_error=1:detect_stack_use_after_return=0"}
+    proc = subprocess.run([sys.executable, str(LIFETIMES), str(model), *args], capture_output=True, text=True,
+                          env=env, timeout=300)
+    if "Shadow memory range interleaves" in proc.stderr or "ASan runtime does not come first" in proc.stderr:
+        pytest.skip(f"the sanitizer cannot run in this Python: {proc.stderr[-300:]}")
+    assert proc.stdout.startswith("asan: on"), proc.stdout + proc.stderr[-3000:]
+    return proc
+
+
+def test_asan_sees_a_model_freed_under_its_context(lib, tiny_model_path) -> None:
+    """The crash of a context whose model was freed first (rebalance() copying experts out of freed weights),
+    planted by freeing the model behind the binding's back: ASan reports it."""
+    proc = run_lifetimes(tiny_model_path, "plant")
+    assert "planted: the model freed under its context" in proc.stdout, proc.stdout + proc.stderr[-3000:]
+    assert "ERROR: AddressSanitizer: heap-use-after-free" in proc.stderr, proc.stderr[-3000:]
+    assert "llama_moe_cache::upload" in proc.stderr and "planted: rebalance() returned" not in proc.stdout
+
+
+def test_every_order_of_closing_and_collecting_is_clean_under_asan(lib, tiny_model_path) -> None:
+    proc = run_lifetimes(tiny_model_path)
+    assert "ERROR: AddressSanitizer" not in proc.stderr, proc.stderr[-6000:]
+    assert proc.returncode == 0 and "lifetimes: 6 orders" in proc.stdout, proc.stdout + proc.stderr[-3000:]
+    print(proc.stdout.strip())
