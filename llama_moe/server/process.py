@@ -7,6 +7,8 @@ import signal
 import socket
 import subprocess
 import time
+import warnings
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,13 +45,32 @@ def stop_process(proc: subprocess.Popen) -> int:
     return proc.wait(timeout=30)
 
 
+def _stop_forgotten(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        warnings.warn(f"llama-server (pid {proc.pid}) was not stopped; stopped by the garbage collector "
+                      f"(use stop() or 'with')", ResourceWarning, stacklevel=2)
+        stop_process(proc)
+
+
 @dataclass
 class RunningServer:
+    """A started llama-server. stop() twice is fine; one that is forgotten is stopped when it is collected (or
+    at interpreter exit), so no test or tool leaves a server running behind it."""
+
     proc: subprocess.Popen
     url: str
     log: Path   # llama.cpp logs to stderr; stdout goes beside it, with the suffix .out
 
+    def __post_init__(self) -> None:
+        # refers to the process, never to self: the finalizer must not keep the object alive
+        self._finalizer = weakref.finalize(self, _stop_forgotten, self.proc)
+
+    @property
+    def stopped(self) -> bool:
+        return self.proc.poll() is not None
+
     def stop(self) -> int:
+        self._finalizer.detach()
         return stop_process(self.proc)
 
     def __enter__(self) -> "RunningServer":
@@ -74,18 +95,27 @@ def launch(command: list[str] | tuple[str, ...], url: str, log: Path, env: dict[
     with open(log.with_suffix(".out"), "wb") as out, open(log, "wb") as err:
         proc = subprocess.Popen(list(command), env={**os.environ, **(env or {})}, stdout=out, stderr=err)
     server = RunningServer(proc, url, log)
+    try:
+        _wait_healthy(proc, url, log, timeout)
+    except BaseException:  # not healthy, or Ctrl-C while waiting: no server is left running behind the error
+        proc.kill()
+        proc.wait(timeout=30)
+        server.stop()
+        raise
+    return server
+
+
+def _wait_healthy(proc: subprocess.Popen, url: str, log: Path, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise ServerStartError(f"llama-server exited with {proc.returncode}:\n{_tail(log)}")
         try:
             if requests.get(url + "/health", timeout=2).status_code == 200:
-                return server
+                return
         except requests.RequestException:
             pass
         time.sleep(0.2)
-    proc.kill()
-    proc.wait(timeout=30)
     raise ServerStartError(f"llama-server not healthy after {timeout:.0f} s:\n{_tail(log)}")
 
 
