@@ -1,9 +1,15 @@
 """Shared fixtures: the real patched libllama and small synthetic MoE models made once per test run."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+
+# Every subprocess a test starts (python -m llama_moe ..., from any folder) imports this checkout's package, not
+# whichever one the environment has installed.
+_ROOT = str(Path(__file__).resolve().parents[1])
+os.environ["PYTHONPATH"] = os.pathsep.join([_ROOT, *filter(None, [os.environ.get("PYTHONPATH")])])
 
 
 @pytest.fixture(scope="session")
