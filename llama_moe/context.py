@@ -162,15 +162,15 @@ class Context(NativeHandle):
         """Evaluates tokens after the ones already evaluated, in chunks of n_batch; the last token's
         logits (or every token's, with ``all_logits``, for the last chunk) become readable."""
         if not tokens:
-            raise ValueError("decode needs at least one token")
+            raise ParameterError("decode needs at least one token")
         with self._lock:
             ptr = self._live()
             n_vocab = self._vocab.n_tokens
             for t in tokens:
                 if not 0 <= t < n_vocab:
-                    raise ValueError(f"token id {t} is outside the vocabulary (0..{n_vocab - 1})")
+                    raise ParameterError(f"token id {t} is outside the vocabulary (0..{n_vocab - 1})")
             if self.n_past + len(tokens) > self.n_ctx:
-                raise ValueError(f"{self.n_past} + {len(tokens)} tokens do not fit the context of {self.n_ctx}")
+                raise ParameterError(f"{self.n_past} + {len(tokens)} tokens do not fit the context of {self.n_ctx}")
             b = self._batch
             for start in range(0, len(tokens), self._n_batch):
                 chunk = tokens[start:start + self._n_batch]
@@ -200,10 +200,10 @@ class Context(NativeHandle):
         """Evaluates the prompt, then yields up to ``max_tokens`` new tokens one by one as they are made.
         An empty prompt continues from where the last decode or generation stopped (decoding in chunks)."""
         if max_tokens < 0:
-            raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
+            raise ParameterError(f"max_tokens must be >= 0, got {max_tokens}")
         tokens = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
         if not tokens and self.n_past == 0:
-            raise ValueError("an empty prompt continues a sequence, but nothing has been decoded yet")
+            raise ParameterError("an empty prompt continues a sequence, but nothing has been decoded yet")
         sampler = _Sampler(self._lib, sampling)
         try:
             if tokens:
@@ -324,7 +324,7 @@ class Context(NativeHandle):
         holds (free slots first), now, between two decodes. Returns the number swapped in, or -1 when this
         context has no adaptive cache (``moe_cache_hybrid`` and ``moe_cache_adaptive``)."""
         if max_swaps < 0:
-            raise ValueError(f"max_swaps must be >= 0, got {max_swaps}")
+            raise ParameterError(f"max_swaps must be >= 0, got {max_swaps}")
         with self._lock:
             return int(self._lib.llama_moe_cache_rebalance(self._live(), max_swaps))
 

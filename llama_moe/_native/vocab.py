@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from ..errors import ModelLoadError
+from ..errors import ModelLoadError, ParameterError
 from .ffi import ffi
 
 
@@ -33,7 +33,7 @@ class Vocab:
     def check_token(self, token: int) -> None:
         n = self.n_tokens
         if not 0 <= token < n:
-            raise ValueError(f"token id {token} is outside the vocabulary (0..{n - 1})")
+            raise ParameterError(f"token id {token} is outside the vocabulary (0..{n - 1})")
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
         data = text.encode("utf-8")

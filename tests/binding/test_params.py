@@ -143,3 +143,15 @@ def test_n_cpu_moe_beyond_the_model_s_layers_keeps_them_all_in_ram(lib, tiny_mod
     with Model(tiny_model_path, ModelParams(n_cpu_moe=65535, repack=False)) as m:
         with Context(m, ContextParams(n_ctx=256)) as ctx:
             assert ctx.complete("The ship", 2, stop_at_eog=False).tokens
+
+
+def test_bad_call_arguments_are_parameter_errors(model) -> None:
+    """The arguments of the context's and the model's calls, as the fields above: a ParameterError (a
+    LlamaMoeError, and still a ValueError), not a bare ValueError."""
+    with Context(model, ContextParams(n_ctx=256)) as ctx:
+        calls = [lambda: ctx.decode([]), lambda: ctx.decode([-1]), lambda: ctx.decode([model.n_vocab]),
+                 lambda: ctx.decode([1] * (ctx.n_ctx + 1)), lambda: list(ctx.generate([1], -1)), lambda: list(ctx.generate([], 2)),
+                 lambda: ctx.rebalance(-1), lambda: model.token_to_piece(-1), lambda: model.detokenize([model.n_vocab])]
+        for call in calls:
+            with pytest.raises(ParameterError):
+                call()
