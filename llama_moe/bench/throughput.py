@@ -253,6 +253,8 @@ def to_markdown(rows: list[BenchRow], n_pp: int) -> str:
 def parse_modes(text: str) -> tuple[str, ...]:
     """``--modes``'s comma-separated list, each of MODES."""
     modes = tuple(m.strip() for m in text.split(",") if m.strip())
+    if not modes:
+        raise ParameterError(f"--modes names no mode; choose from {', '.join(MODES)}")
     unknown = set(modes) - set(MODES)
     if unknown:
         raise ParameterError(f"unknown --modes {', '.join(sorted(unknown))}; choose from {', '.join(MODES)}")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import os
 import sys
 from typing import Callable, NoReturn
 
@@ -72,6 +73,38 @@ def check_finite(command: argparse.ArgumentParser, args: argparse.Namespace) -> 
                 raise ParameterError(f"{option_name(command, action.dest) or action.dest} must be a finite number, got {v:g}")
 
 
+def _leaf(command: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The parser of the action a command was given (``audit check``'s, not ``audit``'s): the one whose options
+    the checks below read."""
+    for action in command._actions:
+        if isinstance(action, argparse._SubParsersAction) and getattr(args, action.dest, None) in action.choices:
+            return _leaf(action.choices[getattr(args, action.dest)], args)
+    return command
+
+
+def check_not_empty(command: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """No option or argument of ours means an empty text: an empty path would be the current folder (or, for
+    ``build --export ''``, no option at all and a build), an empty URL no server. Refused by name."""
+    for action in command._actions:
+        value = getattr(args, action.dest, None)
+        if any(v == "" for v in (value if isinstance(value, list) else [value])):
+            name = option_name(command, action.dest) or action.metavar or action.dest
+            raise ParameterError(f"{name} is empty")
+
+
+def check_distinct_outputs(command: argparse.ArgumentParser, args: argparse.Namespace, dests: tuple[str, ...]) -> None:
+    """Two outputs of one command naming the same file: the second would overwrite the first."""
+    seen: dict[str, str] = {}
+    for dest in dests:
+        value = getattr(args, dest, None)
+        if value is None:
+            continue
+        real = os.path.realpath(value)
+        if real in seen:
+            raise ParameterError(f"{seen[real]} and {option_name(command, dest)} name the same file {value}")
+        seen[real] = option_name(command, dest)
+
+
 def option_name(command: argparse.ArgumentParser, dest: str) -> str:
     """How the command line names an option (``-o/--out``); "" for a positional argument (its path says it)."""
     for action in command._actions:
@@ -103,8 +136,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from .common import check_output_dir, check_output_file, check_profile_file
 
-        command = parser.command_parsers[args.command]  # type: ignore[attr-defined]
+        command = _leaf(parser.command_parsers[args.command], args)  # type: ignore[attr-defined]
         check_finite(command, args)
+        check_not_empty(command, args)
+        check_distinct_outputs(command, args, OUTPUTS.get(args.command, ()))
         for dest in OUTPUTS.get(args.command, ()):
             check_output_file(getattr(args, dest), option_name(command, dest))
         for dest in OUTPUT_DIRS.get(args.command, ()):
@@ -114,6 +149,10 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except (LlamaMoeError, OSError) as exc:  # OSError: a path, a permission, a full disk, a refused connection
         print(f"{name}: error: {one_line(exc, args.verbose)}", file=sys.stderr)
+        return EXIT_ERROR
+    except MemoryError as exc:  # a size this machine cannot hold is the input's fault, not an internal error
+        print(f"{name}: error: out of memory: {one_line(exc, args.verbose) if str(exc) else 'MemoryError'}",
+              file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:
         return 130

@@ -192,6 +192,9 @@ def check_audit(path: str | Path) -> CheckResult:
     audit = read_audit(path, strict=False)
     runs = split_runs(audit.records)
     issues = list(audit.issues)
+    if not audit.records and not issues:  # a check of nothing would pass: no server wrote this file
+        issues.append(Issue(0, "error", "no records: the file is empty (not a --moe-cache-audit log, or the server "
+                                        "wrote nothing)"))
     for run in runs:
         issues += check_run(run)
         if run.exit is None and run.load is not None:

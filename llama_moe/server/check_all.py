@@ -15,7 +15,9 @@ from pathlib import Path
 from typing import Callable
 
 from ..equivalence import DEVICE_TOLERANCE, TOLERANCE, Mode, compare_mode, reference
-from ..errors import LlamaMoeError
+from ..errors import LlamaMoeError, ParameterError
+
+MAX_TOKENS = 768  # greedy tokens after a 200-character prompt in equivalence's n_ctx=1024
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,9 @@ def check_all(model: str | Path | None = None, cpu_only: bool = False, n: int = 
     from ..default_model import default_model_path
     from ..devices import gpus
 
+    if not 1 <= n <= MAX_TOKENS:
+        raise ParameterError(f"-n must be from 1 to {MAX_TOKENS} (the decoding checks' context is 1024 tokens, "
+                             f"with the prompt), got {n}")
     model_path = Path(model) if model else default_model_path()
     work = Path(tempfile.mkdtemp(prefix="check-all-"))
     checks: list[Check] = []

@@ -74,6 +74,8 @@ def check_audit_run(model: str | Path, profile: str | Path, cache_mib: float = 2
         raise CheckAuditError(f"--cache-mib must be > 0, got {cache_mib:g}")
     if n_predict < 1:
         raise CheckAuditError(f"-n must be >= 1, got {n_predict}")
+    if threads is not None and not 1 <= threads <= 1024:  # 0 would be dropped below, not refused
+        raise CheckAuditError(f"-t/--threads must be from 1 to 1024, got {threads}")
     binary = server_binary()
     gpu = bool(gpus()) if on_cpu is None else not on_cpu
     work = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="check-audit-"))

@@ -121,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
         bar = None if args.quiet else ProgressBar()
         experts = args.experts or ("mxfp4" if shape.arch == "gpt-oss" else "q8_0")
         info = synthesize(args.out, shape_arg, experts, args.seed, routing, progress=bar)
-    except (LlamaMoeError, OSError) as e:  # one line, as every command's (llama_moe/cli.py)
+    except (LlamaMoeError, OSError, MemoryError) as e:  # one line, as every command's (llama_moe/cli.py)
         from llama_moe.cli import one_line
 
         drawn = bar is not None and bar.start is not None  # the bar's line is ended first
@@ -191,7 +191,7 @@ def run_report(args: argparse.Namespace) -> int:
 
     try:
         shape = parse_shape(args.shape)
-        seeds = tuple(int(s) for s in args.seeds.split(","))
+        seeds = _seeds(args.seeds)
         routing = routing_from(_given(args), shape)
         name = args.shape if args.shape in SHAPES else shape
         if args.search:
@@ -209,3 +209,11 @@ def run_report(args: argparse.Namespace) -> int:
     else:
         print(rep.format())
     return 0
+
+
+def _seeds(text: str) -> tuple[int, ...]:
+    """``--seeds``: whole numbers separated by commas."""
+    try:
+        return tuple(int(s) for s in text.split(","))
+    except ValueError:
+        raise LlamaMoeError(f"--seeds must be whole numbers separated by commas, got {text!r}") from None

@@ -7,6 +7,9 @@ from llama_moe.errors import LlamaMoeError
 
 ARCHS = ("qwen3moe", "gpt-oss")  # llama.cpp architecture names (LLM_ARCH_QWEN3MOE, LLM_ARCH_OPENAI_MOE)
 _DEFAULTS = {"arch": "qwen3moe", "n_swa": 0}  # left out of describe() at these values
+# llama.cpp's LLAMA_MAX_LAYERS and LLAMA_MAX_EXPERTS (llama-hparams.h); token ids and contexts as its int32 and
+# ContextParams take them; 1 << 20 for every other dimension
+_MAX = {"n_layer": 512, "n_expert": 1024, "n_vocab": 1 << 24, "n_ctx_train": 1 << 24}
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,9 @@ class Shape:
                 continue
             if getattr(self, f.name) <= 0:
                 raise LlamaMoeError(f"shape: {f.name} must be positive, got {getattr(self, f.name)}")
+            high = _MAX.get(f.name, 1 << 20)
+            if getattr(self, f.name) > high:  # before any array is made: 1e11 layers would be a MemoryError
+                raise LlamaMoeError(f"shape: {f.name} must be at most {high}, got {getattr(self, f.name)}")
         if self.n_head % self.n_head_kv:
             raise LlamaMoeError(f"shape: n_head {self.n_head} is not a multiple of n_head_kv {self.n_head_kv}")
         if self.n_expert_used > self.n_expert:

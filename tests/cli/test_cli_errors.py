@@ -33,6 +33,7 @@ CASES: list[tuple[str, str]] = [
     ("stats {dir}", "{dir}: cannot open: Is a directory"),
     ("stats {corrupt_model}", "too short for a GGUF header"),
     ("stats {model} -t 0", "n_threads must be from 1 to 1024 or None, got 0"),
+    ("stats {model} -p {empty}", "-p/--prompt is empty"),
     ("stats {model} -c -1", "-c/--ctx must be >= 0, got -1"),
     ("stats {model} -c 99999999999", "n_ctx must be a whole number"),
     ("stats {model} -ngl 99999999999", "n_gpu_layers must be a whole number of layers (-1: all) from -1 to 2147483647"),
@@ -52,6 +53,8 @@ CASES: list[tuple[str, str]] = [
     ("build --bundle {nofolder}", "--bundle {nofolder}: the folder {nofolder_parent} does not exist"),
     ("build --dev {model}", "{model} exists; remove it or export from it first"),
     ("build --export {missing}", "{missing}"),
+    ("build --export {empty}", "--export is empty"),  # not a build: an empty path is no option
+    ("build --dev {empty}", "--dev is empty"),
     # synth
     ("synth {dir}", "{dir}: a directory; give the file to write"),
     ("synth {nofolder}", "{nofolder}: the folder {nofolder_parent} does not exist"),
@@ -59,9 +62,12 @@ CASES: list[tuple[str, str]] = [
     ("synth {out} --shape n_expert=0", "shape: n_expert must be positive, got 0"),
     ("synth {out} --skew nan", "--skew must be a finite number, got nan"),
     ("synth {out} --seed x", "argument --seed: invalid int value: 'x'"),
+    ("synth {out} --shape n_layer=99999999999", "shape: n_layer must be at most 512, got 99999999999"),
+    ("synth {empty}", "OUT.gguf is empty"),
     # synth-report
     ("synth-report --shape nope", "shape: 'nope' is neither a preset"),
-    ("synth-report --seeds 0,x", "invalid literal for int()"),
+    ("synth-report --seeds 0,x", "--seeds must be whole numbers separated by commas, got '0,x'"),
+    ("synth-report --seeds {empty}", "--seeds is empty"),
     ("synth-report --skew nan", "--skew must be a finite number, got nan"),
     # bench
     ("bench {missing} --modes cpu-moe", "{missing}: cannot open: No such file or directory"),
@@ -73,6 +79,8 @@ CASES: list[tuple[str, str]] = [
     ("bench {model} --modes cpu-moe -t 99999", "-t/--threads must be at most 1024, got 99999"),
     ("bench {model} --modes cpu-moe --pp 99999999999", "--pp and -n/--n-gen must add up to at most 16777088"),
     ("bench {model} --cache-pct 50 inf", "--cache-pct must be a finite number, got inf"),
+    ("bench {model} --modes ,", "--modes names no mode"),
+    ("bench {model} --modes {empty}", "--modes is empty"),
     ("bench --merge {missing}", "--merge {missing}: not a JSON file that bench --json wrote"),
     ("bench --merge {bad_json}", "--merge {bad_json}: not a JSON file that bench --json wrote"),
     ("bench --merge {rows} --md {dir}", "--md {dir}: a directory; give the file to write"),
@@ -81,17 +89,20 @@ CASES: list[tuple[str, str]] = [
     ("serve {model} --dry-run --profile {corrupt_profile}", "--profile {corrupt_profile}: truncated"),
     ("serve {model} --dry-run --profile {other_profile}", "made for 4 layers x 32 experts, but the model has 6 x 32"),
     ("serve {model} --dry-run --port 70000", "--port must be from 1 to 65535, got 70000"),
+    ("serve {model} --dry-run --host {empty}", "--host is empty"),
     ("serve {model} --dry-run --ctx 99999999999", "--ctx must be at most 16777216"),
     ("serve {model} --dry-run --min-cache-mib inf", "--min-cache-mib must be a finite number, got inf"),
     # check-api
     ("check-api --server http://127.0.0.1:{port}", "cannot reach http://127.0.0.1:{port}: Connection refused"),
     ("check-api --server notaurl", "cannot reach notaurl: Invalid URL"),
+    ("check-api --server {empty}", "--server is empty"),
     # info
     ("info", "the patched libllama was not found", {"LLAMA_MOE_LIB": "{missing}"}),
     ("info", "{model}: cannot be loaded", {"LLAMA_MOE_LIB": "{model}"}),
     # audit
     ("audit check {missing}", "{missing}: cannot read the audit log"),
     ("audit check {dir}", "{dir}: cannot read the audit log"),
+    ("audit check {empty}", "file is empty"),
     ("audit summary {missing}", "{missing}: cannot read the audit log"),
     ("audit", "the following arguments are required: ACTION"),
     # monitor
@@ -103,6 +114,7 @@ CASES: list[tuple[str, str]] = [
     ("trace {model} {text} {nofolder}", "{nofolder}: the folder {nofolder_parent} does not exist"),
     ("trace {model} {missing} {out}", "{missing}: No such file or directory"),
     ("trace {corrupt_model} {text} {out}", "too short for a GGUF header"),
+    ("trace {model} {text} {empty}", "out is empty"),
     ("trace {model} {text} {out} --ubatch 0", "ubatch and ctx must be at least 1, got ubatch 0"),
     ("trace {model} {text} {out} -t 0", "n_threads must be from 1 to 1024 or None, got 0"),
     # profile
@@ -112,6 +124,8 @@ CASES: list[tuple[str, str]] = [
     ("profile {model} {dir} -o {out}", "{dir}: Is a directory"),
     ("profile {dir} {text} -o {out}", "{dir}: a directory, not a model file"),
     ("profile {model} {text} -o {out} --slots 0", "--slots must be >= 1, got 0"),
+    ("profile {model} {text} -o {out} --trace-out {out}", "-o/--out and --trace-out name the same file {out}"),
+    ("profile {model} {text} -o {empty}", "-o/--out is empty"),
     ("profile {model} {text} -o {out} -t 0", "n_threads must be from 1 to 1024 or None, got 0"),
     # plan
     ("plan {missing} --cache-mib 2", "{missing}: no such model file"),
@@ -122,6 +136,7 @@ CASES: list[tuple[str, str]] = [
     ("plan {model} --cache-mib 2 --trace {dir}", "{dir}: a directory, not a trace file"),
     ("plan {model} --cache-mib 2 --trace {profile}", "a trace of another model?"),
     ("plan {model} --cache-mib -5", "--cache-mib must be > 0, got -5"),
+    ("plan {model} --cache-mib 2 --trace {trace} --out {empty}", "--out is empty"),
     ("plan {model} --vram-gib 1e308", "--vram-gib must be at most 16384, got 1e+308"),
     ("plan {model} --cache-mib 2 --kfold 1", "--kfold must be >= 2, got 1"),
     # simulate
@@ -146,6 +161,8 @@ CASES: list[tuple[str, str]] = [
     ("check-audit {model} {other_profile}", "made for 4 layers x 32 experts, but the model has 6 x 32"),
     ("check-audit {model} {profile} --keep {model}", "--keep {model}: not a folder"),
     ("check-audit {model} {profile} -n 0", "-n must be >= 1, got 0"),
+    ("check-audit {model} {profile} -t 0", "-t/--threads must be from 1 to 1024, got 0"),
+    ("check-audit {model} {profile} --keep {empty}", "--keep is empty"),
     # code-eval
     ("code-eval {model} --no-server --port {port}", "http://127.0.0.1:{port}: Connection refused"),
     ("code-eval {model} --no-server --port 70000", "--port must be from 1 to 65535, got 70000"),
@@ -155,6 +172,7 @@ CASES: list[tuple[str, str]] = [
     # check-all
     ("check-all {missing}", "{missing}: cannot open: No such file or directory"),
     ("check-all {model} -n 0", "-n must be >= 1, got 0"),
+    ("check-all {model} -n 99999999999", "-n must be from 1 to 768"),
 ]
 
 
@@ -179,6 +197,7 @@ def files(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> di
     (work / "corrupt.strp").write_bytes(b"STRP\x01\x00\x00\x00\x06\x00")
     (work / "bad.json").write_text("[1, 2")
     (work / "a-dir").mkdir()
+    (work / "empty.jsonl").write_bytes(b"")
     write_profile(work / "p.strp", Profile(layout.n_layer, layout.n_expert, 8, ((0, 1), (1, 2))))
     write_profile(work / "other.strp", Profile(4, layout.n_expert, 8, ((0, 1),)))
     rng = np.random.default_rng(0)
@@ -192,7 +211,7 @@ def files(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> di
             "other_profile": str(work / "other.strp"), "trace": str(work / "t.bin"), "bad_json": str(work / "bad.json"),
             "rows": str(work / "rows.json"), "dir": str(work / "a-dir"), "missing": str(work / "missing.x"),
             "nofolder": str(work / "no" / "such" / "out.x"), "nofolder_parent": str(work / "no" / "such"),
-            "out": str(work / "out.x"), "work": str(work)}
+            "out": str(work / "out.x"), "work": str(work), "empty": "", "empty_file": str(work / "empty.jsonl")}
 
 
 def _tree(root: Path) -> dict[str, tuple[int, int]]:
@@ -275,3 +294,10 @@ def test_an_unknown_command_is_one_line_too(tmp_path) -> None:
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("llama_moe: error: argument COMMAND: invalid choice: 'frobnicate'")
+
+
+def test_an_empty_audit_log_is_a_failed_check(files) -> None:
+    """A check of nothing would pass: an empty file is no server's audit log (exit 1, as every failed check)."""
+    proc = _run(["audit", "check", files["empty_file"]], files["work"])
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, (proc.stdout, proc.stderr)
+    assert "error: no records: the file is empty" in proc.stdout, proc.stdout
