@@ -73,6 +73,11 @@ class RunningServer:
         self._finalizer.detach()
         return stop_process(self.proc)
 
+    def detach(self) -> subprocess.Popen:
+        """Hands the process over to the caller, who stops it (stop_process): this object no longer will."""
+        self._finalizer.detach()
+        return self.proc
+
     def __enter__(self) -> "RunningServer":
         return self
 

@@ -30,6 +30,13 @@ def test_stop_twice_and_a_stopped_server(binary, tiny_model_path, tmp_path) -> N
     assert server.stop() == 0  # twice is fine
 
 
+def test_a_detached_server_is_the_caller_s_to_stop(binary, tiny_model_path, tmp_path) -> None:
+    proc = process.start_server(binary, _args(tiny_model_path), tmp_path / "s.log").detach()
+    gc.collect()  # the RunningServer is gone: the process is not stopped with it
+    assert proc.poll() is None
+    assert process.stop_process(proc) == 0
+
+
 def test_a_forgotten_server_is_stopped_when_collected(binary, tiny_model_path, tmp_path) -> None:
     server = process.start_server(binary, _args(tiny_model_path), tmp_path / "s.log")
     proc = server.proc

@@ -32,7 +32,7 @@ def find_server_binary() -> Path:
 def start_server(binary: Path, args: list[str], log: Path) -> tuple[subprocess.Popen, str]:
     """The package's launcher with the cache in RAM (LLAMA_MOE_CACHE_DEVICE=CPU), as the tests run it."""
     server = server_process.start_server(binary, args, log, env={"LLAMA_MOE_CACHE_DEVICE": "CPU"})
-    return server.proc, server.url
+    return server.detach(), server.url  # the tests stop it themselves (stop_server)
 
 
 stop_server = server_process.stop_process
