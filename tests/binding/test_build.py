@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from llama_moe import paths
+from llama_moe._native.ffi import ABI_VERSION
 from llama_moe.native_build.patches import PatchSeries, apply_series
 from llama_moe.native_build.source import BUNDLE_MARKER, BasePin, write_bundle
 from llama_moe.errors import BuildError
@@ -80,7 +81,7 @@ def test_a_second_build_with_nothing_changed_is_a_no_op() -> None:
     assert "up to date" in proc.stdout
     install = Path(proc.stdout.split("up to date: ", 1)[1].split(" (", 1)[0])
     manifest = json.loads((install / "manifest.json").read_text())
-    assert manifest["variant"] == "cpu" and manifest["abi_version"] == 4
+    assert manifest["variant"] == "cpu" and manifest["abi_version"] == ABI_VERSION
     assert manifest["patch_hash"] == PatchSeries(paths.patches_dir()).digest()
     for tool in ("libllama.so", "llama-server", "llama-cli", "llama-bench", "test-backend-ops"):
         assert (install / tool).exists(), tool
