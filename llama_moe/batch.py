@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 
 from ._native import check as _check
 from .errors import ParameterError
+from .result_stream import ResultStream
 
 if TYPE_CHECKING:
     from .context import Completion, Context, Sampling
@@ -194,32 +195,12 @@ class _Run:
         return BatchResult(tuple(completions), t_prompt, t_steps, n_steps, n_decoded)
 
 
-class BatchStream:
+class BatchStream(ResultStream[tuple[int, int], BatchResult]):
     """A batch run as it is made: iterating gives (prompt index, token) pairs; ``result`` is the BatchResult
     once the iteration ends. ``close()`` (or leaving a ``with`` block) stops every sequence."""
 
     def __init__(self, run: _Run) -> None:
-        self._gen = run.steps()
-        self.result: BatchResult | None = None
-
-    def __iter__(self) -> BatchStream:
-        return self
-
-    def __next__(self) -> tuple[int, int]:
-        try:
-            return next(self._gen)
-        except StopIteration as done:
-            self.result = done.value
-            raise
-
-    def close(self) -> None:
-        self._gen.close()
-
-    def __enter__(self) -> BatchStream:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        super().__init__(run.steps())
 
 
 def stream_batch(ctx: Context, prompts: Sequence[str | Sequence[int]], max_tokens: int | Sequence[int] = 128,

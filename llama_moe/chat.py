@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence, Union
 
 from ._native.ffi import ffi
 from .errors import ChatTemplateError, ParameterError
+from .result_stream import ResultStream
 
 if TYPE_CHECKING:
     from .context import Context, Sampling
@@ -261,34 +262,14 @@ def _run(ctx: Context, prep: _Prepared, sampling: Sampling) -> Iterator[str]:
                       t_end - t_first)
 
 
-class ChatStream:
+class ChatStream(ResultStream[str, ChatResult]):
     """An answer as it is made: iterating gives pieces of its text (never a split character); ``result`` is the
     ChatResult once the iteration ends. ``close()`` (or leaving a ``with`` block) stops it early."""
 
     def __init__(self, ctx: Context, messages: Sequence[Message], max_tokens: int, sampling: Sampling, *,
                  template: str | None = None, stop: Sequence[str] = ()) -> None:
         prep = _prepare(ctx, messages, max_tokens, template, stop)  # refused at the call, not at the first next()
-        self._gen = _run(ctx, prep, sampling)
-        self.result: ChatResult | None = None
-
-    def __iter__(self) -> ChatStream:
-        return self
-
-    def __next__(self) -> str:
-        try:
-            return next(self._gen)
-        except StopIteration as done:
-            self.result = done.value
-            raise
-
-    def close(self) -> None:
-        self._gen.close()
-
-    def __enter__(self) -> ChatStream:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        super().__init__(_run(ctx, prep, sampling))
 
 
 def chat(ctx: Context, messages: Sequence[Message], max_tokens: int = 256, sampling: Sampling | None = None, *,

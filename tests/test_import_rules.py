@@ -11,7 +11,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "llama_moe"
 
 BINDING = ("llama_moe.params", "llama_moe.model", "llama_moe.context", "llama_moe.stats", "llama_moe._native",
-           "llama_moe.chat", "llama_moe.batch", "llama_moe.session")
+           "llama_moe.chat", "llama_moe.batch", "llama_moe.session", "llama_moe.result_stream")
 TOOLS = ("llama_moe.routing", "llama_moe.bench", "llama_moe.server", "llama_moe.cli")
 # Known exceptions, each with its reason; any other import that breaks a rule fails.
 ALLOWED = {

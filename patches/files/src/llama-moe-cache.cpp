@@ -869,6 +869,20 @@ void llama_moe_cache::between_decodes() {
     }
 }
 
+// Where an admission goes: the first free slot, else the least recently used one (the lowest of equals).
+static int32_t llama_moe_cache_admit_slot(const llama_moe_cache_layer & l) {
+    int32_t s = 0;
+    for (int32_t i = 0; i < l.n_slots; ++i) {
+        if (l.expert_in[i] < 0) {
+            return i;
+        }
+        if (l.last_use[i] < l.last_use[s]) {
+            s = i;
+        }
+    }
+    return s;
+}
+
 // Uploads at most params.admit of each layer's missed experts, first missed first, each into a free slot or
 // else the least recently used one (the lowest of equals); an admitted expert counts as just used. The rest
 // of a layer's misses are dropped: the next decode's misses are the fresher ones.
@@ -885,16 +899,7 @@ int32_t llama_moe_cache::admit() {
             if (l.slot_of[e] >= 0 || l.n_slots < 1) {
                 continue; // admitted earlier in this round
             }
-            int32_t s = 0;
-            for (int32_t i = 0; i < l.n_slots; ++i) {
-                if (l.expert_in[i] < 0) {
-                    s = i;
-                    break;
-                }
-                if (l.last_use[i] < l.last_use[s]) {
-                    s = i;
-                }
-            }
+            const int32_t s = llama_moe_cache_admit_slot(l);
             upload(l, e, s);
             l.last_use[s] = now;
             n_layer++;
@@ -939,16 +944,7 @@ int32_t llama_moe_cache::admit_experts(int32_t il, const int32_t * experts, int3
             l.last_use[l.slot_of[e]] = now;
             continue;
         }
-        int32_t s = 0;
-        for (int32_t j = 0; j < l.n_slots; ++j) {
-            if (l.expert_in[j] < 0) {
-                s = j;
-                break;
-            }
-            if (l.last_use[j] < l.last_use[s]) {
-                s = j;
-            }
-        }
+        const int32_t s = llama_moe_cache_admit_slot(l);
         if (l.last_use[s] == now && l.expert_in[s] >= 0) {
             break; // every slot holds one of the given experts
         }
