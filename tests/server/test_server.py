@@ -58,6 +58,8 @@ llamacpp:moe_cache_cpu_bytes_total 0
 llamacpp:moe_cache_copies_total 7
 # TYPE llamacpp:moe_cache_swaps_total counter
 llamacpp:moe_cache_swaps_total 0
+# TYPE llamacpp:moe_cache_admissions_total counter
+llamacpp:moe_cache_admissions_total 0
 # TYPE llamacpp:moe_cache_hit_ratio gauge
 llamacpp:moe_cache_hit_ratio 0.999595
 # TYPE llamacpp:moe_cache_slots gauge
@@ -112,6 +114,7 @@ def test_the_moe_cache_series_are_read_by_name() -> None:
     from llama_moe.stats import MoeCacheStats
     ours = {f.name for f in dataclasses.fields(MoeCacheMetrics)}
     assert {f.name for f in dataclasses.fields(MoeCacheStats)} - ours == {"n_bytes_copy"}
+    assert c.n_admit == 0
 
 
 def test_no_series_means_no_cache_and_some_means_all() -> None:

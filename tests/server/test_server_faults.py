@@ -160,8 +160,11 @@ def test_admission_in_the_server_counts_and_is_audited(server_binary, tiny_model
         r = requests.post(f"{url}/completion", json={"prompt": "The ship left the harbour", "n_predict": 48,
                                                       "temperature": 0.8, "seed": 1}, timeout=120)
         assert r.status_code == 200, r.text
+        from llama_moe.server.metrics import parse_moe_cache
+        metrics = parse_moe_cache(requests.get(f"{url}/metrics", timeout=30).text)
     finally:
         stop_server(proc)
+    assert metrics is not None and metrics.hybrid and metrics.n_admit > 0 and metrics.n_hit > 0
     records = [json.loads(line) for line in audit.read_text().splitlines()]
     assert records[0]["params"]["moe_cache_admit"] == 2 and records[0]["params"]["moe_cache_hybrid"] is True
     text = log.read_text()

@@ -54,6 +54,7 @@ std::string common_moe_cache_metrics(const llama_context * ctx) {
         { "moe_cache_cpu_bytes_total",    "MoE cache: bytes of the experts the CPU computed (hybrid)", (double) s.n_bytes_cpu },
         { "moe_cache_copies_total",       "MoE cache: experts large batches copied from the cache instead of from RAM", (double) s.n_copy },
         { "moe_cache_swaps_total",        "MoE cache: experts the adaptive cache swapped in", (double) s.n_swap },
+        { "moe_cache_admissions_total",   "MoE cache: missed experts the hybrid uploaded between decodes (--moe-cache-admit)", (double) s.n_admit },
     };
     // a refused lookup counts against the ratio: a cache too small for its ubatches must not look like a good one
     const uint64_t n_lookup = s.n_hit + s.n_miss + s.n_refused;
