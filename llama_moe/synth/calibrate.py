@@ -259,13 +259,15 @@ def half_figures(docs: Sequence[np.ndarray], n_expert: int) -> tuple[float, floa
     return miss / total, 1.0 - h / n, cover / total
 
 
-def measure(shape: str | Shape, seeds: Sequence[int] = (0, 1, 2), routing: RoutingConfig | None = None) -> CalibrationReport:
-    """The report for ``shape``'s routing (its calibrated default unless ``routing``), seeds pooled."""
+def measure(shape: str | Shape, seeds: Sequence[int] = (0, 1, 2), routing: RoutingConfig | None = None,
+            sizes: Sequence[int] | None = None) -> CalibrationReport:
+    """The report for ``shape``'s routing (its calibrated default unless ``routing``), seeds pooled; the hit
+    rates at ``sizes`` slots per layer (default ``sizes_for``: a test may ask for its targets' alone)."""
     sh = get_shape(shape)
     r = routing or routing_for(sh)
     t = targets_for(shape)
     n_e = sh.n_expert
-    slots = sizes_for(sh, t)
+    slots = tuple(sizes) if sizes is not None else sizes_for(sh, t)
     per_doc = bool(t and t.per_document)
     lru = np.zeros((len(slots), 2))
     bel = np.zeros((len(slots), 2))
