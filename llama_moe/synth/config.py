@@ -66,7 +66,7 @@ class RoutingConfig:
 QWEN3_ROUTING = RoutingConfig()
 GPT_OSS_ROUTING = RoutingConfig(skew=0.6, topic=5.5, recency=2.5, recency_tokens=16.0, first=0.1, last=0.2, rise=0.275,
                                 fall=0.5)
-FLAT_ROUTING = RoutingConfig(skew=0.5, recency=2.5, recency_tokens=12.0, first=0.3, last=0.4, rise=0.15, fall=0.75)
+FLAT_ROUTING = RoutingConfig(skew=0.6, recency=2.5, recency_tokens=20.0, first=0.2, last=0.3, rise=0.15, fall=0.75)
 SHAPE_ROUTING: dict[str, RoutingConfig] = {
     "qwen3-30b-a3b": QWEN3_ROUTING,
     "gpt-oss-20b": GPT_OSS_ROUTING,
