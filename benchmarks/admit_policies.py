@@ -1,6 +1,6 @@
-"""Held-out hit rates of the hybrid's policies on a synthetic model's routing (the calibrated routers), per
-topic of the embedded corpus: the profile is ranked on the other topics' paragraphs (leave one topic out), then
-each policy replays the held-out topic's paragraphs as one stream of one-token decodes, from that profile:
+"""Held-out hit rates of the hybrid's policies on the synthetic models' calibrated routing, per document of the
+embedded corpus (leave one document out): the profile is ranked on the other documents' paragraphs, then each
+policy replays the held-out document's paragraphs as one stream of one-token decodes, from that profile:
 
 - static: the hybrid from the profile (nothing moves);
 - adaptive: the hybrid that swaps by heat (``--moe-cache-adaptive``);
@@ -8,70 +8,244 @@ each policy replays the held-out topic's paragraphs as one stream of one-token d
 - lru: the upload mode (every miss uploaded, waited on), for contrast;
 - belady: the ceiling of a cache that knows the future.
 
-Every hit rate counts every lookup (hits / (hits + misses + refused)); the interval is a t interval over the
-held-out topics.
+Every hit rate counts every lookup (hits / (hits + misses + refused)); the refused selections of every policy
+are summed in the last column; the interval is a 95% t interval over the held-out documents.
 
-    python benchmarks/admit_policies.py [--shape qwen3-30b-a3b] [--pcts 25,50,75] [--policies ...]
+``--eviction`` also replays the admitting hybrid (at ``--eviction-admit`` uploads) with other victims than
+the least recently used slot, to compare (their code is here, not in the library: none of them is an engine
+mode):
+
+- ``slru:P``: segmented LRU, a share P of the slots protected (experts hit since their admission); the victim
+  is the least recently used unprotected slot;
+- ``lrfu:H``: the slot whose expert's selections, each fading with a half-life of H tokens, weigh least
+  (the expert's whole history counts, held or not);
+- ``arc``: ARC's two lists (seen once, seen again) with ghosts of the evicted that move the split between them.
+
+    python benchmarks/admit_policies.py [--shapes qwen3-30b-a3b,gpt-oss-120b] [--pcts 12.5,25,50]
+        [--policies ...] [--eviction slru:0.5,lrfu:16,arc]
 """
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
+from collections import OrderedDict
 
 import numpy as np
 
 from llama_moe.routing.heldout import t_interval
 from llama_moe.routing.policies import run_policy
-from llama_moe.routing.ranking import rank_pairs
+from llama_moe.routing.ranking import prefill_resident, rank_pairs
 from llama_moe.routing.routes import Routes
 from llama_moe.synth import SHAPES, sample_routes
-from llama_moe.synth.corpus import TOPICS
+from llama_moe.synth.corpus import load_corpus, paragraphs
 
-DEFAULT_POLICIES = "static,adaptive,admit1,admit2,admit4,admit8,lru,belady"
+DEFAULT_POLICIES = "static,adaptive,admit1,admit2,admit4,lru,belady"
 
 
-def routes_of(paragraphs: list[np.ndarray], n_layer: int) -> Routes:
-    x = np.concatenate(paragraphs)
+def routes_of(paragraphs_: list[np.ndarray], n_layer: int) -> Routes:
+    x = np.concatenate(paragraphs_)
     return Routes(tuple(range(n_layer)), x, np.arange(len(x) + 1, dtype=np.int64))
+
+
+def documents(paras: list[np.ndarray]) -> list[list[np.ndarray]]:
+    """The corpus's paragraphs grouped by document (topic), in corpus order."""
+    out, at = [], 0
+    for text in load_corpus().values():
+        n = len(paragraphs(text))
+        out.append(paras[at:at + n])
+        at += n
+    return out
+
+
+def evicting_admit(stream: np.ndarray, n_slots: int, n_expert: int, filled: dict[int, list[int]], admit: int,
+                   kind: str, param: float) -> tuple[int, int]:
+    """(hits, misses) of the admitting hybrid over ``stream`` [n, n_layer, k] of one-token decodes: hits and
+    misses as ``policies.admit`` counts them; after each decode up to ``admit`` of a layer's misses (first
+    missed first) take a free slot, else the victim ``kind`` picks. ``lru`` is ``policies.admit``'s rule."""
+    hits = misses = 0
+    fade = 0.5 ** (1.0 / param) if kind == "lrfu" else 1.0
+    for j in range(stream.shape[1]):
+        col = stream[:, j, :].tolist()
+        f = filled[j]
+        if kind == "arc":
+            h, m = _arc(col, n_slots, f, admit)
+            hits, misses = hits + h, misses + m
+            continue
+        expert_in = f + [-1] * (n_slots - len(f))
+        slot_of = {e: s for s, e in enumerate(f)}
+        last = [0] * n_slots
+        protected = [False] * n_slots
+        cap = int(round(param * n_slots)) if kind == "slru" else 0
+        weight: dict[int, tuple[float, int]] = {}  # lrfu: expert -> (faded count, at token)
+        clock = 0
+        for t, row in enumerate(col):
+            clock += 1
+            queue = []
+            for e in dict.fromkeys(row):  # distinct, in the router's order
+                if kind == "lrfu":
+                    w, at = weight.get(e, (0.0, t))
+                    weight[e] = (w * fade ** (t - at) + 1.0, t)
+                s = slot_of.get(e, -1)
+                if s >= 0:
+                    last[s] = clock
+                    hits += 1
+                    if kind == "slru" and not protected[s]:
+                        protected[s] = True
+                        held = [c for c in range(n_slots) if protected[c]]
+                        if len(held) > cap:  # the protected segment's least recent goes back to probation
+                            protected[min(held, key=lambda c: (last[c], c))] = False
+                else:
+                    misses += 1
+                    queue.append(e)
+            clock += 1
+            for e in queue[:admit]:
+                free = [c for c in range(n_slots) if expert_in[c] < 0]
+                if free:
+                    victim = free[0]
+                elif kind == "lru":
+                    victim = min(range(n_slots), key=lambda c: (last[c], c))
+                elif kind == "slru":
+                    pool = [c for c in range(n_slots) if not protected[c]] or list(range(n_slots))
+                    victim = min(pool, key=lambda c: (last[c], c))
+                else:  # lrfu
+                    def now(c: int) -> float:
+                        w, at = weight.get(expert_in[c], (0.0, t))
+                        return w * fade ** (t - at)
+                    victim = min(range(n_slots), key=lambda c: (now(c), last[c], c))
+                if expert_in[victim] >= 0:
+                    del slot_of[expert_in[victim]]
+                expert_in[victim], slot_of[e], last[victim], protected[victim] = e, victim, clock, False
+    return hits, misses
+
+
+def _arc(col: list[list[int]], c: int, filled: list[int], admit: int) -> tuple[int, int]:
+    """ARC over one layer: T1 (resident, seen once since admitted), T2 (resident, seen again), ghosts B1 and
+    B2 of what each evicted, and the target size p of T1, moved by ghost hits. Only admitted misses enter."""
+    t1: OrderedDict[int, None] = OrderedDict((e, None) for e in filled)
+    t2: OrderedDict[int, None] = OrderedDict()
+    b1: OrderedDict[int, None] = OrderedDict()
+    b2: OrderedDict[int, None] = OrderedDict()
+    p = 0.0
+    hits = misses = 0
+
+    def replace(in_b2: bool) -> None:
+        if t1 and (len(t1) > p or (in_b2 and len(t1) == p)):
+            e, _ = t1.popitem(last=False)
+            b1[e] = None
+        else:
+            e, _ = t2.popitem(last=False)
+            b2[e] = None
+
+    for row in col:
+        queue = []
+        for e in dict.fromkeys(row):
+            if e in t1:
+                del t1[e]
+                t2[e] = None
+                hits += 1
+            elif e in t2:
+                t2.move_to_end(e)
+                hits += 1
+            else:
+                misses += 1
+                queue.append(e)
+        for e in queue[:admit]:
+            if e in b1:
+                p = min(float(c), p + max(len(b2) / len(b1), 1.0))
+                replace(False)
+                del b1[e]
+                t2[e] = None
+            elif e in b2:
+                p = max(0.0, p - max(len(b1) / len(b2), 1.0))
+                replace(True)
+                del b2[e]
+                t2[e] = None
+            else:
+                if len(t1) + len(b1) == c:
+                    if len(t1) < c:
+                        b1.popitem(last=False)
+                        replace(False)
+                    else:
+                        t1.popitem(last=False)
+                elif len(t1) + len(t2) + len(b1) + len(b2) >= c:
+                    if len(t1) + len(t2) + len(b1) + len(b2) >= 2 * c:
+                        b2.popitem(last=False)
+                    if len(t1) + len(t2) >= c:
+                        replace(False)
+                t1[e] = None
+    return hits, misses
+
+
+def cell(values: list[float]) -> str:
+    e = t_interval(values)
+    return f"{e.mean:.3f} [{e.low:.3f}, {e.high:.3f}]"
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shape", default="qwen3-30b-a3b")
+    ap.add_argument("--shapes", default="qwen3-30b-a3b,gpt-oss-120b")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--pcts", default="25,50,75", help="slots per layer, in percent of its experts")
+    ap.add_argument("--pcts", default="12.5,25,50", help="slots per layer, in percent of its experts")
     ap.add_argument("--policies", default=DEFAULT_POLICIES)
+    ap.add_argument("--eviction", default="", help="victim rules for the admitting hybrid, e.g. slru:0.5,lrfu:16,arc")
+    ap.add_argument("--eviction-admit", type=int, default=2, help="uploads per layer and decode for --eviction")
     a = ap.parse_args()
-    shape = SHAPES[a.shape]
-    t0 = time.monotonic()
-    paras = sample_routes(a.shape, seed=a.seed)
-    per_topic = len(paras) // len(TOPICS)
-    topics = [paras[per_topic * i:per_topic * (i + 1)] for i in range(len(TOPICS))]
-    n_tokens = sum(len(p) for p in paras)
-    print(f"{a.shape}: {shape.n_layer} layers, {shape.n_expert} experts, {shape.n_expert_used} a token; "
-          f"{len(paras)} paragraphs, {n_tokens} tokens, {len(TOPICS)} topics (routing in {time.monotonic() - t0:.0f} s)")
     policies = a.policies.split(",")
-    print()
-    print("| slots per layer | " + " | ".join(policies) + " |")
-    print("|---|" + "---|" * len(policies))
-    for pct in (int(p) for p in a.pcts.split(",")):
-        n_slots = max(1, round(shape.n_expert * pct / 100))
-        slots = {il: n_slots for il in range(shape.n_layer)}
-        rates: dict[str, list[float]] = {p: [] for p in policies}
-        for i in range(len(TOPICS)):
-            train = routes_of([p for j, t in enumerate(topics) if j != i for p in t], shape.n_layer)
-            test = routes_of(topics[i], shape.n_layer)
-            profile = rank_pairs(train, shape.n_expert)
-            for name in policies:
-                r = run_policy(name, test, slots, shape.n_expert, profile)
-                rates[name].append(r.hit_rate or 0.0)
-        cells = []
-        for name in policies:
-            e = t_interval(rates[name])
-            cells.append(f"{e.mean:.3f} [{e.low:.3f}, {e.high:.3f}]")
-        print(f"| {n_slots} of {shape.n_expert} ({pct}%) | " + " | ".join(cells) + " |", flush=True)
-    print(f"\n{time.monotonic() - t0:.0f} s")
+    rules = [r for r in a.eviction.split(",") if r]
+    for name in a.shapes.split(","):
+        shape = SHAPES[name]
+        t0 = time.monotonic()
+        paras = sample_routes(name, seed=a.seed)
+        docs = documents(paras)
+        n_tokens = sum(len(p) for p in paras)
+        print(f"\n{name}: {shape.n_layer} layers, {shape.n_expert} experts, {shape.n_expert_used} a token; "
+              f"{len(paras)} paragraphs, {n_tokens} tokens, {len(docs)} documents (routing in "
+              f"{time.monotonic() - t0:.0f} s)\n")
+        print("| slots per layer | " + " | ".join(policies) + " | admit2 / lru | refused |")
+        print("|---|" + "---|" * (len(policies) + 2))
+        ev_rows = []
+        for pct in (float(p) for p in a.pcts.split(",")):
+            n_slots = max(1, round(shape.n_expert * pct / 100))
+            slots = {il: n_slots for il in range(shape.n_layer)}
+            rates: dict[str, list[float]] = {p: [] for p in policies}
+            ev_rates: dict[str, list[float]] = {r: [] for r in ["lru", *rules]}
+            refused = 0
+            for i in range(len(docs)):
+                train = routes_of([p for j, d in enumerate(docs) if j != i for p in d], shape.n_layer)
+                test = routes_of(docs[i], shape.n_layer)
+                profile = rank_pairs(train, shape.n_expert)
+                for pol in policies:
+                    r = run_policy(pol, test, slots, shape.n_expert, profile)
+                    rates[pol].append(r.hit_rate or 0.0)
+                    refused += r.n_refused
+                if rules:
+                    filled = prefill_resident(profile, slots, shape.n_expert)
+                    stream = test.experts.astype(np.int64)
+                    for rule in ev_rates:
+                        kind, _, param = rule.partition(":")
+                        h, m = evicting_admit(stream, n_slots, shape.n_expert, filled, a.eviction_admit, kind,
+                                              float(param or 0))
+                        ev_rates[rule].append(h / (h + m))
+                    want = f"admit{a.eviction_admit}"
+                    if want in rates and not math.isclose(ev_rates["lru"][-1], rates[want][-1]):
+                        raise SystemExit(f"the eviction replay's lru ({ev_rates['lru'][-1]}) is not {want}'s "
+                                         f"({rates[want][-1]})")
+            ratio = ""
+            if "admit2" in rates and "lru" in rates:
+                ratio = f"{np.mean(rates['admit2']) / np.mean(rates['lru']):.3f}"
+            print(f"| {n_slots} of {shape.n_expert} ({pct:g}%) | " + " | ".join(cell(rates[p]) for p in policies)
+                  + f" | {ratio} | {refused} |", flush=True)
+            if rules:
+                ev_rows.append(f"| {n_slots} of {shape.n_expert} ({pct:g}%) | "
+                               + " | ".join(cell(v) for v in ev_rates.values()) + " |")
+        if rules:
+            print(f"\nthe admitting hybrid at {a.eviction_admit} uploads per layer and decode, by victim rule:\n")
+            print("| slots per layer | " + " | ".join(["lru", *rules]) + " |")
+            print("|---|" + "---|" * (len(rules) + 1))
+            print("\n".join(ev_rows))
+        print(f"\n{name}: {time.monotonic() - t0:.0f} s", flush=True)
     return 0
 
 

@@ -37,13 +37,19 @@ def add_plan_options(p: argparse.ArgumentParser) -> None:
                    "the tokens, or 'trace' (leave one trace out); default: one per trace with two or more traces, "
                    "else 10 contiguous blocks")
     p.add_argument("--whole-layers", type=int, default=0, metavar="N", help="report the N layers that gain most from being held whole")
+    p.add_argument("--per-layer", action="store_true",
+                   help="split the same bytes across the layers by the routing's miss curves (plan: needs --trace): the slots per "
+                   "layer in the report and its JSON (per_layer.slots), held out; the engine takes equal slots today")
+    p.add_argument("--min-slots", type=int, default=None, metavar="N",
+                   help="with --per-layer: each layer's least slots (default: k in upload mode, 1 with --hybrid)")
 
 
 def plan_with_progress(args: argparse.Namespace, layout, mib: float, routes, budget: str):
     """plan_cache with the k-fold replays on a progress line (shared by plan and profile)."""
     bar = progress(args, "% of the k-fold replays", percent=True)
     try:
-        return plan_cache(args.model, layout, mib, args.hybrid, routes, args.kfold, args.whole_layers, budget, bar)
+        return plan_cache(args.model, layout, mib, args.hybrid, routes, args.kfold, args.whole_layers, budget, bar,
+                          args.per_layer, args.min_slots)
     finally:
         bar.close()
 
@@ -51,9 +57,11 @@ def plan_with_progress(args: argparse.Namespace, layout, mib: float, routes, bud
 def check_plan_options(args: argparse.Namespace) -> None:
     """Numbers no budget can mean, refused with the option's name (shared with ``profile``). Sizes stop at
     16 TiB, as ContextParams.moe_cache_mib does (beyond it the arithmetic overflows into nonsense)."""
+    if args.min_slots is not None and not args.per_layer:
+        raise ToolInputError("--min-slots sets the least slots of a per-layer split: give --per-layer")
     for flag, name, low, high in (("--cache-mib", "cache_mib", None, 1 << 24), ("--vram-gib", "vram_gib", None, 1 << 14),
                                   ("--reserve-gib", "reserve_gib", 0, 1 << 14), ("--whole-layers", "whole_layers", 0, None),
-                                  ("--kfold", "kfold", 2, None)):
+                                  ("--kfold", "kfold", 2, None), ("--min-slots", "min_slots", 1, None)):
         value = getattr(args, name, None)
         if value is None or isinstance(value, str):  # --kfold trace / auto
             continue
@@ -70,6 +78,7 @@ def run(args: argparse.Namespace) -> int:
     layout = model_layout(args.model)
     if args.out and not args.trace:
         raise ToolInputError("--out writes a profile ranked from routing: give --trace T.bin")
+
     if args.cache_mib is not None:
         mib, budget = args.cache_mib, ""
     else:
@@ -125,6 +134,18 @@ def format_plan(p: Plan, profile_path: str | None) -> str:
         if refusing:
             line += f"  {l.refused_per_token or 0:13.3f}"
         lines.append(line)
+    s = p.per_layer
+    if s is not None:
+        def est(e) -> str:
+            return "n/a" if e is None else f"{e.mean:.4f} [{e.low:.4f}, {e.high:.4f}]"
+        counts = [s.slots[l.il] for l in p.layers]
+        lines += ["", f"per layer  ({s.note})",
+                  f"  {sum(counts)} slots in all split by the layers' {s.curve} miss curves, each at least "
+                  f"{s.min_slots}: {min(counts)} to {max(counts)} per layer",
+                  f"  held out (each fold split on the others' curves): hit rate {est(s.hit_rate)}, "
+                  f"{s.misses_per_token:.3f} misses/token; equal slots: {est(s.uniform_hit_rate)}, "
+                  f"{s.uniform_misses_per_token:.3f} misses/token",
+                  "  slots: " + " ".join(f"{il}:{s.slots[il]}" for il in sorted(s.slots))]
     w = p.whole_layers
     if w is not None:
         lines += ["", f"whole layers ({w.note})"]

@@ -14,6 +14,7 @@ from .budget import (MAX_UBATCH, MiB, cache_mib_for_vram, engine_buffer_bytes, e
                      non_expert_bytes, slot_row_bytes, slots_beside_whole)
 from ..errors import CacheBudgetError, ToolInputError
 from .heldout import Estimate, FoldCounts, Folds, KFoldResult, choose_folds, fold_counts, kfold_result, t_interval
+from .misscurves import lru_miss_curves, split_slots, static_curves
 from .policies import Job, Meter, replay_jobs
 from .ranking import prefill_resident
 from .routes import Routes
@@ -52,6 +53,22 @@ class WholeLayersReport:
 
 
 @dataclass(frozen=True)
+class PerLayerSlots:
+    """Slots per layer from miss curves, for the same bytes as the plan's equal slots, and what they do held
+    out: each fold is replayed with the split made on the other folds' curves, beside the equal slots."""
+
+    curve: str                     # the miss curves: lru (upload mode) or static (the hybrid's profile)
+    slots: dict[int, int]          # il -> slots, split on the curves of all the routing
+    min_slots: int                 # each layer's least
+    hit_rate: Estimate | None      # held out, with each fold's own split
+    misses_per_token: float        # held out, the folds pooled: misses and refused selections
+    uniform_hit_rate: Estimate | None  # the same folds with the equal slots (the plan's estimate)
+    uniform_misses_per_token: float
+    note: str = ("the engine gives every cached layer the same number of slots today; these counts are for an "
+                 "engine that takes a per-layer split")
+
+
+@dataclass(frozen=True)
 class Plan:
     model: str
     hybrid: bool
@@ -76,6 +93,7 @@ class Plan:
     whole_layers: WholeLayersReport | None
     warnings: tuple[str, ...] = ()  # what the budget cannot do (upload mode: ubatches it refuses)
     held_out: str = ""              # how the estimates were held out: "leave one of 4 traces out", ...
+    per_layer: PerLayerSlots | None = None  # --per-layer: slots per layer from miss curves
 
 
 def refusal_warnings(layout: ExpertLayout, slots: dict[int, int], hybrid: bool) -> tuple[str, ...]:
@@ -119,14 +137,55 @@ def slots_budget(layout: ExpertLayout, slots: int | None, hybrid: bool) -> tuple
     return mib_for_slots(layout, slots, hybrid), f"{slots} slots per layer"
 
 
+def split_budget(layout: ExpertLayout, slots: dict[int, int], curves: np.ndarray, layers: Sequence[int],
+                 min_slots: int) -> dict[int, int]:
+    """The bytes of the equal ``slots`` of ``layers`` split across them by their miss ``curves``
+    (``misscurves.split_slots``, weighted by each layer's bytes per expert); other layers keep theirs."""
+    by_il = {l.il: l for l in layout.layers}
+    looked = [il for il in layers if il in slots]
+    rows = [j for j, il in enumerate(layers) if il in slots]
+    weights = [by_il[il].bytes_per_expert for il in looked]
+    budget = sum(slots[il] * w for il, w in zip(looked, weights))
+    out = dict(slots)
+    out.update(split_slots(curves[rows], looked, budget, min_slots, weights))
+    return out
+
+
+def default_min_slots(layout: ExpertLayout, hybrid: bool) -> int:
+    """A layer's least slots in a per-layer split: one decode's experts (k) in upload mode, which refuses a
+    token whose experts do not all fit; one in the hybrid, which refuses nothing."""
+    return 1 if hybrid else layout.n_expert_used
+
+
+def per_layer_slots(layout: ExpertLayout, cache_mib: float, hybrid: bool, routes: Routes | TraceRoutes,
+                    min_slots: int | None = None, curve: str | None = None) -> dict[int, int]:
+    """Slots per layer for a cache of ``cache_mib``: the bytes the engine's equal slots take, split across the
+    layers to minimise the total misses on ``routes``' miss curves (``curve``: ``lru``, the default in upload
+    mode, or ``static``, the default with ``hybrid``), each layer at least ``min_slots`` (default
+    ``default_min_slots``). The engine takes equal slots today: this is for a plan file to carry."""
+    slots = engine_slots(layout, mib_to_bytes(cache_mib), hybrid)
+    curve = curve or ("static" if hybrid else "lru")
+    lo = default_min_slots(layout, hybrid) if min_slots is None else min_slots
+    if curve == "lru":
+        curves = lru_miss_curves(routes, layout.n_expert).total()
+    elif curve == "static":
+        curves = static_curves(fold_counts(routes, [(0, routes.n_tokens)], layout.n_expert).total)
+    else:
+        raise ToolInputError(f"curve: lru or static, got {curve!r}")
+    return split_budget(layout, slots, curves, routes.layers, lo)
+
+
 def plan_cache(model: str, layout: ExpertLayout, cache_mib: float, hybrid: bool,
                routes: Routes | TraceRoutes | None = None, folds: int | str | Folds | None = None,
                whole_layers: int = 0, budget: str = "",
-               progress: Callable[[int, int], None] | None = None) -> tuple[Plan, Profile | None]:
+               progress: Callable[[int, int], None] | None = None, per_layer: bool = False,
+               min_slots: int | None = None) -> tuple[Plan, Profile | None]:
     """The plan for a cache of ``cache_mib`` and, with routing, its profile (every selected pair, hottest
     first) scored by k-fold: ``folds`` as ``heldout.choose_folds`` takes them (by default one per trace with
     two or more trace files, else 10 contiguous blocks). ``whole_layers``: report the N layers that gain most
-    from being held whole.
+    from being held whole. ``per_layer``: split the same bytes across the layers by their miss curves
+    (``per_layer_slots``; each fold held out with a split made on the other folds), each layer at least
+    ``min_slots``.
     Streamed trace files are read once to count the folds (the profile is their sum), once to replay every
     fold and the in-sample figure, and once more for the whole-layers alternative."""
     slots = engine_slots(layout, mib_to_bytes(cache_mib), hybrid)
@@ -140,6 +199,8 @@ def plan_cache(model: str, layout: ExpertLayout, cache_mib: float, hybrid: bool,
     if routes is None:
         if whole_layers:
             raise ToolInputError("--whole-layers needs routing (--trace T.bin) to know which layers miss most")
+        if per_layer:
+            raise ToolInputError("--per-layer needs routing (--trace T.bin) for the layers' miss curves")
         layers = tuple(LayerPlan(il, n, il in whole, None, None) for il, n in slots.items())
         return Plan(*head, 0, 0, None, None, None, None, None, layers, None, warnings), None
 
@@ -147,7 +208,7 @@ def plan_cache(model: str, layout: ExpertLayout, cache_mib: float, hybrid: bool,
     scheme = choose_folds(routes, folds)
     bounds = list(scheme.bounds)
     w_count, w_replay = n // 8 + 1, 2 * n  # progress: the counts, the folds and the in-sample replay
-    meter = Meter(w_count + w_replay * (2 if whole_layers else 1), progress)
+    meter = Meter(w_count + w_replay * (1 + bool(whole_layers) + bool(per_layer)) + (n if per_layer else 0), progress)
     counts = fold_counts(routes, bounds, n_expert, meter.part(w_count))
     profile = Profile(layout.n_layer, layout.n_expert, per_layer, counts.profile())
     prefilled = sum(len(v) for v in prefill_resident(profile.ranked, slots, n_expert).values())
@@ -174,11 +235,37 @@ def plan_cache(model: str, layout: ExpertLayout, cache_mib: float, hybrid: bool,
         lookups = _fold_lookups(routes, counts)
         report = _whole_layers(layout, routes.layers, lookups, test_tokens, slots, hybrid, cache_mib, scored,
                                whole_layers, replay)
+    split = None
+    if per_layer:
+        lo = default_min_slots(layout, hybrid) if min_slots is None else min_slots
+        split = _per_layer(layout, routes, counts, slots, policy, lo, fold_profiles, scored, test_tokens,
+                           meter.part(n), lambda jobs: replay_jobs(routes, jobs, n_expert, meter.part(w_replay)))
     if progress:
         progress(meter.total, meter.total)  # the alternative may not have been replayed: it did not fit
     plan = Plan(*head, n, scheme.k, len(profile.ranked), prefilled, scored.hit_rate, scored.h_layer,
-                in_sample.hit_rate, layers, report, warnings, scheme.describe())
+                in_sample.hit_rate, layers, report, warnings, scheme.describe(), split)
     return plan, profile
+
+
+def _per_layer(layout: ExpertLayout, routes: Routes | TraceRoutes, counts: FoldCounts, slots: dict[int, int],
+               policy: str, min_slots: int, fold_profiles: Sequence, scored: KFoldResult, test_tokens: int,
+               progress: Callable[[int, int], None] | None, replay: Callable[[list[Job]], list]) -> PerLayerSlots:
+    """The split on all the routing's curves, and each fold replayed with the split of the other folds'."""
+    if policy == "lru":
+        per_fold = lru_miss_curves(routes, layout.n_expert, counts.bounds, progress)
+        whole, train = per_fold.total(), [per_fold.total(f) for f in range(len(counts.bounds))]
+    else:
+        whole, train = static_curves(counts.total), [static_curves(c) for c in counts.train]
+    split = split_budget(layout, slots, whole, routes.layers, min_slots)
+    jobs = [Job(a, b, policy, split_budget(layout, slots, c, routes.layers, min_slots), fp)
+            for (a, b), c, fp in zip(counts.bounds, train, fold_profiles)]
+    result = kfold_result(replay(jobs))
+
+    def lost(r: KFoldResult) -> float:
+        p = r.pooled
+        return (p.n_miss + p.n_refused) / test_tokens if p is not None else 0.0
+
+    return PerLayerSlots(policy, split, min_slots, result.hit_rate, lost(result), scored.hit_rate, lost(scored))
 
 
 def _fold_lookups(routes: Routes | TraceRoutes, counts: FoldCounts) -> np.ndarray:

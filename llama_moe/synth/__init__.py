@@ -4,7 +4,7 @@ depth profile (see config.py, recency.py and docs/synthetic-models.md)."""
 from __future__ import annotations
 
 # Bumped when the same arguments would write different bytes: the cached default model is remade then.
-SYNTH_VERSION = 3
+SYNTH_VERSION = 4
 
 from llama_moe.synth.config import RoutingConfig
 from llama_moe.synth.corpus import CorpusSplit, load_corpus, paragraphs, split_paragraphs

@@ -86,6 +86,10 @@ SHAPES: dict[str, Shape] = {
     # Qwen3-30B-A3B's sizes
     "qwen3-30b-a3b": Shape(n_layer=48, n_embd=2048, n_head=32, n_head_kv=4, head_dim=128, n_expert=128,
                            n_expert_used=8, n_ff_exp=768, n_vocab=151936, n_ctx_train=40960),
+    # a flatter router: 512 experts, top-10, with Qwen3-Next-80B-A3B's sizes (its hybrid attention is not
+    # modelled: every layer is full attention), calibrated against a 512-expert top-10 model's routing
+    "flat-512": Shape(n_layer=48, n_embd=2048, n_head=16, n_head_kv=2, head_dim=256, n_expert=512,
+                      n_expert_used=10, n_ff_exp=512, n_vocab=151936, n_ctx_train=262144),
     # gpt-oss (llama.cpp's "gpt-oss" architecture): a few MB, for tests
     "gpt-oss-tiny": Shape(n_layer=4, n_embd=128, n_head=4, n_head_kv=2, head_dim=32, n_expert=32,
                           n_expert_used=4, n_ff_exp=128, n_vocab=2048, n_ctx_train=4096, arch="gpt-oss", n_swa=32),

@@ -12,6 +12,8 @@ distinct experts of each ubatch of up to 32 tokens; layers held whole need no lo
 - ``belady``: per layer, the most hits a cache of that size could have, knowing the future (the ceiling).
 - ``admit1``, ``admit2``, ``admit4``, ``admit8``: the hybrid with admission of that many missed experts per
   layer and decode (``--moe-cache-admit N``, llama_moe_cache::admit); not in the default set.
+- ``admit1-lrfu`` ... ``admit8-lrfu``: the same admission with victims by recency and frequency together
+  (``admit.LRFU_HALF_LIFE``), a simulator variant the engine does not run; not in the default set.
 
 Every policy also reports h_layer: the share of looked-up or refused (layer, token) pairs whose k experts were
 all resident when the ubatch was looked up (the tokens that need no CPU or upload work in that layer; a refused
@@ -40,7 +42,7 @@ from typing import Callable, Sequence
 from ..ranking import CHUNK_TOKENS
 from ..routes import Routes
 from ..tracefiles import TraceRoutes
-from .admit import ADMIT_CHUNK_TOKENS, AdmitReplay, admit_replay
+from .admit import ADMIT_CHUNK_TOKENS, LRFU_HALF_LIFE, AdmitReplay, admit_replay
 from .adaptive import HALF_LIFE_TOKENS, PRIOR_TOKENS, AdaptiveReplay, adaptive, adaptive_replay
 from .base import Meter, PolicyResult, Progress, Replay, _looked_up, drive, merge_results
 from .belady import belady_routes
@@ -56,6 +58,7 @@ REPLAYS: dict[str, tuple[ReplayFactory, int]] = {
     "static": (static_replay, CHUNK_TOKENS),
     "adaptive": (adaptive_replay, CHUNK_TOKENS),
     **{f"admit{n}": (admit_replay(n), ADMIT_CHUNK_TOKENS) for n in (1, 2, 4, 8)},
+    **{f"admit{n}-lrfu": (admit_replay(n, LRFU_HALF_LIFE), ADMIT_CHUNK_TOKENS) for n in (1, 2, 4, 8)},
 }
 POLICIES = ("lru", "static", "adaptive", "belady")  # the default set
 ALL_POLICIES = (*REPLAYS, "belady")

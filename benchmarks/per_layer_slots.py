@@ -1,0 +1,107 @@
+"""Slots per layer from miss curves against equal slots, held out, on the synthetic models' calibrated routing.
+
+For each document of the embedded corpus (leave one document out): the other documents' paragraphs, as one
+stream of one-token decodes, give every layer's miss curve (``llama_moe.routing.misscurves``: LRU stack
+distances, or the static profile's counts) and the profile; the same total of slots as ``pct`` percent of the
+experts in every layer is split across the layers by those curves (``split_slots``, each layer at least k);
+then the held-out document is replayed with the equal and the split slots:
+
+- lru: the upload mode, split by the LRU curves;
+- admit2: the hybrid admitting 2 experts per layer and decode, split by the LRU curves;
+- static: the hybrid from the profile, split by the static curves.
+
+Misses per token count refused selections too (hits / (hits + misses + refused) for the hit rates); the
+intervals are 95% t intervals over the held-out documents.
+
+    python benchmarks/per_layer_slots.py [--shapes qwen3-30b-a3b,gpt-oss-120b] [--pcts 25,50]
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import numpy as np
+
+from llama_moe.routing.heldout import t_interval
+from llama_moe.routing.misscurves import lru_miss_curves, split_slots, static_curves
+from llama_moe.routing.policies import run_policy
+from llama_moe.routing.ranking import pair_counts, rank_pairs
+from llama_moe.routing.routes import Routes
+from llama_moe.synth import SHAPES, sample_routes
+from llama_moe.synth.corpus import load_corpus, paragraphs
+
+
+def routes_of(parts: list[np.ndarray], n_layer: int) -> Routes:
+    x = np.concatenate(parts)
+    return Routes(tuple(range(n_layer)), x, np.arange(len(x) + 1, dtype=np.int64))
+
+
+def documents(paras: list[np.ndarray]) -> list[list[np.ndarray]]:
+    out, at = [], 0
+    for text in load_corpus().values():
+        n = len(paragraphs(text))
+        out.append(paras[at:at + n])
+        at += n
+    return out
+
+
+def cell(values: list[float], digits: int = 3) -> str:
+    e = t_interval(values)
+    return f"{e.mean:.{digits}f} [{e.low:.{digits}f}, {e.high:.{digits}f}]"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shapes", default="qwen3-30b-a3b,gpt-oss-120b")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--pcts", default="25,50")
+    ap.add_argument("--policies", default="lru,admit2,static")
+    a = ap.parse_args()
+    policies = a.policies.split(",")
+    for name in a.shapes.split(","):
+        shape = SHAPES[name]
+        n_l, n_e, k = shape.n_layer, shape.n_expert, shape.n_expert_used
+        t0 = time.monotonic()
+        docs = documents(sample_routes(name, seed=a.seed))
+        print(f"\n{name}: {n_l} layers, {n_e} experts, {k} a token; {len(docs)} documents, "
+              f"{sum(len(p) for d in docs for p in d)} tokens\n")
+        print("| slots per layer | policy | misses/token, equal | misses/token, per layer | change | "
+              "hit rate, equal | hit rate, per layer | slots per layer, split |")
+        print("|---|---|---|---|---|---|---|---|")
+        for pct in (float(p) for p in a.pcts.split(",")):
+            n_slots = max(k, round(n_e * pct / 100))
+            equal = {il: n_slots for il in range(n_l)}
+            res: dict[str, dict[str, list[float]]] = {p: {"me": [], "ms": [], "he": [], "hs": [], "ch": []}
+                                                       for p in policies}
+            spread: list[int] = []
+            for i in range(len(docs)):
+                train = routes_of([p for j, d in enumerate(docs) if j != i for p in d], n_l)
+                test = routes_of(docs[i], n_l)
+                profile = rank_pairs(train, n_e)
+                lru_split = split_slots(lru_miss_curves(train, n_e).total(), range(n_l), n_slots * n_l, k)
+                static_split = split_slots(static_curves(pair_counts(train, n_e)), range(n_l), n_slots * n_l, k)
+                spread += list(lru_split.values())
+                for pol in policies:
+                    split = static_split if pol == "static" else lru_split
+                    eq = run_policy(pol, test, equal, n_e, profile)
+                    sp = run_policy(pol, test, split, n_e, profile)
+                    lost_eq = (eq.n_miss + eq.n_refused) / test.n_tokens
+                    lost_sp = (sp.n_miss + sp.n_refused) / test.n_tokens
+                    r = res[pol]
+                    r["me"].append(lost_eq)
+                    r["ms"].append(lost_sp)
+                    r["ch"].append(lost_sp / lost_eq - 1.0)
+                    r["he"].append(eq.hit_rate or 0.0)
+                    r["hs"].append(sp.hit_rate or 0.0)
+            for pol in policies:
+                r = res[pol]
+                what = f"{min(spread)}-{max(spread)} (lru curves)" if pol != "static" else "(static curves)"
+                print(f"| {n_slots} of {n_e} ({pct:g}%) | {pol} | {cell(r['me'], 2)} | {cell(r['ms'], 2)} | "
+                      f"{100 * np.mean(r['ch']):+.1f}% | {cell(r['he'])} | {cell(r['hs'])} | {what} |", flush=True)
+        print(f"\n{name}: {time.monotonic() - t0:.0f} s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
