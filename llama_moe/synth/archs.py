@@ -1052,7 +1052,7 @@ CONFIGS: dict[str, Callable[[Dims], ArchModel]] = {
     "granitehybrid": _granitehybrid,
     "jamba": _jamba,
     "lfm2moe": _lfm2moe,
-    # "grovemoe": _grovemoe,
+    "grovemoe": _grovemoe,
 }
 
 
