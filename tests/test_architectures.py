@@ -31,9 +31,9 @@ NEEDS_ENGINE = {
     "gemma4": "per-expert scales (ffn_down_exps.scale, as Gemma 4 ships): the cache turns those layers off "
               "instead of copying each expert's scale beside its slot, so no layer is cached",
     "grovemoe": "a second build_moe_ffn in a layer (GroveMoE's chunk experts, ffn_*_chexps): the routing trace "
-                "takes every node named ffn_moe_topk-<il> for the layer's routing, so it records each layer twice per "
-                "ubatch, the chunk experts' selection as routed experts; the trace, and the profiles and replays made "
-                "from it, are wrong (the cache itself serves the routed experts, bit-identical)",
+                "takes every node named ffn_moe_topk-<il> for the layer's routing, and the second call selects again "
+                "under that name, so each layer is recorded twice per ubatch and a replay of the trace counts every "
+                "lookup twice (the cache itself serves the routed experts, bit-identical)",
 }
 
 

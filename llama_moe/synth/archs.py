@@ -723,7 +723,7 @@ def _mistral3(d: Dims) -> ArchModel:
     for i in range(d.n_layer):
         b.attention(i, qk_norm=None)
         b.moe(i)
-    return b.model("mistral3", list(range(d.n_layer)), notes="Mistral 3 with experts: llama-like, no shared expert")
+    return b.model("mistral3", list(range(d.n_layer)), notes="the MoE branch of Mistral 3's loader: the layout of `llama` (Mixtral), its own graph")
 
 
 def _smallthinker(d: Dims) -> ArchModel:
