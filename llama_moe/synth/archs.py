@@ -688,7 +688,8 @@ def _phimoe(d: Dims) -> ArchModel:
         b.t(tn(MODEL_TENSOR.ATTN_NORM, i, "bias"), (d.n_embd,), "bias")
         b.moe(i)
         b.t(tn(MODEL_TENSOR.FFN_NORM, i, "bias"), (d.n_embd,), "bias")
-    return b.model("phimoe", list(range(d.n_layer)), notes="norms with biases, q/k/v and output biases, no shared expert")
+    return b.model("phimoe", list(range(d.n_layer)),
+                   notes="norms with biases, q/k/v and output biases, no shared expert")
 
 
 def _qwen3vlmoe(d: Dims) -> ArchModel:
@@ -723,7 +724,8 @@ def _mistral3(d: Dims) -> ArchModel:
     for i in range(d.n_layer):
         b.attention(i, qk_norm=None)
         b.moe(i)
-    return b.model("mistral3", list(range(d.n_layer)), notes="the MoE branch of Mistral 3's loader: the layout of `llama` (Mixtral), its own graph")
+    return b.model("mistral3", list(range(d.n_layer)),
+                   notes="the MoE branch of Mistral 3's loader: the layout of `llama` (Mixtral), its own graph")
 
 
 def _smallthinker(d: Dims) -> ArchModel:
@@ -794,7 +796,8 @@ def _mimo2(d: Dims) -> ArchModel:
         b.t(tn(MODEL_TENSOR.ATTN_SINKS, i), (d.n_head,), "bias")
         b.ffn(i, probs_b=True)
     return b.model("mimo2", list(range(1, d.n_layer)),
-                   notes="sigmoid gating with a selection bias, a dense first layer; sliding-window attention with sinks")
+                   notes="sigmoid gating with a selection bias, a dense first layer; sliding-window attention with "
+                   "sinks")
 
 
 def _step35(d: Dims) -> ArchModel:
@@ -825,7 +828,8 @@ def _glm_dsa(d: Dims) -> ArchModel:
     """GLM-5 (DeepSeek sparse attention): MLA whose keys a lightning indexer selects (top 32 of the context),
     sigmoid gating with a selection bias, a shared expert, a dense first layer."""
     b = _Builder("glm-dsa", d)
-    kv_lora, q_lora, rope, nope, v, idx_heads, idx_dim = 64, 64, 16, 32, 32, 4, 64  # the indexer keys are rotated in blocks of 64
+    # the indexer's keys are rotated in blocks of 64: its head is at least that wide
+    kv_lora, q_lora, rope, nope, v, idx_heads, idx_dim = 64, 64, 16, 32, 32, 4, 64
     b.base_keys()
     b.keys = [k for k in b.keys if k[0] not in {t.format(arch="glm-dsa") for t in (
         Keys.Attention.KEY_LENGTH, Keys.Attention.VALUE_LENGTH, Keys.Attention.HEAD_COUNT_KV)}]
@@ -856,8 +860,8 @@ def _glm_dsa(d: Dims) -> ArchModel:
         b.t(tn(MODEL_TENSOR.INDEXER_ATTN_Q_B, i), (q_lora, idx_heads * idx_dim), "mat")
         b.ffn(i, probs_b=True, shexp=d.n_ff_exp)
     return b.model("glm-dsa", list(range(1, d.n_layer)),
-                   notes="MLA with a lightning indexer (sparse attention, top 32 keys), sigmoid gating with a selection "
-                   "bias, a shared expert, a dense first layer")
+                   notes="MLA with a lightning indexer (sparse attention, top 32 keys), sigmoid gating with a "
+                   "selection bias, a shared expert, a dense first layer")
 
 
 def _mamba2(b: _Builder, i: int, d_inner: int, d_state: int, n_group: int, n_ssm_head: int) -> None:
