@@ -53,7 +53,9 @@ def expert_layout(path: str | os.PathLike[str]) -> ExpertLayout:
     per_layer: dict[int, list] = {}
     for t in gguf.tensors:
         m = _EXPS.match(t.name)
-        if m and int(m.group(1)) < n_layer:
+        # chunk experts (GroveMoE's ffn_*_chexps, beside the routed ones) stay in RAM with --cpu-moe but on
+        # llama.cpp's path: the cache holds a layer's routed experts only
+        if m and m.group(3) != "ch" and int(m.group(1)) < n_layer:
             per_layer.setdefault(int(m.group(1)), []).append(t)
     layers = []
     for il in sorted(per_layer):

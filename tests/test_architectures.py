@@ -30,6 +30,10 @@ REPORT = os.environ.get("LLAMA_MOE_ARCH_REPORT")
 NEEDS_ENGINE = {
     "gemma4": "per-expert scales (ffn_down_exps.scale, as Gemma 4 ships): the cache turns those layers off "
               "instead of copying each expert's scale beside its slot, so no layer is cached",
+    "grovemoe": "a second build_moe_ffn in a layer (GroveMoE's chunk experts, ffn_*_chexps): the routing trace "
+                "takes every node named ffn_moe_topk-<il> for the layer's routing, and the second call selects again "
+                "under that name, so each layer is recorded twice per ubatch and a replay of the trace counts every "
+                "lookup twice (the cache itself serves the routed experts, bit-identical)",
 }
 
 
@@ -52,7 +56,8 @@ def test_each_configuration_names_its_tensors_as_gguf_py_does(config: str) -> No
 
 def test_the_tools_count_the_trunk_and_read_per_layer_experts_per_token(tmp_path: Path) -> None:
     """An MTP block is in block_count but never run: neither a cached layer nor a profile's; experts per token
-    stored per layer (0 where there are none) are read as such, not taken for a number."""
+    stored per layer (0 where there are none) are read as such, not taken for a number; chunk experts are not a
+    layer's routed experts."""
     from llama_moe.experts import expert_layout
     from llama_moe.routing.budget import engine_slots
 
@@ -63,6 +68,10 @@ def test_the_tools_count_the_trunk_and_read_per_layer_experts_per_token(tmp_path
     synthesize_arch(tmp_path / "k.gguf", "nemotron_h_moe-per-layer-k")
     layout = expert_layout(tmp_path / "k.gguf")
     assert layout.n_expert_used == 4 and [l.il for l in layout.layers] == [1, 3]
+    # chunk experts beside the routed ones (8 of half the width) are not the cache's: the routed experts alone
+    synthesize_arch(tmp_path / "g.gguf", "grovemoe")
+    layout = expert_layout(tmp_path / "g.gguf")
+    assert [(l.n_expert, l.bytes_per_expert) for l in layout.layers] == [(16, 3 * 64 * 136)] * 4
 
 
 def test_synth_cli_writes_an_architecture_and_refuses_what_it_cannot(tmp_path: Path, capsys) -> None:

@@ -611,6 +611,410 @@ def _kimi_linear(d: Dims) -> ArchModel:
                    "with a selection bias, a shared expert, a dense first layer")
 
 
+def _arctic(d: Dims) -> ArchModel:
+    """Snowflake Arctic: a dense residual FFN (n_embd wide) beside the routed experts in every layer, the
+    experts fed from the layer's input through their own norm."""
+    b = _Builder("arctic", d)
+    b.base_keys(n_ff=d.n_ff_exp)  # its experts take feed_forward_length
+    b.embeddings()
+    for i in range(d.n_layer):
+        b.attention(i, qk_norm=None)
+        b.t(tn(MODEL_TENSOR.FFN_NORM, i), (d.n_embd,), "norm")
+        b.t(tn(MODEL_TENSOR.FFN_GATE, i), (d.n_embd, d.n_embd), "mat")
+        b.t(tn(MODEL_TENSOR.FFN_DOWN, i), (d.n_embd, d.n_embd), "mat")
+        b.t(tn(MODEL_TENSOR.FFN_UP, i), (d.n_embd, d.n_embd), "mat")
+        b.t(tn(MODEL_TENSOR.FFN_NORM_EXP, i), (d.n_embd,), "norm")
+        b.moe(i, norm=False)
+    return b.model("arctic", list(range(d.n_layer)),
+                   notes="a dense residual FFN beside the experts, which take the layer's input through their own norm")
+
+
+def _dbrx(d: Dims) -> ArchModel:
+    b = _Builder("dbrx", d)
+    b.base_keys(n_ff=d.n_ff_exp)
+    b.key(Keys.Attention.LAYERNORM_EPS, 1e-5, F32)
+    b.key(Keys.Attention.CLAMP_KQV, 8.0, F32)
+    b.embeddings()
+    for i in range(d.n_layer):
+        b.attention(i, qk_norm=None, merged=True)
+        b.t(tn(MODEL_TENSOR.ATTN_OUT_NORM, i), (d.n_embd,), "norm")
+        b.moe(i, norm=False)
+    return b.model("dbrx", list(range(d.n_layer)), notes="layer norms, a merged QKV clamped, no shared expert")
+
+
+def _deepseek(d: Dims) -> ArchModel:
+    b = _Builder("deepseek", d)
+    b.base_keys()
+    b.key(Keys.LLM.LEADING_DENSE_BLOCK_COUNT, 1, U32)
+    b.key(Keys.LLM.EXPERT_SHARED_COUNT, 2, U32)
+    b.key(Keys.LLM.EXPERT_WEIGHTS_SCALE, 1.0, F32)
+    b.embeddings()
+    for i in range(d.n_layer):
+        b.attention(i, qk_norm=None)
+        b.ffn(i, shexp=2 * d.n_ff_exp)
+    return b.model("deepseek", list(range(1, d.n_layer)),
+                   notes="DeepSeek-MoE (V1): softmax gating, two shared experts, a dense first layer")
+
+
+def _grok(d: Dims) -> ArchModel:
+    """Grok: GELU experts beside a dense GELU FFN (Grok 2; their sum scaled by 1/sqrt 2), soft-capped
+    attention and router logits, norms after attention and after the FFN."""
+    b = _Builder("grok", d)
+    b.base_keys()
+    b.key(Keys.LLM.ATTN_LOGIT_SOFTCAPPING, 30.0, F32)
+    b.key(Keys.LLM.ROUTER_LOGIT_SOFTCAPPING, 30.0, F32)
+    b.key(Keys.LLM.EMBEDDING_SCALE, 1.0, F32)
+    b.key(Keys.LLM.LOGIT_SCALE, 1.0, F32)
+    b.key(Keys.Attention.OUTPUT_SCALE, 1.0, F32)
+    b.embeddings()
+    for i in range(d.n_layer):
+        b.attention(i, qk_norm=None)
+        b.t(tn(MODEL_TENSOR.ATTN_OUT_NORM, i), (d.n_embd,), "norm")
+        b.dense_ffn(i)
+        b.moe(i, norm=False)
+        b.t(tn(MODEL_TENSOR.LAYER_OUT_NORM, i), (d.n_embd,), "norm")
+    return b.model("grok", list(range(d.n_layer)),
+                   notes="GELU experts beside a dense FFN (Grok 2), soft-capped attention and router logits")
+
+
+def _phimoe(d: Dims) -> ArchModel:
+    b = _Builder("phimoe", d)
+    b.base_keys(n_ff=d.n_ff_exp)
+    b.embeddings()
+    b.t(tn(MODEL_TENSOR.OUTPUT_NORM, None, "bias"), (d.n_embd,), "bias")
+    b.t(tn(MODEL_TENSOR.OUTPUT, None, "bias"), (-1,), "bias")
+    for i in range(d.n_layer):
+        b.attention(i, qk_norm=None, bias=True, out_bias=True)
+        b.t(tn(MODEL_TENSOR.ATTN_NORM, i, "bias"), (d.n_embd,), "bias")
+        b.moe(i)
+        b.t(tn(MODEL_TENSOR.FFN_NORM, i, "bias"), (d.n_embd,), "bias")
+    return b.model("phimoe", list(range(d.n_layer)),
+                   notes="norms with biases, q/k/v and output biases, no shared expert")
+
+
+def _qwen3vlmoe(d: Dims) -> ArchModel:
+    b = _Builder("qwen3vlmoe", d)
+    b.base_keys()
+    b.key(Keys.Rope.DIMENSION_SECTIONS, [6, 5, 5, 0], GGUFValueType.ARRAY)
+    b.embeddings()
+    for i in range(d.n_layer):
+        b.attention(i, qk_norm="head")
+        b.moe(i)
+    return b.model("qwen3vlmoe", list(range(d.n_layer)),
+                   notes="the text model of Qwen3-VL MoE: Qwen3 MoE layers with multi-section RoPE")
+
+
+def _bailingmoe(d: Dims) -> ArchModel:
+    b = _Builder("bailingmoe", d)
+    b.base_keys()
+    b.key(Keys.LLM.EXPERT_SHARED_COUNT, 1, U32)
+    b.key(Keys.LLM.EXPERT_WEIGHTS_NORM, True, BOOL)
+    b.embeddings()
+    for i in range(d.n_layer):
+        b.attention(i, qk_norm=None)  # the converter splits Ling's merged QKV
+        b.moe(i, shexp=d.n_ff_exp)
+    return b.model("bailingmoe", list(range(d.n_layer)),
+                   notes="Ling: softmax gating with normalised weights, a shared expert")
+
+
+def _mistral3(d: Dims) -> ArchModel:
+    b = _Builder("mistral3", d)
+    b.base_keys(n_ff=d.n_ff_exp)  # its experts take feed_forward_length
+    b.embeddings()
+    for i in range(d.n_layer):
+        b.attention(i, qk_norm=None)
+        b.moe(i)
+    return b.model("mistral3", list(range(d.n_layer)),
+                   notes="the MoE branch of Mistral 3's loader: the layout of `llama` (Mixtral), its own graph")
+
+
+def _smallthinker(d: Dims) -> ArchModel:
+    """SmallThinker: the router reads the layer's input before attention; the experts (ReLU) take its
+    probabilities after it."""
+    b = _Builder("smallthinker", d)
+    b.base_keys()
+    b.key(Keys.LLM.EXPERT_GATING_FUNC, GATING_SOFTMAX, U32)
+    b.embeddings()
+    for i in range(d.n_layer):
+        b.attention(i, qk_norm=None)
+        b.moe(i)
+    return b.model("smallthinker", list(range(d.n_layer)),
+                   notes="routing computed before attention from the layer's input; ReLU experts")
+
+
+def _exaone_moe(d: Dims) -> ArchModel:
+    b = _Builder("exaone-moe", d)
+    b.base_keys()
+    b.key(Keys.Attention.SLIDING_WINDOW, 64, U32)
+    b.key(Keys.LLM.LEADING_DENSE_BLOCK_COUNT, 1, U32)
+    b.key(Keys.LLM.EXPERT_SHARED_COUNT, 1, U32)
+    b.key(Keys.LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH, d.n_ff_exp, U32)
+    b.key(Keys.LLM.EXPERT_GATING_FUNC, GATING_SIGMOID, U32)
+    b.key(Keys.LLM.EXPERT_WEIGHTS_NORM, True, BOOL)
+    b.key(Keys.LLM.EXPERT_WEIGHTS_SCALE, 2.5, F32)
+    b.embeddings()
+    for i in range(d.n_layer):
+        b.attention(i, qk_norm="head")
+        b.ffn(i, probs_b=True, shexp=d.n_ff_exp)
+    return b.model("exaone-moe", list(range(1, d.n_layer)),
+                   notes="sigmoid gating with a selection bias, a shared expert, a dense first layer; sliding-window "
+                   "attention in three layers of four")
+
+
+def _afmoe(d: Dims) -> ArchModel:
+    b = _Builder("afmoe", d)
+    b.base_keys()
+    b.key(Keys.Attention.SLIDING_WINDOW, 64, U32)
+    b.key(Keys.LLM.LEADING_DENSE_BLOCK_COUNT, 1, U32)
+    b.key(Keys.LLM.EXPERT_SHARED_COUNT, 1, U32)
+    b.key(Keys.LLM.EXPERT_GATING_FUNC, GATING_SIGMOID, U32)
+    b.key(Keys.LLM.EXPERT_WEIGHTS_NORM, True, BOOL)
+    b.key(Keys.LLM.EXPERT_WEIGHTS_SCALE, 2.5, F32)
+    b.embeddings()
+    for i in range(d.n_layer):
+        b.attention(i, qk_norm="head")
+        b.t(tn(MODEL_TENSOR.ATTN_POST_NORM, i), (d.n_embd,), "norm")
+        b.t(tn(MODEL_TENSOR.ATTN_GATE, i), (d.n_embd, d.n_head * d.head_dim), "mat")
+        b.t(tn(MODEL_TENSOR.FFN_POST_NORM, i), (d.n_embd,), "norm")
+        b.ffn(i, probs_b=True, shexp=d.n_ff_exp)
+    return b.model("afmoe", list(range(1, d.n_layer)),
+                   notes="sigmoid gating with a selection bias, a shared expert, a dense first layer; gated attention, "
+                   "sliding windows")
+
+
+def _mimo2(d: Dims) -> ArchModel:
+    """MiMo-V2: sliding-window attention with sinks in most layers, a dense first layer, sigmoid gating with
+    a selection bias."""
+    b = _Builder("mimo2", d)
+    b.base_keys()
+    b.key(Keys.Attention.SLIDING_WINDOW, 64, U32)
+    b.key(Keys.Attention.SLIDING_WINDOW_PATTERN, [i % 4 != 0 for i in range(d.n_layer)], GGUFValueType.ARRAY)
+    b.key(Keys.Rope.FREQ_BASE_SWA, 10000.0, F32)
+    b.embeddings()
+    for i in range(d.n_layer):
+        b.attention(i, qk_norm=None)
+        b.t(tn(MODEL_TENSOR.ATTN_SINKS, i), (d.n_head,), "bias")
+        b.ffn(i, probs_b=True)
+    return b.model("mimo2", list(range(1, d.n_layer)),
+                   notes="sigmoid gating with a selection bias, a dense first layer; sliding-window attention with "
+                   "sinks")
+
+
+def _step35(d: Dims) -> ArchModel:
+    """Step 3.5: a dense first layer, then routed experts (their SwiGLU clamped) beside a shared expert,
+    sigmoid gating with a selection bias; a head-wise attention gate, sliding windows, half RoPE in the
+    full-attention layers."""
+    b = _Builder("step35", d)
+    b.base_keys()
+    b.key(Keys.LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH, d.n_ff_exp, U32)
+    b.key(Keys.LLM.EXPERT_GATING_FUNC, GATING_SIGMOID, U32)
+    b.key(Keys.LLM.EXPERT_WEIGHTS_NORM, True, BOOL)
+    b.key(Keys.LLM.EXPERT_WEIGHTS_SCALE, 2.5, F32)
+    b.key(Keys.Attention.SLIDING_WINDOW, 64, U32)
+    b.key(Keys.Attention.SLIDING_WINDOW_PATTERN, [i % 4 != 0 for i in range(d.n_layer)], GGUFValueType.ARRAY)
+    b.key(Keys.Rope.FREQ_BASE_SWA, 10000.0, F32)
+    b.key(Keys.LLM.SWIGLU_CLAMP_EXP, [0.0] + [7.0] * (d.n_layer - 1), GGUFValueType.ARRAY)
+    b.embeddings()
+    for i in range(d.n_layer):
+        b.attention(i, qk_norm="head")
+        b.t(tn(MODEL_TENSOR.ATTN_GATE, i), (d.n_embd, d.n_head), "mat_f32")
+        b.ffn(i, probs_b=True, shexp=d.n_ff_exp)
+    return b.model("step35", list(range(1, d.n_layer)),
+                   notes="sigmoid gating with a selection bias, clamped SwiGLU experts, a shared expert, a dense first "
+                   "layer; a head-wise attention gate, sliding windows")
+
+
+def _glm_dsa(d: Dims) -> ArchModel:
+    """GLM-5 (DeepSeek sparse attention): MLA whose keys a lightning indexer selects (top 32 of the context),
+    sigmoid gating with a selection bias, a shared expert, a dense first layer."""
+    b = _Builder("glm-dsa", d)
+    # the indexer's keys are rotated in blocks of 64: its head is at least that wide
+    kv_lora, q_lora, rope, nope, v, idx_heads, idx_dim = 64, 64, 16, 32, 32, 4, 64
+    b.base_keys()
+    b.keys = [k for k in b.keys if k[0] not in {t.format(arch="glm-dsa") for t in (
+        Keys.Attention.KEY_LENGTH, Keys.Attention.VALUE_LENGTH, Keys.Attention.HEAD_COUNT_KV)}]
+    b.key(Keys.Attention.KEY_LENGTH, kv_lora + rope, U32)
+    b.key(Keys.Attention.VALUE_LENGTH, kv_lora, U32)
+    b.key(Keys.Attention.HEAD_COUNT_KV, 1, U32)
+    b.key(Keys.Attention.Q_LORA_RANK, q_lora, U32)
+    b.key(Keys.Attention.KV_LORA_RANK, kv_lora, U32)
+    b.key(Keys.Attention.KEY_LENGTH_MLA, nope + rope, U32)
+    b.key(Keys.Attention.VALUE_LENGTH_MLA, v, U32)
+    b.key(Keys.Rope.DIMENSION_COUNT, rope, U32)
+    b.key(Keys.Attention.Indexer.HEAD_COUNT, idx_heads, U32)
+    b.key(Keys.Attention.Indexer.KEY_LENGTH, idx_dim, U32)
+    b.key(Keys.Attention.Indexer.TOP_K, 32, U32)
+    b.key(Keys.LLM.LEADING_DENSE_BLOCK_COUNT, 1, U32)
+    b.key(Keys.LLM.EXPERT_SHARED_COUNT, 1, U32)
+    b.key(Keys.LLM.EXPERT_WEIGHTS_SCALE, 2.5, F32)
+    b.key(Keys.LLM.EXPERT_WEIGHTS_NORM, True, BOOL)
+    b.key(Keys.LLM.EXPERT_GATING_FUNC, GATING_SIGMOID, U32)
+    b.embeddings()
+    for i in range(d.n_layer):
+        b.t(tn(MODEL_TENSOR.ATTN_NORM, i), (d.n_embd,), "norm")
+        b.mla(i, q_lora, kv_lora, rope, nope, v)
+        b.t(tn(MODEL_TENSOR.INDEXER_K_NORM, i), (idx_dim,), "norm")
+        b.t(tn(MODEL_TENSOR.INDEXER_K_NORM, i, "bias"), (idx_dim,), "bias")
+        b.t(tn(MODEL_TENSOR.INDEXER_PROJ, i), (d.n_embd, idx_heads), "mat_f32")
+        b.t(tn(MODEL_TENSOR.INDEXER_ATTN_K, i), (d.n_embd, idx_dim), "mat")
+        b.t(tn(MODEL_TENSOR.INDEXER_ATTN_Q_B, i), (q_lora, idx_heads * idx_dim), "mat")
+        b.ffn(i, probs_b=True, shexp=d.n_ff_exp)
+    return b.model("glm-dsa", list(range(1, d.n_layer)),
+                   notes="MLA with a lightning indexer (sparse attention, top 32 keys), sigmoid gating with a "
+                   "selection bias, a shared expert, a dense first layer")
+
+
+def _mamba2(b: _Builder, i: int, d_inner: int, d_state: int, n_group: int, n_ssm_head: int) -> None:
+    d = b.d
+    b.t(tn(MODEL_TENSOR.SSM_IN, i), (d.n_embd, 2 * d_inner + 2 * n_group * d_state + n_ssm_head), "mat")
+    b.t(tn(MODEL_TENSOR.SSM_CONV1D, i), (4, d_inner + 2 * n_group * d_state), "mat_f32")
+    b.t(tn(MODEL_TENSOR.SSM_CONV1D, i, "bias"), (d_inner + 2 * n_group * d_state,), "bias")
+    b.t(tn(MODEL_TENSOR.SSM_DT, i, "bias"), (n_ssm_head,), "bias")
+    b.t(tn(MODEL_TENSOR.SSM_A, i, None), (1, n_ssm_head), "neg_ones")
+    b.t(tn(MODEL_TENSOR.SSM_D, i, None), (1, n_ssm_head), "norm")
+    b.t(tn(MODEL_TENSOR.SSM_NORM, i), (d_inner // n_group, n_group), "norm")
+    b.t(tn(MODEL_TENSOR.SSM_OUT, i), (d_inner, d.n_embd), "mat")
+
+
+def _granitehybrid(d: Dims) -> ArchModel:
+    """Granite 4.0-H: Mamba-2 layers and attention layers (head_count_kv 0 marks the Mamba ones), an MoE
+    FFN with a shared expert in every layer, Granite's scales."""
+    b = _Builder("granitehybrid", d)
+    kinds = ["ssm", "attn", "ssm", "ssm"][: d.n_layer]
+    d_inner, d_state, n_group, n_ssm_head = 2 * d.n_embd, 16, 1, 8
+    b.base_keys(n_ff=d.n_ff_exp)  # its experts take feed_forward_length
+    b.keys = [k for k in b.keys if k[0] != Keys.Attention.HEAD_COUNT_KV.format(arch="granitehybrid")]
+    b.key(Keys.Attention.HEAD_COUNT_KV, [d.n_head_kv if k == "attn" else 0 for k in kinds], GGUFValueType.ARRAY)
+    b.key(Keys.LLM.LOGIT_SCALE, 4.0, F32)
+    b.key(Keys.LLM.RESIDUAL_SCALE, 0.25, F32)
+    b.key(Keys.LLM.EMBEDDING_SCALE, 8.0, F32)
+    b.key(Keys.Attention.SCALE, 1.0 / d.head_dim, F32)
+    b.key(Keys.LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH, 2 * d.n_ff_exp, U32)
+    b.key(Keys.SSM.CONV_KERNEL, 4, U32)
+    b.key(Keys.SSM.INNER_SIZE, d_inner, U32)
+    b.key(Keys.SSM.STATE_SIZE, d_state, U32)
+    b.key(Keys.SSM.TIME_STEP_RANK, n_ssm_head, U32)
+    b.key(Keys.SSM.GROUP_COUNT, n_group, U32)
+    b.embeddings()
+    n_q, n_kv = d.n_head * d.head_dim, d.n_head_kv * d.head_dim
+    for i, kind in enumerate(kinds):
+        b.t(tn(MODEL_TENSOR.ATTN_NORM, i), (d.n_embd,), "norm")
+        if kind == "ssm":
+            _mamba2(b, i, d_inner, d_state, n_group, n_ssm_head)
+        else:
+            b.t(tn(MODEL_TENSOR.ATTN_Q, i), (d.n_embd, n_q), "mat")
+            b.t(tn(MODEL_TENSOR.ATTN_K, i), (d.n_embd, n_kv), "mat")
+            b.t(tn(MODEL_TENSOR.ATTN_V, i), (d.n_embd, n_kv), "mat")
+            b.t(tn(MODEL_TENSOR.ATTN_OUT, i), (n_q, d.n_embd), "mat")
+        b.moe(i, shexp=2 * d.n_ff_exp)
+    return b.model("granitehybrid", list(range(d.n_layer)),
+                   notes="hybrid: Mamba-2 in three layers of four, attention in the other; experts and a shared expert "
+                   "in every layer, Granite's scales")
+
+
+def _jamba(d: Dims) -> ArchModel:
+    """Jamba: Mamba (1) layers with one attention layer in four (no RoPE), MoE in every other layer and a
+    dense FFN between, softmax gating without weight normalisation."""
+    b = _Builder("jamba", d)
+    kinds = ["ssm", "ssm", "attn", "ssm"][: d.n_layer]
+    d_inner, d_state, dt_rank, d_conv = 2 * d.n_embd, 16, 8, 4
+    d = replace(d, n_ff=d.n_ff_exp)  # experts and dense FFNs both take feed_forward_length
+    b.d = d
+    b.base_keys(rope=False)
+    b.keys = [k for k in b.keys if k[0] != Keys.Attention.HEAD_COUNT_KV.format(arch="jamba")]
+    b.key(Keys.Attention.HEAD_COUNT_KV, [d.n_head_kv if k == "attn" else 0 for k in kinds], GGUFValueType.ARRAY)
+    b.key(Keys.SSM.CONV_KERNEL, d_conv, U32)
+    b.key(Keys.SSM.INNER_SIZE, d_inner, U32)
+    b.key(Keys.SSM.STATE_SIZE, d_state, U32)
+    b.key(Keys.SSM.TIME_STEP_RANK, dt_rank, U32)
+    b.embeddings()
+    n_kv = d.n_head_kv * d.head_dim
+    for i, kind in enumerate(kinds):
+        b.t(tn(MODEL_TENSOR.ATTN_NORM, i), (d.n_embd,), "norm")
+        if kind == "ssm":
+            b.t(tn(MODEL_TENSOR.SSM_IN, i), (d.n_embd, 2 * d_inner), "mat")
+            b.t(tn(MODEL_TENSOR.SSM_CONV1D, i), (d_conv, d_inner), "mat_f32")
+            b.t(tn(MODEL_TENSOR.SSM_CONV1D, i, "bias"), (d_inner,), "bias")
+            b.t(tn(MODEL_TENSOR.SSM_X, i), (d_inner, dt_rank + 2 * d_state), "mat")
+            b.t(tn(MODEL_TENSOR.SSM_DT_NORM, i), (dt_rank,), "norm")
+            b.t(tn(MODEL_TENSOR.SSM_DT, i), (dt_rank, d_inner), "mat_f32")
+            b.t(tn(MODEL_TENSOR.SSM_DT, i, "bias"), (d_inner,), "bias")
+            b.t(tn(MODEL_TENSOR.SSM_B_NORM, i), (d_state,), "norm")
+            b.t(tn(MODEL_TENSOR.SSM_C_NORM, i), (d_state,), "norm")
+            b.t(tn(MODEL_TENSOR.SSM_A, i, None), (d_state, d_inner), "neg_ones")
+            b.t(tn(MODEL_TENSOR.SSM_D, i, None), (d_inner,), "norm")
+            b.t(tn(MODEL_TENSOR.SSM_OUT, i), (d_inner, d.n_embd), "mat")
+        else:
+            b.t(tn(MODEL_TENSOR.ATTN_Q, i), (d.n_embd, d.n_embd), "mat")
+            b.t(tn(MODEL_TENSOR.ATTN_K, i), (d.n_embd, n_kv), "mat")
+            b.t(tn(MODEL_TENSOR.ATTN_V, i), (d.n_embd, n_kv), "mat")
+            b.t(tn(MODEL_TENSOR.ATTN_OUT, i), (d.n_embd, d.n_embd), "mat")
+        if i % 2:
+            b.moe(i)
+        else:
+            b.dense_ffn(i)
+    return b.model("jamba", [i for i in range(d.n_layer) if i % 2],
+                   notes="hybrid: Mamba in three layers of four, attention without RoPE in the other; MoE every other "
+                   "layer (dense between), softmax gating without weight normalisation")
+
+
+def _lfm2moe(d: Dims) -> ArchModel:
+    """LFM2-MoE: short-convolution layers and attention layers (head_count_kv 0 marks the convolutions), a
+    dense first layer, sigmoid gating with a selection bias."""
+    b = _Builder("lfm2moe", d)
+    kinds = ["conv", "conv", "attn", "conv"][: d.n_layer]
+    l_cache = 3
+    b.base_keys()
+    b.keys = [k for k in b.keys if k[0] != Keys.Attention.HEAD_COUNT_KV.format(arch="lfm2moe")]
+    b.key(Keys.Attention.HEAD_COUNT_KV, [d.n_head_kv if k == "attn" else 0 for k in kinds], GGUFValueType.ARRAY)
+    b.key(Keys.ShortConv.L_CACHE, l_cache, U32)
+    b.key(Keys.LLM.LEADING_DENSE_BLOCK_COUNT, 1, U32)
+    b.key(Keys.LLM.EXPERT_GATING_FUNC, GATING_SIGMOID, U32)
+    b.t(tn(MODEL_TENSOR.TOKEN_EMBD), (d.n_embd, -1), "embd")
+    b.t(tn(MODEL_TENSOR.TOKEN_EMBD_NORM), (d.n_embd,), "norm")  # LFM2's final norm, under this name
+    n_kv = d.n_head_kv * d.head_dim
+    for i, kind in enumerate(kinds):
+        b.t(tn(MODEL_TENSOR.ATTN_NORM, i), (d.n_embd,), "norm")
+        if kind == "conv":
+            b.t(tn(MODEL_TENSOR.SHORTCONV_CONV, i), (l_cache, d.n_embd), "mat_f32")
+            b.t(tn(MODEL_TENSOR.SHORTCONV_INPROJ, i), (d.n_embd, 3 * d.n_embd), "mat")
+            b.t(tn(MODEL_TENSOR.SHORTCONV_OUTPROJ, i), (d.n_embd, d.n_embd), "mat")
+        else:
+            b.t(tn(MODEL_TENSOR.ATTN_Q, i), (d.n_embd, d.n_embd), "mat")
+            b.t(tn(MODEL_TENSOR.ATTN_K, i), (d.n_embd, n_kv), "mat")
+            b.t(tn(MODEL_TENSOR.ATTN_V, i), (d.n_embd, n_kv), "mat")
+            b.t(tn(MODEL_TENSOR.ATTN_OUT, i), (d.n_embd, d.n_embd), "mat")
+            b.t(tn(MODEL_TENSOR.ATTN_Q_NORM, i), (d.head_dim,), "norm")
+            b.t(tn(MODEL_TENSOR.ATTN_K_NORM, i), (d.head_dim,), "norm")
+        b.ffn(i, probs_b=True)
+    return b.model("lfm2moe", list(range(1, d.n_layer)),
+                   notes="hybrid: short convolutions in three layers of four, attention in the other; sigmoid gating "
+                   "with a selection bias, a dense first layer, tied embeddings")
+
+
+def _grovemoe(d: Dims) -> ArchModel:
+    """GroveMoE: beside the routed experts, smaller "adjugate" experts, one per group of two routed ones
+    (ffn_*_chexps), run with the same router's probabilities and added scaled; both from one router
+    computed outside build_moe_ffn."""
+    b = _Builder("grovemoe", d)
+    per_group = 2
+    b.base_keys()
+    b.key(Keys.LLM.EXPERT_CHUNK_FEED_FORWARD_LENGTH, d.n_ff_exp // 2, U32)
+    b.key(Keys.LLM.EXPERT_GROUP_SCALE, 0.05, F32)
+    b.key(Keys.LLM.EXPERTS_PER_GROUP, per_group, U32)
+    b.embeddings()
+    n_ch = d.n_expert // per_group
+    for i in range(d.n_layer):
+        b.attention(i, qk_norm="head")
+        b.moe(i)
+        b.t(tn(MODEL_TENSOR.FFN_GATE_CHEXP, i), (d.n_embd, d.n_ff_exp // 2, n_ch), "exps")
+        b.t(tn(MODEL_TENSOR.FFN_DOWN_CHEXP, i), (d.n_ff_exp // 2, d.n_embd, n_ch), "exps_down")
+        b.t(tn(MODEL_TENSOR.FFN_UP_CHEXP, i), (d.n_embd, d.n_ff_exp // 2, n_ch), "exps")
+    return b.model("grovemoe", list(range(d.n_layer)),
+                   notes="adjugate (chunk) experts, one per group of two routed ones, beside the routed experts; the "
+                   "router computed outside build_moe_ffn")
+
+
 CONFIGS: dict[str, Callable[[Dims], ArchModel]] = {
     "kimi-linear": _kimi_linear,
     "nemotron_h_moe": lambda d: _nemotron_h_moe(d, False),
@@ -635,6 +1039,24 @@ CONFIGS: dict[str, Callable[[Dims], ArchModel]] = {
     "deepseek2-lite": lambda d: _deepseek2(d, "lite"),
     "deepseek2-fused": lambda d: _deepseek2(d, "fused"),
     "llama4": _llama4,
+    "arctic": _arctic,
+    "dbrx": _dbrx,
+    "deepseek": _deepseek,
+    "grok": _grok,
+    "phimoe": _phimoe,
+    "qwen3vlmoe": _qwen3vlmoe,
+    "bailingmoe": _bailingmoe,
+    "mistral3": _mistral3,
+    "smallthinker": _smallthinker,
+    "exaone-moe": _exaone_moe,
+    "afmoe": _afmoe,
+    "mimo2": _mimo2,
+    "step35": _step35,
+    "glm-dsa": _glm_dsa,
+    "granitehybrid": _granitehybrid,
+    "jamba": _jamba,
+    "lfm2moe": _lfm2moe,
+    "grovemoe": _grovemoe,
 }
 
 
