@@ -93,7 +93,11 @@ def main() -> int:
     modes = {"upload": Mode(), "hybrid": Mode(hybrid), "hybrid-split": Mode(hybrid, {"LLAMA_MOE_CACHE_NO_MAILBOX": "1"}),
              "gpu-reads-all": Mode(hybrid, {"LLAMA_MOE_MAILBOX_GPU_SHARE": "1"}),
              "cpu-reads-all": Mode(hybrid, {"LLAMA_MOE_MAILBOX_GPU_SHARE": "0"}),
-             "adaptive": Mode({"moe_cache_hybrid": True, "moe_cache_adaptive": True})}
+             "adaptive": Mode({"moe_cache_hybrid": True, "moe_cache_adaptive": True}),
+             # the admitting hybrid: misses uploaded into the least recently used slots between decodes
+             "admit": Mode({**hybrid, "moe_cache_admit": 1}),
+             "admit4": Mode({**hybrid, "moe_cache_admit": 4}),
+             "admit-split": Mode({**hybrid, "moe_cache_admit": 1}, {"LLAMA_MOE_CACHE_NO_MAILBOX": "1"})}
     if args.modes:
         modes = {name: modes[name] for name in args.modes.split(",")}
     ok = True if args.no_prompt else prompt_copies(path, total, profile)

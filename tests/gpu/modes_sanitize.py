@@ -5,7 +5,9 @@
 Each mode decodes a prompt of over 32 tokens (llama.cpp's path, the cache's experts copied from their slots)
 and then n one-token steps (the cache's path); the adaptive mode rebalances once in between. Modes: upload,
 hybrid (through the mailbox on CUDA), hybrid-split (through the scheduler), gpu-reads-all (the device reads
-every miss from the host copy: MMVQ on host memory), adaptive. Prints a line per mode and "MODES: DONE"; the
+every miss from the host copy: MMVQ on host memory), adaptive, admit (the admitting hybrid, one miss a layer
+uploaded between decodes, through the mailbox) and admit-split (the same through the scheduler). --model and
+--profile take a tiny model and its profile made beforehand (else both are made here, under the sanitizer). Prints a line per mode and "MODES: DONE"; the
 sanitizer's own summary says whether any access was wrong.
 """
 from __future__ import annotations
@@ -20,26 +22,33 @@ from llama_moe._native.env import environment
 from llama_moe.equivalence import PROMPTS
 from llama_moe.experts import expert_layout
 
-MODES = ("upload", "hybrid", "hybrid-split", "gpu-reads-all", "adaptive")
+MODES = ("upload", "hybrid", "hybrid-split", "gpu-reads-all", "adaptive", "admit", "admit-split")
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("-n", type=int, default=8)
+    ap.add_argument("--model", type=Path, help="a tiny model made beforehand (with --profile)")
+    ap.add_argument("--profile", type=Path, help="its profile")
     a = ap.parse_args()
     from llama_moe.bench.corpus_profile import train_profile
     from llama_moe.synth.synthesize import synthesize
-    tmp = Path(tempfile.mkdtemp())
-    path = tmp / "tiny.gguf"
-    synthesize(path, shape="tiny", expert_type="q8_0", seed=0)
-    profile = train_profile(path, tmp / "p.strp", log=lambda s: None, n_ctx=512)
+    if a.model and a.profile:
+        path, profile = a.model, a.profile
+    else:
+        tmp = Path(tempfile.mkdtemp())
+        path = tmp / "tiny.gguf"
+        synthesize(path, shape="tiny", expert_type="q8_0", seed=0)
+        profile = train_profile(path, tmp / "p.strp", log=lambda s: None, n_ctx=512)
     mib = expert_layout(path).total_expert_bytes / 2**20 * 0.5 + 1
     hybrid = dict(moe_cache_hybrid=True, moe_cache_profile=str(profile))
     setups = {"upload": ({"moe_cache_profile": str(profile)}, {}), "hybrid": (hybrid, {}),
               "hybrid-split": (hybrid, {"LLAMA_MOE_CACHE_NO_MAILBOX": "1"}),
               "gpu-reads-all": (hybrid, {"LLAMA_MOE_MAILBOX_GPU_SHARE": "1"}),
-              "adaptive": ({"moe_cache_hybrid": True, "moe_cache_adaptive": True}, {})}
+              "adaptive": ({"moe_cache_hybrid": True, "moe_cache_adaptive": True}, {}),
+              "admit": ({**hybrid, "moe_cache_admit": 1}, {}),
+              "admit-split": ({**hybrid, "moe_cache_admit": 1}, {"LLAMA_MOE_CACHE_NO_MAILBOX": "1"})}
     with Model(path, ModelParams(cpu_moe=True, use_mmap=False)) as model:
         prompt = model.tokenize(" ".join(PROMPTS))
         for name in a.modes.split(","):
@@ -53,7 +62,7 @@ def main() -> int:
                     out += list(ctx.generate([], max_tokens=a.n - a.n // 2, stop_at_eog=False))
                     s = ctx.moe_cache_stats()
             print(f"{name}: prompt of {len(prompt)} tokens, {len(out)} tokens; {s.n_hit} hits, {s.n_miss} misses, "
-                  f"{s.n_copy} prompt copies, {s.n_swap} swaps", flush=True)
+                  f"{s.n_copy} prompt copies, {s.n_swap} swaps, {s.n_admit} admitted", flush=True)
     print("MODES: DONE")
     return 0
 
