@@ -197,7 +197,7 @@ def check(model_path: Path, config: str, moe_layers: list[int], out: Path) -> di
     # --n-cpu-moe N: the experts of the first N layers in RAM. On a CPU-only build every other layer's are in
     # RAM too (there is no GPU to put them on), so the cache serves every MoE layer; what is checked here is
     # that the patterns name exactly those layers' expert tensors in this architecture's naming, and that
-    # the cache gives the same output with them (the split itself needs a GPU: tests/gpu)
+    # the cache gives the same output with them (the split itself needs a GPU: benchmarks/cuda)
     n_cpu = moe_layers[len(moe_layers) // 2]
     stage(f"n_cpu_moe {n_cpu}")
     part = ModelParams(n_cpu_moe=n_cpu, repack=False)

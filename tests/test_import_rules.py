@@ -18,11 +18,9 @@ ALLOWED = {
     # the cache's fit before the context exists, from the engine's arithmetic, until the library says it
     # (llama_moe_cache_get_status): the one place the binding reaches routing/
     ("llama_moe._native.cache_status", "llama_moe.routing.budget"),
-    # the synth command's parser lives in synth/ and shares the CLI's one-line errors
-    ("llama_moe.synth.cli", "llama_moe.cli"),
     ("llama_moe.__main__", "llama_moe.cli"),
 }
-ARGPARSE_ALLOWED = {"llama_moe.synth.cli"}
+ARGPARSE_ALLOWED: set[str] = set()
 
 
 def _module_name(root: Path, path: Path) -> str:

@@ -26,7 +26,7 @@ from llama_moe.synth import (
     static_hit_rate,
     synthesize,
 )
-from llama_moe.synth import cli as synth_cli
+from llama_moe.cli import synth as synth_cli
 from llama_moe.synth.corpus import TOPICS, paragraphs
 from llama_moe.synth.design import build_tokenizer
 from llama_moe.synth.tokenizer import IM_END, IM_START, TOKEN_CONTROL, TOKEN_UNUSED, BpeTokenizer, train_bpe

@@ -17,7 +17,7 @@ from llama_moe.gguf import GgmlType, dequantize, quantize, random_quantized, rea
 from llama_moe.gguf.quants import KVALUES_MXFP4
 from llama_moe.gguf.reader import read_tensor_bytes
 from llama_moe.synth import SHAPES, load_design, parse_shape, synthesize
-from llama_moe.synth import cli as synth_cli
+from llama_moe.cli import synth as synth_cli
 from llama_moe.synth import recency
 from support.cache_sizes import mib_for_slots
 

@@ -1,9 +1,11 @@
 """The main job's report (``python -m llama_moe stats``): a prompt and a generation with the experts in RAM,
-and what happened: throughput, the model's MoE geometry, where its experts were and what the cache did."""
+and what happened: throughput, the model's MoE geometry, where its experts were and what the cache did; by
+default the same prompt and generation twice, without the cache and with it, so the report shows what the cache
+changed and that the tokens did not."""
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..context import Context, Sampling
@@ -30,32 +32,72 @@ class StatsReport:
     cache: MoeCacheStats | None
     cache_layers: tuple[LayerStats, ...]
     cache_off_reason: str | None = None  # a cache was asked for, and llama.cpp went on without it: why
+    tokens: tuple[int, ...] = ()  # the generated tokens
 
 
 def run_stats(model_path: Path, model_params: ModelParams, ctx_params: ContextParams, prompt: str,
               n_gen: int, sampling: Sampling) -> StatsReport:
-    from .._native import loader as _loader
-
+    """One prompt and generation with ``ctx_params``."""
     layout = expert_layout(model_path)
     with Model(model_path, model_params) as model:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", MoeCacheWarning)  # the report says it (cache_off_reason)
-            ctx = Context(model, ctx_params)
-        with ctx:
-            # A warm-up decode, so that one-time allocations do not count against the prompt.
-            ctx.decode(model.tokenize("warm up"))
-            ctx.reset()
-            ctx.reset_perf()
-            completion = ctx.complete(prompt, n_gen, sampling, stop_at_eog=False)  # always n_gen tokens, like llama-bench
-            perf = ctx.perf()
-            placement = ("all layers (cpu_moe)" if model_params.cpu_moe else
-                         f"layers 0..{model_params.n_cpu_moe - 1} (n_cpu_moe)" if model_params.n_cpu_moe else
-                         "none (experts on the default device)")
-            manifest = _loader.manifest()
-            return StatsReport(str(model_path), model.description, str(_loader.library_path()),
-                               manifest.get("variant", "?"), placement, layout, perf.n_prompt, perf.n_gen,
-                               perf.prompt_tps, perf.gen_tps, completion.text, ctx.moe_cache_stats(),
-                               tuple(ctx.layer_stats()), ctx.moe_cache_off_reason)
+        return _run_one(model, model_path, model_params, layout, ctx_params, prompt, n_gen, sampling)
+
+
+def run_main_job(model_path: Path, model_params: ModelParams, ctx_params: ContextParams, prompt: str,
+                 n_gen: int, sampling: Sampling) -> "Comparison":
+    """The same prompt and generation without the cache, then with ``ctx_params``' cache, on one loaded model."""
+    layout = expert_layout(model_path)
+    with Model(model_path, model_params) as model:
+        plain = _run_one(model, model_path, model_params, layout, replace(
+            ctx_params, moe_cache_mib=0, moe_cache_profile=None, moe_cache_hybrid=False, moe_cache_adaptive=False,
+            moe_cache_admit=0), prompt, n_gen, sampling)
+        cached = _run_one(model, model_path, model_params, layout, ctx_params, prompt, n_gen, sampling)
+    return Comparison(plain, cached, _same_prefix(plain.tokens, cached.tokens))
+
+
+def _same_prefix(a: tuple[int, ...], b: tuple[int, ...]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def _run_one(model: Model, model_path: Path, model_params: ModelParams, layout: ExpertLayout,
+             ctx_params: ContextParams, prompt: str, n_gen: int, sampling: Sampling) -> StatsReport:
+    from .._native import loader as _loader
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", MoeCacheWarning)  # the report says it (cache_off_reason)
+        ctx = Context(model, ctx_params)
+    with ctx:
+        # A warm-up decode, so that one-time allocations do not count against the prompt.
+        ctx.decode(model.tokenize("warm up"))
+        ctx.reset()
+        ctx.reset_perf()
+        completion = ctx.complete(prompt, n_gen, sampling, stop_at_eog=False)  # always n_gen tokens, like llama-bench
+        perf = ctx.perf()
+        placement = ("all layers (cpu_moe)" if model_params.cpu_moe else
+                     f"layers 0..{model_params.n_cpu_moe - 1} (n_cpu_moe)" if model_params.n_cpu_moe else
+                     "none (experts on the default device)")
+        manifest = _loader.manifest()
+        return StatsReport(str(model_path), model.description, str(_loader.library_path()),
+                           manifest.get("variant", "?"), placement, layout, perf.n_prompt, perf.n_gen,
+                           perf.prompt_tps, perf.gen_tps, completion.text, ctx.moe_cache_stats(),
+                           tuple(ctx.layer_stats()), ctx.moe_cache_off_reason, completion.tokens)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """The main job's two runs: ``plain`` without the cache, ``cached`` with it; ``n_same`` generated tokens
+    agree from the first on."""
+
+    plain: StatsReport
+    cached: StatsReport
+    n_same: int
+
+    @property
+    def identical(self) -> bool:
+        return self.n_same == len(self.plain.tokens) == len(self.cached.tokens)
 
 
 def format_report(r: StatsReport) -> str:
@@ -81,3 +123,41 @@ def format_report(r: StatsReport) -> str:
         lines.append(line)
     lines += ["", f"text: {r.text!r}"]
     return "\n".join(lines)
+
+
+def format_comparison(c: Comparison, where: str | None = None) -> str:
+    """The main job's report: both runs' throughput, whether the tokens agree, and the cached run's counters
+    (``where``: a line on where the cache ran, e.g. in RAM for want of a GPU)."""
+    p, r = c.plain, c.cached
+    lay = r.layout
+    lines = [
+        f"model        {r.model}",
+        f"             {r.description}; {lay.n_moe_layers} MoE layers x {lay.n_expert} experts, {lay.n_expert_used} used per token",
+        f"library      {r.library} ({r.variant})",
+        f"experts      in RAM: {r.experts_in_ram}",
+    ]
+    if where:
+        lines.append(f"cache        {where}")
+    lines += [
+        "",
+        f"{'':13s}{'no cache':>22s}  {'with the cache':>22s}",
+        f"{'prompt':13s}{f'{p.n_prompt} tok, {p.prompt_tps:.1f} tok/s':>22s}  {f'{r.n_prompt} tok, {r.prompt_tps:.1f} tok/s':>22s}",
+        f"{'generation':13s}{f'{p.n_gen} tok, {p.gen_tps:.1f} tok/s':>22s}  {f'{r.n_gen} tok, {r.gen_tps:.1f} tok/s':>22s}",
+    ]
+    if c.identical:
+        lines.append(f"tokens       identical: the {len(r.tokens)} generated tokens are the same with and without the cache")
+    else:
+        lines.append(f"tokens       DIFFERENT from generated token {c.n_same} on (of {len(r.tokens)}): the cache's device "
+                     "rounds differently from the CPU" if r.cache is not None else
+                     f"tokens       DIFFERENT from generated token {c.n_same} on (of {len(r.tokens)})")
+    lines.append("")
+    lines += cache_lines(r.cache, r.cache_off_reason)
+    s = r.cache
+    if s is not None and s.n_lookup:
+        moved = (f"the CPU computed the {s.n_miss + s.n_refused} others" if s.hybrid else
+                 f"{s.n_bytes_upload / 2**20:.2f} MiB uploaded for the misses")
+        lines.append(f"saved        {s.n_hit} of {s.n_lookup} expert lookups ({100.0 * s.n_hit / s.n_lookup:.1f}%) ran on the "
+                     f"cache's copy instead of the CPU's; {moved}")
+    rest = format_report(r).split("\n")
+    table = rest.index("") + 1  # the per-layer table and the text, as the single run prints them
+    return "\n".join(lines + [""] + rest[table:])

@@ -35,7 +35,7 @@ PROFILES: dict[str, tuple[tuple[str, str], ...]] = {
 
 
 def _commands() -> list[Callable[[argparse._SubParsersAction], None]]:
-    from ..synth import cli as synth_cli
+    from . import synth as synth_cli
     from . import (audit, bench, bench_adaptive, build, check_all, check_api, check_audit, code_eval, info, monitor, plan,
                    predict, profile, serve, simulate, stats, trace)
 

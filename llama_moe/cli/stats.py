@@ -1,5 +1,7 @@
 """``python -m llama_moe stats [MODEL]``: the main job. Runs a prompt and a generation with the experts in
-RAM and reports what happened: throughput, the model's MoE geometry and where its experts were."""
+RAM, without the cache and with it (a cache of half the experts unless ``--moe-cache-mib`` says otherwise; in RAM
+where there is no GPU), and reports what happened: throughput, the model's MoE geometry, what the cache did
+layer by layer and whether the tokens stayed the same."""
 from __future__ import annotations
 
 import argparse
@@ -9,7 +11,9 @@ import os
 import sys
 from pathlib import Path
 
-from ..bench.stats import format_report, run_stats
+from ..bench.stats import format_comparison, format_report, run_main_job, run_stats
+from ..devices import gpus
+from ..experts import expert_layout
 from ..context import Sampling
 from ..default_model import default_model_path, default_prompt
 from ..errors import ParameterError, ServerError
@@ -39,7 +43,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     where = p.add_mutually_exclusive_group()
     where.add_argument("--n-cpu-moe", type=int, help="keep the experts of the first N layers in RAM")
     where.add_argument("--no-cpu-moe", action="store_true", help="do not keep experts in RAM")
-    p.add_argument("--moe-cache-mib", type=float, default=0, help="a MoE expert cache of this many MiB (default 0: none)")
+    p.add_argument("--moe-cache-mib", type=float, default=None,
+                   help="a MoE expert cache of this many MiB (default: half the experts' bytes; 0: no cache, one run)")
+    p.add_argument("--no-compare", action="store_true",
+                   help="run once, with the cache as given, instead of beside a run without it")
     p.add_argument("--moe-cache-profile", help="fill the cache from this STRP profile")
     p.add_argument("--moe-cache-hybrid", action="store_true", help="the CPU computes the experts the cache lacks (no uploads)")
     p.add_argument("--moe-cache-adaptive", action="store_true",
@@ -85,24 +92,44 @@ def run(args: argparse.Namespace) -> int:
         if args.model:
             raise ServerError("stats takes a MODEL or --server URL, not both")
         return run_server(args)
-    check_cache_options(args.moe_cache_mib, args.moe_cache_profile, args.moe_cache_hybrid, args.moe_cache_adaptive,
-                        args.moe_cache_admit)
+    explicit_mib = args.moe_cache_mib is not None
+    check_cache_options(args.moe_cache_mib if explicit_mib else 1, args.moe_cache_profile, args.moe_cache_hybrid,
+                        args.moe_cache_adaptive, args.moe_cache_admit)
     for flag, value, low in (("-n/--n-gen", args.n_gen, 1), ("-c/--ctx", args.ctx, 0), ("--n-cpu-moe", args.n_cpu_moe, 0)):
         if value is not None and value < low:
             raise ParameterError(f"{flag} must be >= {low}, got {value}")
     model_path = Path(args.model) if args.model else default_model_path()
+    mib = args.moe_cache_mib if explicit_mib else expert_layout(model_path).total_expert_bytes / 2 / 2**20
+    repack, where = not args.no_repack, None
+    if mib > 0 and not gpus():
+        # The cache's copies need a device; without a GPU the engine takes RAM when asked to, and the CPU's
+        # repacked layout of the experts is one the cache cannot copy from.
+        if not os.environ.get("LLAMA_MOE_CACHE_DEVICE"):
+            os.environ["LLAMA_MOE_CACHE_DEVICE"] = "CPU"
+        repack = False
+        where = ("no GPU: the cache is in RAM (LLAMA_MOE_CACHE_DEVICE=CPU) and the experts keep their file layout "
+                 "(--no-repack): its speed says nothing of a GPU's, but every lookup is real")
     mp = ModelParams(n_gpu_layers=args.n_gpu_layers,
                      cpu_moe=not args.no_cpu_moe and args.n_cpu_moe is None,
-                     n_cpu_moe=args.n_cpu_moe or 0, repack=not args.no_repack,
+                     n_cpu_moe=args.n_cpu_moe or 0, repack=repack,
                      use_mmap=False)  # experts in RAM are read faster from a (pinned, on a GPU build) copy than from mmap
-    cp = ContextParams(n_ctx=args.ctx, n_threads=args.threads, moe_cache_mib=args.moe_cache_mib,
+    cp = ContextParams(n_ctx=args.ctx, n_threads=args.threads, moe_cache_mib=mib,
                        moe_cache_profile=args.moe_cache_profile, moe_cache_hybrid=args.moe_cache_hybrid,
                        moe_cache_adaptive=args.moe_cache_adaptive, moe_cache_admit=args.moe_cache_admit)
-    report = run_stats(model_path, mp, cp, args.prompt or default_prompt(), args.n_gen,
-                       Sampling(temperature=args.temp, seed=args.seed))
+    prompt, sampling = args.prompt or default_prompt(), Sampling(temperature=args.temp, seed=args.seed)
+    if mib == 0 or args.no_compare:
+        report = run_stats(model_path, mp, cp, prompt, args.n_gen, sampling)
+        if args.json:
+            json.dump(dataclasses.asdict(report), sys.stdout, indent=2)
+            print()
+        else:
+            print(format_report(report))
+        return 0
+    both = run_main_job(model_path, mp, cp, prompt, args.n_gen, sampling)
     if args.json:
-        json.dump(dataclasses.asdict(report), sys.stdout, indent=2)
+        json.dump({"no_cache": dataclasses.asdict(both.plain), "cache": dataclasses.asdict(both.cached),
+                   "identical": both.identical, "n_same": both.n_same, "where": where}, sys.stdout, indent=2)
         print()
     else:
-        print(format_report(report))
+        print(format_comparison(both, where))
     return 0

@@ -6,6 +6,7 @@ import logging
 import os
 import shutil
 import subprocess
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -94,54 +95,62 @@ def apply_series(series: PatchSeries, tree: Path) -> None:
         apply_patch(series, name, tree)
 
 
+IDENT = ["-c", "user.name=llama_moe", "-c", "user.email=llama_moe@localhost"]
+
+
+def is_mail(path: Path) -> bool:
+    """A patch in ``git format-patch`` form (a mail with a subject and a reason), not a bare diff."""
+    with open(path, "rb") as f:
+        return f.read(5) == b"From "
+
+
 def make_dev_tree(series: PatchSeries, pristine: Path, dest: Path) -> None:
-    """A git tree for editing C++ in place: the base, then our new files, then one commit per patch."""
+    """A git tree for editing C++ in place: the base, then one commit per patch (``git am``: its subject and
+    reason become the commit's message)."""
     if dest.exists():
         raise BuildError(f"{dest} exists; remove it or export from it first")
     shutil.copytree(pristine, dest, symlinks=True, ignore=shutil.ignore_patterns(".git"))
-    ident = ["-c", "user.name=llama_moe", "-c", "user.email=llama_moe@localhost"]
     _git(["init", "-q"], dest)
     _git(["add", "-A"], dest)
-    _git([*ident, "commit", "-qm", "base: llama.cpp at patches/BASE"], dest)
+    _git([*IDENT, "commit", "-qm", "base: llama.cpp at patches/BASE"], dest)
     _git(["tag", "llama-moe-base"], dest)
-    copy_new_files(series, dest)
-    _git(["add", "-A"], dest)
-    _git([*ident, "commit", "-qm", "files: llama_moe's new source files", "--allow-empty"], dest)
+    if series.new_files():  # new files kept whole beside bare diffs
+        copy_new_files(series, dest)
+        _git(["add", "-A"], dest)
+        _git([*IDENT, "commit", "-qm", "files: llama_moe's new source files", "--allow-empty"], dest)
     for name in series.names:
+        path = (series.root / name).resolve()
+        if is_mail(path):
+            _git([*IDENT, "am", "-q", "--keep-cr", "--committer-date-is-author-date", str(path)], dest)
+            continue
         apply_patch(series, name, dest)
         _git(["add", "-A"], dest)
-        _git([*ident, "commit", "-qm", name, "--allow-empty"], dest)
+        _git([*IDENT, "commit", "-qm", name, "--allow-empty"], dest)
 
 
 def export_dev_tree(series: PatchSeries, dev: Path) -> list[str]:
-    """Writes ``patches/`` back from a dev tree: files new since the base go to files/, each commit after
-    the 'files' commit becomes the diff named by its subject, restricted to files the base has."""
-    base_files = set(_git(["ls-tree", "-r", "--name-only", "llama-moe-base"], dev).stdout.split())
-    head_files = set(_git(["ls-tree", "-r", "--name-only", "HEAD"], dev).stdout.split())
-    new = sorted(head_files - base_files)
-    files_root = series.root / FILES_DIR
-    if files_root.exists():
-        shutil.rmtree(files_root)
-    for rel in new:
-        dest = files_root / rel
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        dest.write_bytes(_git(["show", f"HEAD:{rel}"], dev).stdout.encode())
-    log_lines = _git(["log", "--reverse", "--format=%H %s", "llama-moe-base..HEAD"], dev).stdout.splitlines()
-    commits = [line.split(" ", 1) for line in log_lines]
-    if not commits or not commits[0][1].startswith("files:"):
-        raise BuildError(f"{dev}: the first commit after the base must be the 'files:' commit")
-    names = []
-    for sha, subject in commits[1:]:
-        name = subject.strip()
-        if not name.endswith(".patch"):
-            raise BuildError(f"{dev}: commit {sha[:10]} '{subject}' is not named like a patch (NNNN-name.patch)")
-        changed = _git(["diff-tree", "--no-commit-id", "--name-only", "-r", sha], dev).stdout.split()
-        paths = [p for p in changed if p in base_files]
-        diff = _git(["diff", "--no-color", "--no-ext-diff", f"{sha}~1", sha, "--", *paths], dev).stdout if paths else ""
-        (series.root / name).write_text(diff)
-        names.append(name)
-    old = set(series.names) - set(names)
-    for stale in old:
-        (series.root / stale).unlink(missing_ok=True)
+    """Writes ``patches/`` back from a dev tree: each commit after the base becomes one ``git format-patch``
+    mail (its subject and reason, then the diff, new files included), named by its subject; ``series`` lists
+    them in order."""
+    subjects = _git(["log", "--reverse", "--format=%s", "llama-moe-base..HEAD"], dev).stdout.splitlines()
+    if not subjects:
+        raise BuildError(f"{dev}: no commits after the base")
+    for subject in subjects:
+        if subject.startswith("files:") or subject.strip().endswith(".patch"):
+            raise BuildError(f"{dev}: commit '{subject}' has no subject of its own; give each commit a subject and a "
+                             "reason (git rebase -i, reword) before exporting")
+    out = Path(tempfile.mkdtemp(prefix="export.", dir=series.root.parent))
+    try:
+        _git(["format-patch", "-q", "--zero-commit", "--no-signature", "--no-numbered", "-o", str(out),
+              "llama-moe-base..HEAD"], dev)
+        names = sorted(p.name for p in out.iterdir())
+        for old in series.names:
+            (series.root / old).unlink(missing_ok=True)
+        if (series.root / FILES_DIR).exists():
+            shutil.rmtree(series.root / FILES_DIR)
+        for name in names:
+            shutil.move(str(out / name), series.root / name)
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
     (series.root / "series").write_text("".join(n + "\n" for n in names))
     return names

@@ -1,5 +1,5 @@
 """A quick CUDA check of the hybrid: no cache, the hybrid through the mailbox and through the scheduler, on the
-tiny model, one-token generation and a 16-token ubatch prompt (MMQ). python tests/gpu/h200_quick.py MODEL"""
+tiny model, one-token generation and a 16-token ubatch prompt (MMQ). python benchmarks/cuda/quick_check.py MODEL"""
 from __future__ import annotations
 
 import logging

@@ -3,7 +3,7 @@ llama_moe.equivalence's rule (tokens identical, or parting only at a near tie wi
 DEVICE_TOLERANCE of the largest), the hybrid through the mailbox against the hybrid through the scheduler (the same kernels on
 both sides: bit-identical tokens and logits), and the prompt copies (bit-identical logits).
 
-python tests/gpu/cuda_equivalence.py [MODEL] [-n 256]
+python benchmarks/cuda/equivalence.py [MODEL] [-n 256]
 """
 from __future__ import annotations
 

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Issue 10: the lifecycle loop (tests/lifecycle/lifecycle_loop.c) with libllama and ggml themselves built with
+# The lifecycle loop (tests/lifecycle/lifecycle_loop.c) with libllama and ggml themselves built with
 # AddressSanitizer (a CPU build, LLAMA_SANITIZE_ADDRESS and GGML_SANITIZE_ADDRESS), so that every load and
 # store inside them is checked, not only the allocations that CI's run (tests/test_lifecycle.py, the library
 # uninstrumented) sees. No GPU needed, but 16 cores build it in minutes: run it on the H200 machine.
 # Prints one verdict line at the end: "lifecycle_asan: PASS ..." or "lifecycle_asan: FAIL ...".
 set -u
-. tests/gpu/h200_setup.sh
+. benchmarks/cuda/lib.sh
 OUT=${OUT:-/tmp/out}
 export LLAMA_MOE_CACHE_DIR=/tmp/asancache  # not the machine's normal build
 work=$(mktemp -d /tmp/lifecycle_asan.XXXXXX)

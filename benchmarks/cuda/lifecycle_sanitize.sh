@@ -1,19 +1,19 @@
 #!/usr/bin/env bash
-# Issue 10 on CUDA: tests/lifecycle/lifecycle_loop.c (models and contexts created and freed with every MoE cache
+# On CUDA: tests/lifecycle/lifecycle_loop.c (models and contexts created and freed with every MoE cache
 # mode, the cache in VRAM) under compute-sanitizer memcheck with full leak checking, then two faults: no GPU
 # at start (CUDA_VISIBLE_DEVICES="") and the hybrid without experts in RAM. Needs the CUDA build of
-# h200_build.sh (same machine), or LLAMA_MOE_LIB.
+# benchmarks/cuda/run.sh build (same machine), or LLAMA_MOE_LIB.
 # Prints one verdict line at the end: "lifecycle_cuda: PASS ..." or "lifecycle_cuda: FAIL ...".
-#   ITERATIONS=2 bash tests/gpu/lifecycle_cuda.sh
+#   ITERATIONS=2 bash benchmarks/cuda/lifecycle_sanitize.sh
 set -u
-. tests/gpu/h200_setup.sh
+. benchmarks/cuda/lib.sh
 ITERATIONS=${ITERATIONS:-2}
 OUT=${OUT:-/tmp/out}
 work=$(mktemp -d /tmp/lifecycle.XXXXXX)
 
 lib=${LLAMA_MOE_LIB:-$(ls -t /tmp/lmcache/*-cuda/libllama.so 2>/dev/null | head -1)}
 [ -d "$lib" ] && lib=$lib/libllama.so
-if [ ! -f "$lib" ]; then echo "lifecycle_cuda: FAIL no CUDA libllama (run h200_build.sh first, or set LLAMA_MOE_LIB)"; exit 1; fi
+if [ ! -f "$lib" ]; then echo "lifecycle_cuda: FAIL no CUDA libllama (run benchmarks/cuda/run.sh build first, or set LLAMA_MOE_LIB)"; exit 1; fi
 libdir=$(dirname "$lib")
 tree=$(dirname "$libdir")/work/cuda/llama.cpp
 [ -f "$tree/include/llama.h" ] || tree=/tmp/lmcache/work/cuda/llama.cpp

@@ -154,19 +154,6 @@ def _wrote(info: SynthInfo, t0: float) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Standalone entry point (``python -m llama_moe.synth.cli``) for use before the lead's CLI."""
-    ap = argparse.ArgumentParser(prog="llama_moe")
-    sub = ap.add_subparsers(dest="command", required=True)
-    register(sub)
-    args = ap.parse_args(argv)
-    return int(args.func(args))
-
-
-if __name__ == "__main__":
-    sys.exit(main())
-
-
 def register_report(subparsers: Any) -> argparse.ArgumentParser:
     """``synth-report``: the synthetic routing beside published measurements of real routing."""
     p = subparsers.add_parser(

@@ -1,6 +1,6 @@
 """Where greedy decoding on CUDA leaves the no-cache reference: the reference's top-two logit gap at each of
 the first steps of a prompt, and each cache mode's own gap and choice at the step where it leaves.
-python tests/gpu/h200_margin.py MODEL PROFILE [STEPS (24)]"""
+python benchmarks/cuda/logit_margin.py MODEL PROFILE [STEPS (24)]"""
 from __future__ import annotations
 
 import sys

@@ -1,7 +1,7 @@
 // How fast the GPU reads page-locked host memory itself (zero-copy, over PCIe), against cudaMemcpyAsync of the
 // same bytes, alone and while CPU threads stream from RAM: the measurement docs/design-miss-sharing.md asks for
 // before a layer's missed experts are shared between the CPU and the GPU.
-//   nvcc -O2 -std=c++17 -arch=sm_90 tests/gpu/zero_copy_probe.cu -o /tmp/zcp -lpthread && /tmp/zcp [cpu_threads]
+//   nvcc -O2 -std=c++17 -arch=sm_90 benchmarks/cuda/zero_copy_probe.cu -o /tmp/zcp -lpthread && /tmp/zcp [cpu_threads]
 #include <cuda_runtime.h>
 
 #include <atomic>

@@ -1,7 +1,7 @@
 """The device's kernels of one-token decoding, for ncu: loads MODEL with the experts in page-locked RAM, makes
 a context (--mode vram: every expert in VRAM; hybrid: a PCT% cache with PROFILE, through the mailbox), decodes a
 one-token prompt and then N tokens one at a time. Run it under ncu twice with two values of N: the difference
-of the per-kernel sums is N2 - N1 tokens' kernels, without the load and the prompt (tests/gpu/ncu_diff.py)."""
+of the per-kernel sums is N2 - N1 tokens' kernels, without the load and the prompt (benchmarks/cuda/ncu_diff.py)."""
 from __future__ import annotations
 
 import argparse

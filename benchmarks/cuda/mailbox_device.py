@@ -1,7 +1,7 @@
 """The mailbox's CUDA side on a GPU (CI runs only the CPU device's kernels): each check in a process of its own,
 since CUDA reads some of its variables once per process.
 
-    python3 tests/gpu/mailbox_device.py [--checks stall,ring,graphs,pdl,no-pinned,two-contexts,share] [-n 128]
+    python3 benchmarks/cuda/mailbox_device.py [--checks stall,ring,graphs,pdl,no-pinned,two-contexts,share] [-n 128]
 
 - stall: LLAMA_MOE_MAILBOX_TEST_STALL=3 and a 500 ms timeout, a decode of eight one-token ubatches: it fails
   once, within about one timeout (the sticky abort), leaves the KV cache as before (the prompt decodes again from

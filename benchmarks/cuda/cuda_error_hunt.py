@@ -1,5 +1,5 @@
 """One experiment of the CUDA crash hunt (run each in its own process: a CUDA error aborts it).
-python tests/gpu/h200_bisect.py MODEL EXPERIMENT"""
+python benchmarks/cuda/cuda_error_hunt.py MODEL EXPERIMENT"""
 from __future__ import annotations
 
 import logging

@@ -1,6 +1,6 @@
 """One short decode of every MoE cache mode, in one process, for compute-sanitizer (memcheck or racecheck):
 
-    compute-sanitizer --tool memcheck python3 tests/gpu/modes_sanitize.py [--modes upload,hybrid,...] [-n 8]
+    compute-sanitizer --tool memcheck python3 benchmarks/cuda/sanitize_modes.py [--modes upload,hybrid,...] [-n 8]
 
 Each mode decodes a prompt of over 32 tokens (llama.cpp's path, the cache's experts copied from their slots)
 and then n one-token steps (the cache's path); the adaptive mode rebalances once in between. Modes: upload,

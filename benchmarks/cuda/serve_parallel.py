@@ -1,6 +1,6 @@
 """llama-server with several requests decoding at once: aggregate decode tok/s and the cache's counters.
 
-    python3 tests/gpu/serve_parallel.py MODEL --profile P.strp --cache-mib MIB [--parallel 1,2,4] [--rounds 3]
+    python3 benchmarks/cuda/serve_parallel.py MODEL --profile P.strp --cache-mib MIB [--parallel 1,2,4] [--rounds 3]
         [--configs cpu-moe,hybrid,hybrid-no-mailbox,upload]
 
 For each configuration (``--cpu-moe`` alone, the hybrid cache with its profile through the mailbox or the

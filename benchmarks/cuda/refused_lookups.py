@@ -4,7 +4,7 @@ generated tokens, at k / 2 it refuses every lookup. Checks that hits + misses + 
 layer and in all, that they are what the replay of the engine's own routing counts, and that the tokens are
 those of no cache (by llama_moe.equivalence's rule: identical, or parting at a near tie).
 
-python tests/gpu/cuda_refused.py [MODEL]
+python benchmarks/cuda/refused_lookups.py [MODEL]
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from llama_moe.equivalence import PROMPTS
 from llama_moe.experts import expert_layout
 from llama_moe.routing.budget import cache_bytes_for_slots
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the independent replay the engine is held to
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))  # tests/: the independent replay the engine is held to
 from oracles.lru import simulate_lru  # noqa: E402
 
 PIECES = dict(n_batch=4, n_ubatch=4)

@@ -1,7 +1,7 @@
 """``python -m llama_moe bench`` with the admitting hybrid's budget set: bench's ``hybrid-admit`` mode admits
 ``llama_moe.bench.throughput.ADMIT`` missed experts per layer and decode; this sets it, then runs bench.
 
-    python3 tests/gpu/bench_admit.py --admit 4 -v bench MODEL --modes hybrid-admit ...
+    python3 benchmarks/cuda/bench_admit.py --admit 4 -v bench MODEL --modes hybrid-admit ...
 
 The rows keep the mode's name ("hybrid-admit"); the file names of --json and --md say which budget they hold.
 """

@@ -1,0 +1,173 @@
+#!/usr/bin/env bash
+# The one entry point of the CUDA measurements, for a lent GPU machine with a copy of the checkout, the trimmed
+# source bundle in .bundle/ (python build_native.py --bundle .bundle/llama.cpp-0c1e57098.tar.xz) and the wheels
+# the machine lacks in .whl/ (README.md). It runs the STEPS given, in order, each while DEADLINE seconds after
+# its start allow, marks each step done in /tmp/cuda-run, and skips steps already done: a second call on the same
+# warm machine resumes where the first stopped. Everything a step writes is under /tmp/cuda-run, packed into
+# $OUT/run.tgz at the end; a short table is printed last.
+#
+#   STEPS="build speed memcheck equivalence" DEADLINE=540 bash benchmarks/cuda/run.sh
+#
+# Steps:
+#   build        the CUDA build (CUDA_ARCH, default 90-real) with the Qwen3-30B-A3B-shaped model (Q4_0 experts)
+#                synthesized beside it, then the hybrids' profile from a third of each topic's paragraphs
+#   tiny         the tiny model (q8_0, seed 0) and its profile
+#   speed        python -m llama_moe bench on the Qwen3 shape: for each "PCT:MODES" of SPEED (default
+#                "50:hybrid,hybrid-admit,hybrid-adaptive,cpu-moe,vram 25:hybrid,hybrid-admit"), RUNS runs of 128
+#                tokens; ADMIT sets the admitting hybrid's uploads per layer and decode (bench_admit.py)
+#   memcheck     compute-sanitizer memcheck over one short decode of each cache mode (sanitize_modes.py)
+#   racecheck    compute-sanitizer racecheck over the mailbox's modes
+#   lifecycle    the lifecycle loop under memcheck with leak checking (lifecycle_sanitize.sh)
+#   equivalence  every cache mode against no cache on the tiny and gpt-oss-tiny models (equivalence.py)
+#   archs        the same on every architecture's tiny model (llama_moe.synth.archs), three at a time
+#   mailbox      the mailbox's device checks (mailbox_device.py; MAILBOX_CHECKS, default all)
+#   trap         llama-bench -p 4096 -ub 32 with CUDA graphs, a GPU core dump read by cuda-gdb (the faulting
+#                kernel), then the traced corpus with graphs off and blocking launches
+#   serve        llama-server with 1, 2 and 4 requests at once, the hybrid through the mailbox (serve_parallel.py)
+#   kernels      ncu's time of every kernel of one-token decoding, hybrid against all in VRAM (one_token_kernels.py)
+set -u
+here=benchmarks/cuda
+. $here/lib.sh
+DEADLINE=${DEADLINE:-540}
+RUNS=${RUNS:-8}
+ADMIT=${ADMIT:-1}
+SPEED=${SPEED:-"50:hybrid,hybrid-admit,hybrid-adaptive,cpu-moe,vram 25:hybrid,hybrid-admit"}
+STEPS=${STEPS:-"build speed memcheck equivalence"}
+R=/tmp/cuda-run
+mkdir -p $R
+san=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
+cgdb=$(command -v cuda-gdb || ls /usr/local/cuda*/bin/cuda-gdb 2>/dev/null | head -1)
+ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+mark() { touch $R/done_$1; }
+fits() {  # STEP SECONDS: not done yet, and SECONDS are left before DEADLINE
+  [ -f $R/done_$1 ] && return 1
+  local l=$(left $DEADLINE)
+  [ $l -ge $2 ] && { echo "== $1 at $(( $(date +%s) - T0 )) s, $l s left"; return 0; }
+  echo "== $1 skipped: $l s left, needs $2"; return 1
+}
+cap() { local l=$(left $DEADLINE); echo $(( l < $1 ? l : $1 )); }
+
+step_build() {
+  if [ ! -f /tmp/q30.gguf ] && ! pgrep -f "llama_moe synth" > /dev/null; then
+    (setsid nohup nice python3 -m llama_moe synth /tmp/q30.gguf --shape qwen3-30b-a3b --experts q4_0 --quiet > $R/synth.log 2>&1 &)
+  fi
+  python3 build_native.py --source .bundle/llama.cpp-0c1e57098.tar.xz --cuda --cuda-arch ${CUDA_ARCH:-90-real} 2>&1 \
+      | tail -2 | tee -a $R/build.log
+  while pgrep -f "llama_moe synth" > /dev/null; do sleep 2; done
+  [ -f /tmp/q30.strp ] || timeout $(cap 150) python3 -c "
+from pathlib import Path
+from llama_moe.bench.corpus_profile import train_profile
+train_profile(Path('/tmp/q30.gguf'), Path('/tmp/q30.strp'), stride=3)"
+  [ -f /tmp/q30.strp ] && grep -q "built:\|up to date" $R/build.log && mark build
+}
+step_tiny() {
+  timeout $(cap 60) python3 -c "
+from pathlib import Path
+from llama_moe.synth import synthesize
+from llama_moe.bench.corpus_profile import train_profile
+synthesize('/tmp/tiny.gguf', shape='tiny', expert_type='q8_0', seed=0)
+train_profile(Path('/tmp/tiny.gguf'), Path('/tmp/tiny.strp'), log=lambda s: None, n_ctx=512)" > $R/tiny.log 2>&1 && mark tiny
+}
+step_speed() {
+  local ok=1
+  for item in $SPEED; do
+    local pct=${item%%:*} modes=${item#*:} name=speed_${item%%:*}
+    [ -f $R/done_$name ] && continue
+    timeout $(left $DEADLINE) python3 $here/bench_admit.py --admit $ADMIT -v bench /tmp/q30.gguf -t 16 --runs $RUNS \
+        -n 128 --cache-pct $pct --modes $modes --profile /tmp/q30.strp --json $R/$name.json --md $R/$name.md > $R/$name.log 2>&1 \
+        && mark $name || ok=0
+    grep -E "tok/s, pp|hits of|admission|the CPU waited" $R/$name.log | sed -E 's/^ +//' | cut -c1-260
+  done
+  [ $ok = 1 ] && mark speed
+}
+step_memcheck() {
+  timeout $(cap 300) $san --tool memcheck --print-limit 10 python3 $here/sanitize_modes.py -n 8 \
+      --model /tmp/tiny.gguf --profile /tmp/tiny.strp > $R/memcheck.txt 2>&1
+  grep -E "MODES|ERROR SUMMARY|=========  (Invalid|Program hit)" $R/memcheck.txt | head -12
+  grep -q "ERROR SUMMARY" $R/memcheck.txt && mark memcheck
+}
+step_racecheck() {
+  timeout $(cap 400) $san --tool racecheck --print-limit 10 python3 $here/sanitize_modes.py -n 4 --modes hybrid,admit \
+      --model /tmp/tiny.gguf --profile /tmp/tiny.strp > $R/racecheck.txt 2>&1
+  grep -E "MODES|RACECHECK SUMMARY|ERROR SUMMARY|hazard" $R/racecheck.txt | head -12
+  grep -q "SUMMARY" $R/racecheck.txt && mark racecheck
+}
+step_lifecycle() {
+  timeout $(cap 330) env ITERATIONS=1 OUT=$R bash $here/lifecycle_sanitize.sh > $R/lifecycle.txt 2>&1
+  tail -3 $R/lifecycle.txt; grep -q "lifecycle_cuda: PASS" $R/lifecycle.txt && mark lifecycle
+}
+step_equivalence() {
+  for s in tiny gpt-oss-tiny; do
+    timeout $(cap 150) python3 $here/equivalence.py --shape $s --experts q8_0 -n 128 --no-prompt --pcts 25,50 \
+        --modes upload,hybrid,adaptive,admit,admit4,admit-split > $R/eq_$s.txt 2>&1
+    echo "$s: $(grep -c -- '-> ok' $R/eq_$s.txt) ok, $(grep -c WRONG $R/eq_$s.txt) wrong; $(tail -1 $R/eq_$s.txt | cut -c1-160)"
+  done
+  grep -qE "^(EQUIVALENT|DIFFERENT)" $R/eq_gpt-oss-tiny.txt && mark equivalence
+}
+step_archs() {
+  mkdir -p $R/arch
+  run_arch() {
+    timeout 150 python3 benchmarks/cuda/equivalence.py --arch $1 -n 64 --no-prompt --prompts 1 --pcts 50 \
+        --modes upload,hybrid,hybrid-split,adaptive,admit > /tmp/cuda-run/arch/$1.txt 2>&1
+    echo "$1: rc $?, $(grep -c -- '-> ok' /tmp/cuda-run/arch/$1.txt) ok, $(grep -c WRONG /tmp/cuda-run/arch/$1.txt) wrong"
+  }
+  export -f run_arch
+  python3 -c "from llama_moe.synth.archs import CONFIGS; print('\n'.join(CONFIGS))" \
+      | timeout $(left $DEADLINE) xargs -P 3 -I{} bash -c 'run_arch {}' | sort | tee $R/archs.md
+  mark archs
+}
+step_mailbox() {
+  timeout $(cap 400) python3 $here/mailbox_device.py --checks ${MAILBOX_CHECKS:-stall,ring,graphs-pdl,no-pinned,two-contexts,share,litmus} \
+      -n 128 --timeout 120 > $R/mailbox_device.md 2>&1
+  grep -E "ok$|WRONG|MAILBOX DEVICE" $R/mailbox_device.md | cut -c1-200
+  grep -q "MAILBOX DEVICE" $R/mailbox_device.md && mark mailbox
+}
+step_trap() {
+  local lb=$(ls /tmp/lmcache/*-cuda/llama-bench | head -1)
+  rm -f /tmp/trap.cudacore*
+  CUDA_ENABLE_COREDUMP_ON_EXCEPTION=1 CUDA_ENABLE_CPU_COREDUMP_ON_EXCEPTION=0 CUDA_COREDUMP_FILE=/tmp/trap.cudacore \
+      CUDA_COREDUMP_GENERATION_FLAGS=skip_nonrelocated_elf_images,skip_global_memory,skip_shared_memory,skip_local_memory \
+      timeout $(cap 60) $lb -m /tmp/tiny.gguf -p 4096 -b 32 -ub 32 -n 0 -r 1 -ngl 99 > $R/trap_llama_bench.log 2>&1
+  echo "llama-bench -p 4096 -ub 32 -ngl 99: rc $?"
+  if ls /tmp/trap.cudacore* > /dev/null 2>&1; then
+    timeout $(cap 60) $cgdb -batch -ex "target cudacore $(ls /tmp/trap.cudacore* | head -1)" -ex "info cuda kernels" \
+        -ex "bt" > $R/trap_cudagdb.log 2>&1
+    grep -E "sm[0-9]+_|kernel|Illegal" $R/trap_cudagdb.log | head -6 | cut -c1-300
+  fi
+  GGML_CUDA_DISABLE_GRAPHS=1 CUDA_LAUNCH_BLOCKING=1 timeout $(cap 90) python3 $here/cuda_error_hunt.py /tmp/tiny.gguf trace-long \
+      > $R/trap_trace_long_nographs.log 2>&1
+  echo "traced corpus, graphs off, blocking launches: rc $?"
+  mark trap
+}
+step_serve() {
+  timeout $(cap 200) python3 $here/serve_parallel.py /tmp/q30.gguf --profile /tmp/q30.strp --cache-mib 7776 \
+      --parallel 1,2,4 --configs hybrid --rounds 3 -n 128 -t 16 --log-dir $R > $R/serve_parallel.md 2> $R/serve_parallel.err
+  cut -c1-300 $R/serve_parallel.md
+  grep -q "^| hybrid | 4" $R/serve_parallel.md && mark serve
+}
+step_kernels() {
+  for m in hybrid vram; do
+    for n in 1 3; do
+      GGML_CUDA_DISABLE_GRAPHS=1 timeout $(cap 120) $ncu --clock-control none --metrics gpu__time_duration.sum --csv \
+          python3 $here/one_token_kernels.py /tmp/q30.gguf --mode $m --profile /tmp/q30.strp -n $n > $R/ncu_${m}_$n.csv 2> $R/ncu_${m}_$n.err
+    done
+    python3 $here/ncu_diff.py $R/ncu_${m}_1.csv $R/ncu_${m}_3.csv 2 | tail -12
+  done
+  mark kernels
+}
+
+declare -A NEED=([build]=330 [tiny]=30 [speed]=150 [memcheck]=100 [racecheck]=200 [lifecycle]=150 [equivalence]=120
+                 [archs]=200 [mailbox]=200 [trap]=60 [serve]=90 [kernels]=240)
+echo "$(date -u +%FT%TZ), deadline $DEADLINE s, steps: $STEPS; $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
+for s in $STEPS; do
+  [ -z "${NEED[$s]:-}" ] && { echo "unknown step $s (steps: ${!NEED[*]})"; exit 2; }
+  case $s in memcheck|racecheck|trap|equivalence) [ -f $R/done_tiny ] || { fits tiny 30 && step_tiny; } ;; esac
+  if fits $s ${NEED[$s]}; then step_$s; fi
+done
+echo "== table ($(( $(date +%s) - T0 )) s)"
+grep -hE "built:|up to date:.*cuda" $R/build.log 2>/dev/null | tail -1
+for f in $R/speed_*.md; do [ -f $f ] && grep -E "^\| (hybrid|all|cpu|upload)" $f | sed "s|^|$(basename $f .md) |"; done
+[ -f $R/memcheck.txt ] && echo "memcheck: $(grep -E 'ERROR SUMMARY' $R/memcheck.txt | tail -1)"
+ls $R/done_* 2>/dev/null | sed 's|.*/done_||' | tr '\n' ' '; echo "(steps done)"
+tar czf ${OUT:-/tmp/out}/run.tgz -C /tmp cuda-run
+echo "total: $(( $(date +%s) - T0 )) s"
