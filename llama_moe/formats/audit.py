@@ -374,6 +374,7 @@ class Issue:
     line: int            # 0: not tied to one line
     severity: str        # "error" or "warning"
     message: str
+    path: str = ""       # the file, when several are checked as one log
 
     def __str__(self) -> str:
         return f"{self.severity}: " + (f"line {self.line}: " if self.line else "") + self.message
