@@ -95,9 +95,11 @@ def _gone(pid: int, seconds: float) -> bool:
 
 def test_serve_answers_the_official_clients_with_the_key_from_the_environment(lib, tiny_model_path) -> None:
     port = _free_port()
-    env = {**os.environ, "LLAMA_API_KEY": "sekret-in-env"}
+    env = {**os.environ, "LLAMA_API_KEY": "sekret-in-env", "LLAMA_MOE_CACHE_DEVICE": "CPU"}
+    # no GPU here: the cache given after -- runs in RAM, and check-api checks its series too
     proc = subprocess.Popen([sys.executable, "-m", "llama_moe", "serve", str(tiny_model_path), "--ctx", "1024", "--port",
-                             str(port), "--alias", "tiny", "--", "--no-warmup"], env=env,
+                             str(port), "--alias", "tiny", "--", "--no-warmup", "--moe-cache-mib", "2", "--no-repack"],
+                            env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         _wait_healthy(port, proc)
@@ -107,7 +109,9 @@ def test_serve_answers_the_official_clients_with_the_key_from_the_environment(li
         assert b"--api-key" not in argv
         checks = check_api(f"http://127.0.0.1:{port}", api_key="sekret-in-env", model="tiny", timeout=60)
         assert [c.name for c in checks if not c.ok] == [], checks
-        assert len(checks) == 6   # a wrong key is refused by both endpoints
+        # the key, four endpoints, a wrong key refused by both, the cache's series
+        assert [c.name for c in checks][0] == "api key" and len(checks) == 8 and checks[-1].name == "moe cache"
+        assert "requests without a key are refused" in checks[0].detail
     finally:
         proc.terminate()
         try:
