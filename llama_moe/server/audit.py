@@ -136,6 +136,13 @@ def check_run(run: Run) -> list[Issue]:
         if isinstance(r, RequestRecord) and r.req.hits_profile > r.req.hits:
             issues.append(Issue(r.line, "error", f"field 'req_hits_profile': {r.req.hits_profile} is more than "
                                                  f"req_hits ({r.req.hits})"))
+        if isinstance(r, RequestRecord) and r.own is not None:
+            # its own lookups are some of those the context made while it ran
+            for name in OWN_NAMES:
+                own, req = getattr(r.own, name), getattr(r.req, name)
+                if own > req:
+                    issues.append(Issue(r.line, "error", f"field 'own_{name}': {own} is more than req_{name} ({req}), "
+                                                         f"what the context counted while the request ran"))
         if isinstance(r, ExitRecord):
             _check_layers(r, issues)
             load = run.load
@@ -144,6 +151,45 @@ def check_run(run: Run) -> list[Issue]:
                                                      f"(line {load.line})"))
         prev = r
     issues += _check_request_sums(run)
+    issues += _check_own_sums(run)
+    return issues
+
+
+OWN_NAMES = ("hits", "misses", "refused", "bytes_upload", "bytes_cpu")
+
+
+def _has_own(run: Run) -> bool:
+    return bool(run.requests) and all(r.own is not None for r in run.requests)
+
+
+def _check_own_sums(run: Run) -> list[Issue]:
+    """Each lookup is charged to one request, so the requests' own counters add up exactly to what the context's
+    moved from ready to exit, whatever the slots (a request still running at exit writes no record). Not a
+    request's: the hybrid's uploads between decodes (admissions, swaps), so a hybrid's own bytes_upload stay 0."""
+    ready, reqs, end = run.ready, run.requests, run.exit
+    if ready is None and run.partial:
+        ready, reqs = run.records[0], run.requests[1:] if isinstance(run.records[0], RequestRecord) else run.requests
+    if ready is None or not reqs or not all(r.own is not None for r in reqs):
+        return []
+    issues: list[Issue] = []
+    last = end if end is not None else reqs[-1]
+    for name in OWN_NAMES:
+        total = sum(getattr(r.own, name) for r in reqs)
+        delta = getattr(last.counters, name) - getattr(ready.counters, name)
+        if name == "bytes_upload" and run.records[0].hybrid:
+            if total:
+                issues.append(Issue(last.line, "error", f"field 'own_bytes_upload': the requests of pid {run.pid} add "
+                                                        f"up to {total}, but a hybrid uploads for no request"))
+            continue
+        if end is not None and total != delta:
+            issues.append(Issue(last.line, "error", f"field 'own_{name}': the {len(reqs)} requests of pid {run.pid} "
+                                                    f"add up to {total}, but {name} moved by {delta} from "
+                                                    f"{ready.event} (line {ready.line}) to exit: each lookup is one "
+                                                    f"request's"))
+        elif end is None and total > delta:
+            issues.append(Issue(last.line, "error", f"field 'own_{name}': the requests of pid {run.pid} add up to "
+                                                    f"{total}, more than the {delta} {name} moved from {ready.event} "
+                                                    f"to the last request (line {last.line})"))
     return issues
 
 
@@ -257,11 +303,12 @@ def check_audit(paths: str | Path | Sequence[str | Path]) -> CheckResult:
         if run.exit is None and (run.load is not None or run.partial):
             issues.append(Issue(run.records[0].line, "warning", f"pid {run.pid}'s run has no exit record "
                                                                 f"(killed, or still running)"))
-        if run.requests and not _exact_one_slot(run):
+        if run.requests and not _exact_one_slot(run) and not _has_own(run):
             slots = sorted({r.slot for r in run.requests})
             issues.append(Issue(run.records[0].line, "warning", f"pid {run.pid} served requests on slots {slots}: "
                                                                 f"overlapping requests count each other's lookups, "
-                                                                f"so only sum >= exit - ready is checked"))
+                                                                f"so only sum >= exit - ready is checked (a log "
+                                                                f"without own_* counters)"))
     issues.sort(key=lambda i: (i.line, i.severity != "error"))
     located = tuple(_located(i, files) for i in issues)
     return CheckResult(" ".join(p for _, p in files), len(records), runs, located)
@@ -301,8 +348,13 @@ class RunSummary:
 def summarize_run(run: Run) -> RunSummary:
     last, load, reqs = run.records[-1], run.load, run.requests
     c = last.counters
-    rh = sum(r.req.hits for r in reqs)
-    looked = sum(r.req.hits + r.req.misses + r.req.refused for r in reqs)
+    # the requests' own shares when the log has them (each lookup once), else their req_* (overlaps counted twice)
+    if reqs and all(r.own is not None for r in reqs):
+        rh = sum(r.own.hits for r in reqs)  # type: ignore[union-attr]
+        looked = sum(r.own.hits + r.own.misses + r.own.refused for r in reqs)  # type: ignore[union-attr]
+    else:
+        rh = sum(r.req.hits for r in reqs)
+        looked = sum(r.req.hits + r.req.misses + r.req.refused for r in reqs)
     return RunSummary(
         pid=run.pid, first_line=run.records[0].line, start=run.records[0].time, end=last.time,
         model=(load.model.name or Path(load.model.path).name) if load else "?", exited=run.exit is not None,
