@@ -39,6 +39,7 @@ class BenchRow:
     bound_tps: float | None = None         # the decode rate if reading those bytes were the only cost
     of_bound: float | None = None          # decode_tps / bound_tps
     bound_by: str | None = None            # "RAM" (the CPU reads the bytes), "H2D" (upload mode copies them over PCIe) or "GPU" (all in VRAM is slower still)
+    cache_off: bool = False                # a cache mode whose context had no cache (no GPU): it measured cpu-moe
 
 
 def _prompt_tokens(model: Model, n: int, offset_paragraphs: int) -> list[int]:
@@ -74,11 +75,13 @@ def _used_mib(before: float | None) -> float | None:
 
 
 def _measure(model: Model, cp: ContextParams, n_gen: int, n_pp: int, runs: int, seed: int,
-             base_free: float | None) -> tuple[list[float], list[float], float | None, float | None, float | None]:
-    """Decode and prompt rates per run, the decode hit rate, VRAM used, and the bytes per generated token that
-    come from RAM: those the CPU computes (hybrid), or those uploaded (upload mode)."""
+             base_free: float | None) -> tuple[list[float], list[float], float | None, float | None, float | None, bool]:
+    """Decode and prompt rates per run, the decode hit rate, VRAM used, the bytes per generated token that
+    come from RAM: those the CPU computes (hybrid), or those uploaded (upload mode), and whether the context had
+    a MoE cache (the engine's answer: without a GPU it turns one off)."""
     decode, pp, hit, cpu_bytes = [], [], None, None
     with Context(model, cp) as ctx:
+        has_cache = ctx.moe_cache_stats() is not None
         used = _used_mib(base_free)  # with the context and its cache alive
         pp_tokens = _prompt_tokens(model, n_pp, 0)
         for run in range(runs + 1):  # the first run warms caches and allocators and is not counted
@@ -108,7 +111,7 @@ def _measure(model: Model, cp: ContextParams, n_gen: int, n_pp: int, runs: int, 
                 hit = (after.n_hit - before.n_hit) / lookups if lookups else None
                 moved = after.n_bytes_cpu - before.n_bytes_cpu if after.hybrid else after.n_bytes_upload - before.n_bytes_upload
                 cpu_bytes = moved / max(n, 1)
-    return decode, pp, hit, used, cpu_bytes
+    return decode, pp, hit, used, cpu_bytes, has_cache
 
 
 MODES = ("cpu-moe", "n-cpu-moe", "upload", "hybrid", "hybrid-no-mailbox", "hybrid-adaptive", "hybrid-admit", "vram")
@@ -139,16 +142,16 @@ def run_bench(model_path: Path, cache_pcts: list[float], threads: list[int], n_g
     h2d_gbps = copy[0].h2d_pinned_gbps if copy and copy[0].h2d_pinned_gbps > 0 else None
 
     def row(mode: str, mib: float, t: int, d: list[float], p: list[float], hit: float | None, used: float | None,
-            ram_bytes: float | None = None, link_gbps: float | None = None) -> None:
+            ram_bytes: float | None = None, link_gbps: float | None = None, cache_off: bool = False) -> None:
         gbps = link_gbps if link_gbps else ram_gbps[t]
         bound = gbps * 1e9 / ram_bytes if ram_bytes else None
         median = statistics.median(d)
         r = BenchRow(mode, mib, 100 * mib / total_mib if total_mib else 0.0, t, median, max(d) - min(d),
                      statistics.median(p), max(p) - min(p), hit, used, len(d),
                      None if ram_bytes is None else ram_bytes / 1e6, bound, median / bound if bound else None,
-                     None if bound is None else ("H2D" if link_gbps else "RAM"))
+                     None if bound is None else ("H2D" if link_gbps else "RAM"), cache_off)
         rows.append(r)
-        log(f"{mode:>14} cache {mib:9.0f} MiB ({r.cache_pct:3.0f}%) t={t:2d}: decode {r.decode_tps:8.2f} tok/s, "
+        log(f"{mode:>14}{' (cache off)' if cache_off else ''} cache {mib:9.0f} MiB ({r.cache_pct:3.0f}%) t={t:2d}: decode {r.decode_tps:8.2f} tok/s, "
             f"pp{n_pp} {r.pp_tps:9.1f} tok/s, hits {'-' if hit is None else f'{hit:.3f}'}, "
             f"VRAM {'-' if used is None else f'{used:.0f} MiB'}")
 
@@ -159,7 +162,7 @@ def run_bench(model_path: Path, cache_pcts: list[float], threads: list[int], n_g
             n_ctx = max(1024, n_pp + n_gen + 128)
             if "cpu-moe" in modes:
                 cp = ContextParams(n_ctx=n_ctx, n_batch=n_pp, n_ubatch=n_pp, n_threads=t)
-                d, p, hit, used, _ = _measure(model, cp, n_gen, n_pp, runs, seed, base_free)
+                d, p, hit, used, _, _ = _measure(model, cp, n_gen, n_pp, runs, seed, base_free)
                 row("cpu-moe", 0.0, t, d, p, hit, used, all_experts_per_token)
             for pct in cache_pcts:
                 mib = total_mib * pct / 100
@@ -173,8 +176,13 @@ def run_bench(model_path: Path, cache_pcts: list[float], threads: list[int], n_g
                                        moe_cache_profile=profile if hybrid else None)
                     # hybrid-no-mailbox: the hand-overs through llama.cpp's scheduler (the mailbox's before)
                     with environment(LLAMA_MOE_CACHE_NO_MAILBOX="1") if mode == "hybrid-no-mailbox" else contextlib.nullcontext():
-                        d, p, hit, used, moved = _measure(model, cp, n_gen, n_pp, runs, seed, base_free)
-                    if hybrid:
+                        d, p, hit, used, moved, has_cache = _measure(model, cp, n_gen, n_pp, runs, seed, base_free)
+                    if not has_cache:
+                        # what ran was cpu-moe under this mode's name: marked, never a cache's number
+                        log(f"{mode}: the context has no MoE cache (no GPU; LLAMA_MOE_CACHE_DEVICE=CPU runs it in RAM): "
+                            f"the row is marked 'cache off'")
+                        row(mode, mib, t, d, p, None, used, all_experts_per_token, cache_off=True)
+                    elif hybrid:
                         row(mode, mib, t, d, p, hit, used, moved)
                     else:  # misses cross PCIe: bounded by the link, measurable only with a GPU
                         row(mode, mib, t, d, p, hit, used, moved if h2d_gbps else None, h2d_gbps)
@@ -188,14 +196,14 @@ def run_bench(model_path: Path, cache_pcts: list[float], threads: list[int], n_g
             with Model(model_path, ModelParams(n_cpu_moe=n_cpu_moe, use_mmap=False, repack=False)) as split:
                 for t in threads:
                     cp = ContextParams(n_ctx=max(1024, n_pp + n_gen + 128), n_batch=n_pp, n_ubatch=n_pp, n_threads=t)
-                    d, p, hit, used, _ = _measure(split, cp, n_gen, n_pp, runs, seed, base_free)
+                    d, p, hit, used, _, _ = _measure(split, cp, n_gen, n_pp, runs, seed, base_free)
                     row(f"n-cpu-moe {n_cpu_moe}", (layout.n_moe_layers - n_cpu_moe) * per_layer, t, d, p, hit, used,
                         all_experts_per_token * n_cpu_moe / max(layout.n_moe_layers, 1))
     if vram and "vram" in modes:
         base_free = _base_free(base_free)
         with Model(model_path, ModelParams()) as model:
             cp = ContextParams(n_ctx=max(1024, n_pp + n_gen + 128), n_batch=n_pp, n_ubatch=n_pp, n_threads=threads[0])
-            d, p, _, used, _ = _measure(model, cp, n_gen, n_pp, runs, seed, base_free)
+            d, p, _, used, _, _ = _measure(model, cp, n_gen, n_pp, runs, seed, base_free)
             row("all-in-vram", total_mib, threads[0], d, p, None, used, 0.0)
     ceiling = next((r.decode_tps for r in rows if r.mode == "all-in-vram"), None) if g else None
     return [with_gpu_ceiling(r, ceiling) for r in rows] if ceiling else rows
@@ -241,7 +249,8 @@ def to_markdown(rows: list[BenchRow], n_pp: int) -> str:
            "| MB/token from RAM | bound tok/s | of bound |",
            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        out.append(f"| {r.mode} | {r.cache_mib:.0f} | {r.cache_pct:.0f} | {r.threads} | {r.decode_tps:.2f} ({r.decode_tps_spread:.2f}) | "
+        mode = f"{r.mode} (cache off: no GPU)" if r.cache_off else r.mode
+        out.append(f"| {mode} | {r.cache_mib:.0f} | {r.cache_pct:.0f} | {r.threads} | {r.decode_tps:.2f} ({r.decode_tps_spread:.2f}) | "
                    f"{r.pp_tps:.1f} ({r.pp_tps_spread:.1f}) | {'-' if r.hit_rate is None else f'{r.hit_rate:.3f}'} | "
                    f"{'-' if r.vram_mib is None else f'{r.vram_mib:.0f}'} | "
                    f"{'-' if r.ram_mb_per_token is None else f'{r.ram_mb_per_token:.2f}'} | "

@@ -13,11 +13,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("audit", help="check or summarize a --moe-cache-audit JSONL log")
     actions = p.add_subparsers(dest="audit_command", metavar="ACTION", required=True)
     c = actions.add_parser("check", help="validate every record and the invariants between them (exit 1 on errors)")
-    c.add_argument("file", help="the audit log")
+    c.add_argument("file", nargs="+", help="the audit log; several files are one rotated log, oldest first "
+                                           "(a.jsonl.1 a.jsonl)")
     c.add_argument("-q", "--quiet", action="store_true", help="print errors only")
     c.set_defaults(func=run_check)
     s = actions.add_parser("summary", help="one line per run: requests, hit rate, bytes moved")
-    s.add_argument("file", help="the audit log")
+    s.add_argument("file", nargs="+", help="the audit log; several files are one rotated log, oldest first")
     s.add_argument("--json", action="store_true", help="a JSON list of runs instead of the table")
     s.set_defaults(func=run_summary)
 
@@ -26,7 +27,7 @@ def run_check(args: argparse.Namespace) -> int:
     result = check_audit(args.file)
     for issue in result.issues:
         if issue.severity == "error" or not args.quiet:
-            print(f"{result.path}: {issue}")
+            print(f"{issue.path or result.path}: {issue}")
     pids = ", ".join(map(str, sorted({run.pid for run in result.runs})))
     n, runs = len(result.errors), len(result.runs)
     verdict = "OK" if result.ok else f"{n} error{'s' if n > 1 else ''}"

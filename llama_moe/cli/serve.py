@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import logging
+import os
 import sys
 from pathlib import Path
 
-from ..server.plan import plan_for_gpu
+from ..server.plan import API_KEY_ENV, plan_for_gpu
 from ..server.process import run_in_foreground
 
 
@@ -31,7 +33,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cache-mib", type=float)
     p.add_argument("--margin-mib", type=float, default=400)
     p.add_argument("--hybrid", action="store_true", help="--moe-cache-hybrid (with --profile)")
-    p.add_argument("--api-key")
+    p.add_argument("--api-key", help=f"the key clients must send; it reaches llama-server in ${API_KEY_ENV}, never "
+                                      f"on its command line (default: ${API_KEY_ENV}; set it there, and this command's "
+                                      f"own command line hides it too)")
     p.add_argument("--alias")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8080)
@@ -45,10 +49,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     extra = tuple(getattr(args, "passthrough", ()))  # after "--" on the command line
+    if args.api_key:
+        logging.getLogger(__name__).warning("serve: --api-key shows the key to every user in ps while this command runs; "
+                                            "set %s instead", API_KEY_ENV)
+    api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
     plan = plan_for_gpu(Path(args.model), n_ctx=args.ctx, parallel=args.parallel, favor=args.favor,
                         ubatch=None if args.ubatch == "auto" else int(args.ubatch), cache_mib=args.cache_mib,
                         min_cache_mib=args.min_cache_mib, margin_mib=args.margin_mib, profile=args.profile,
-                        hybrid=args.hybrid, api_key=args.api_key, alias=args.alias, host=args.host, port=args.port,
+                        hybrid=args.hybrid, api_key=api_key, alias=args.alias, host=args.host, port=args.port,
                         threads=None if args.threads == "auto" else int(args.threads), extra=extra)
     if args.json:
         print(json.dumps(dataclasses.asdict(plan), indent=2))
@@ -56,4 +64,4 @@ def run(args: argparse.Namespace) -> int:
         print(plan.describe(), file=sys.stderr if not args.dry_run else sys.stdout)
     if args.dry_run:
         return 0
-    return run_in_foreground(plan.command)
+    return run_in_foreground(plan.command, {API_KEY_ENV: api_key} if api_key else None)

@@ -17,6 +17,9 @@ EVENTS = ("load", "ready", "request", "exit")
 COUNTERS = ("hits", "hits_profile", "misses", "bytes_upload", "bytes_cpu", "copies", "bytes_copy", "swaps", "refused")
 # a request's own counters: the context's counters at its end minus those at its start
 REQUEST_COUNTERS = ("req_hits", "req_hits_profile", "req_misses", "req_bytes_upload", "req_bytes_cpu", "req_refused")
+# a request's own share (its sequence's, llama_moe_cache_get_seq_stats): each lookup charged to one request, so the
+# requests' own add up to the context's; absent from the logs of builds before it
+OWN_COUNTERS = ("own_hits", "own_misses", "own_refused", "own_bytes_upload", "own_bytes_cpu")
 # counters added after the first audit logs: a log written by an earlier build lacks them, and they read as 0
 LATER_COUNTERS = ("refused", "req_refused", "moe_cache_admit")  # fields of later builds: 0 when absent
 _TIME_RE = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}(Z|\+00:00)$")
@@ -56,6 +59,18 @@ class RequestCounters:
     bytes_upload: int
     bytes_cpu: int
     refused: int = 0
+
+
+@dataclass(frozen=True)
+class OwnCounters:
+    """A request's own share of the lookups (``own_*``): every lookup of the context is charged to exactly one
+    request (the one whose token selected the expert first in its ubatch), so these add up over the requests."""
+
+    hits: int
+    misses: int
+    refused: int
+    bytes_upload: int
+    bytes_cpu: int
 
 
 @dataclass(frozen=True)
@@ -103,6 +118,7 @@ class ProfileInfo:
     bytes: int | None = None
     sha256: str | None = None
     error: str | None = None     # set when the profile could not be read
+    refused: str | None = None   # read, but the engine refused it (why): the cache started empty
 
 
 @dataclass(frozen=True)
@@ -161,6 +177,7 @@ class RequestRecord(AuditRecord):
     t_prompt_ms: float
     t_gen_ms: float
     req: RequestCounters
+    own: OwnCounters | None = None   # None in the log of a build before requests had their own share
 
 
 @dataclass(frozen=True)
@@ -310,16 +327,19 @@ def _load(f: _Fields, base: dict) -> LoadRecord:
         if "error" in pf.obj:
             profile = ProfileInfo(pf.str("path"), error=pf.str("error"))
         else:
-            profile = ProfileInfo(pf.str("path"), pf.int("bytes"), pf.str("sha256"))
+            profile = ProfileInfo(pf.str("path"), pf.int("bytes"), pf.str("sha256"),
+                                  refused=pf.str("refused") if "refused" in pf.obj else None)
         pf.done()
     return LoadRecord(**base, model=model, params=params, cache=cache, load_ms=f.num("load_ms"),
                       devices=tuple(devices), profile=profile, layers=_layers(f, "layers"))
 
 
 def _request(f: _Fields, base: dict) -> RequestRecord:
+    # all of the own counters or none (an earlier build): some of them is a broken record
+    own = OwnCounters(*(f.int(n) for n in OWN_COUNTERS)) if any(n in f.obj for n in OWN_COUNTERS) else None
     return RequestRecord(**base, slot=f.int("slot"), task=f.int("task"), n_prompt=f.int("n_prompt"),
                          n_gen=f.int("n_gen"), t_prompt_ms=f.num("t_prompt_ms"), t_gen_ms=f.num("t_gen_ms"),
-                         req=RequestCounters(*(f.int(n) for n in REQUEST_COUNTERS)))
+                         req=RequestCounters(*(f.int(n) for n in REQUEST_COUNTERS)), own=own)
 
 
 def _exit(f: _Fields, base: dict) -> ExitRecord:
@@ -374,6 +394,7 @@ class Issue:
     line: int            # 0: not tied to one line
     severity: str        # "error" or "warning"
     message: str
+    path: str = ""       # the file, when several are checked as one log
 
     def __str__(self) -> str:
         return f"{self.severity}: " + (f"line {self.line}: " if self.line else "") + self.message

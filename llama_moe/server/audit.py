@@ -7,10 +7,12 @@ server that unloads and reloads its model), and several processes can share one 
 interleave, told apart by ``pid``."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Sequence
 
+from ..errors import AuditError
 from ..formats.audit import (COUNTERS, REQUEST_COUNTERS, AuditRecord, ExitRecord, Issue, LoadRecord, ReadyRecord,
                              RequestRecord, read_audit)
 
@@ -19,10 +21,12 @@ from ..formats.audit import (COUNTERS, REQUEST_COUNTERS, AuditRecord, ExitRecord
 
 @dataclass(frozen=True)
 class Run:
-    """One context's records in one process, from its load record on."""
+    """One context's records in one process, from its load record on. ``partial``: the records start mid-run,
+    at the top of the first file checked (its load record is in an earlier, rotated file)."""
 
     pid: int
     records: tuple[AuditRecord, ...]
+    partial: bool = False
 
     @property
     def load(self) -> LoadRecord | None:
@@ -42,9 +46,11 @@ class Run:
         return next((r for r in self.records if isinstance(r, ExitRecord)), None)
 
 
-def split_runs(records: Iterable[AuditRecord]) -> tuple[Run, ...]:
+def split_runs(records: Iterable[AuditRecord], first_file_lines: int = 0) -> tuple[Run, ...]:
     """Group records per pid, starting a new run at each load (counters restart with a new context).
-    Records of a pid seen before its first load form a run without a load, which check reports."""
+    Records of a pid seen before its first load form a run without a load: one that begins within the first
+    ``first_file_lines`` lines (the top of a file whose earlier records were rotated away) is partial, which
+    check warns about; any other is an error."""
     runs: list[list[AuditRecord]] = []
     open_run: dict[int, list[AuditRecord]] = {}
     for r in records:
@@ -54,7 +60,8 @@ def split_runs(records: Iterable[AuditRecord]) -> tuple[Run, ...]:
             runs.append(cur)
             open_run[r.pid] = cur
         cur.append(r)
-    return tuple(Run(rs[0].pid, tuple(rs)) for rs in runs)
+    return tuple(Run(rs[0].pid, tuple(rs), partial=rs[0].event != "load" and rs[0].line <= first_file_lines)
+                 for rs in runs)
 
 
 def _check_layers(r: LoadRecord | ExitRecord, issues: list[Issue]) -> None:
@@ -82,7 +89,12 @@ def check_run(run: Run) -> list[Issue]:
     """The invariants between one run's records."""
     issues: list[Issue] = []
     first = run.records[0]
-    if not isinstance(first, LoadRecord):
+    if run.partial:
+        # rotated: its load (and maybe its ready) are in an earlier file; what follows is checked from here on
+        issues.append(Issue(first.line, "warning", f"pid {run.pid}'s run starts mid-way, with a '{first.event}' "
+                                                   f"record: its load record is in an earlier file (rotated); give "
+                                                   f"the files in order to check it whole"))
+    elif not isinstance(first, LoadRecord):
         issues.append(Issue(first.line, "error", f"'{first.event}' record of pid {run.pid} before any 'load' "
                                                  f"record of that pid"))
     else:
@@ -91,9 +103,10 @@ def check_run(run: Run) -> list[Issue]:
                 issues.append(Issue(first.line, "error", f"field '{name}': {getattr(first.counters, name)} at load, "
                                                          f"but load is written before any decode (expected 0)"))
         _check_layers(first, issues)
-    ready_seen = exited = False
+    # a partial run's first record is the top of the file (its ready, if not that record, is in the earlier file)
+    ready_seen, exited = run.partial, run.partial and first.event == "exit"
     prev = first
-    for r in run.records[1:] if isinstance(first, LoadRecord) else run.records:
+    for r in run.records[1:] if isinstance(first, LoadRecord) or run.partial else run.records:
         if exited:
             issues.append(Issue(r.line, "error", f"'{r.event}' record of pid {run.pid} after its 'exit' (line "
                                                  f"{run.exit.line if run.exit else '?'})"))
@@ -123,6 +136,13 @@ def check_run(run: Run) -> list[Issue]:
         if isinstance(r, RequestRecord) and r.req.hits_profile > r.req.hits:
             issues.append(Issue(r.line, "error", f"field 'req_hits_profile': {r.req.hits_profile} is more than "
                                                  f"req_hits ({r.req.hits})"))
+        if isinstance(r, RequestRecord) and r.own is not None:
+            # its own lookups are some of those the context made while it ran
+            for name in OWN_NAMES:
+                own, req = getattr(r.own, name), getattr(r.req, name)
+                if own > req:
+                    issues.append(Issue(r.line, "error", f"field 'own_{name}': {own} is more than req_{name} ({req}), "
+                                                         f"what the context counted while the request ran"))
         if isinstance(r, ExitRecord):
             _check_layers(r, issues)
             load = run.load
@@ -131,6 +151,49 @@ def check_run(run: Run) -> list[Issue]:
                                                      f"(line {load.line})"))
         prev = r
     issues += _check_request_sums(run)
+    issues += _check_own_sums(run)
+    return issues
+
+
+OWN_NAMES = ("hits", "misses", "refused", "bytes_upload", "bytes_cpu")
+
+
+def _has_own(run: Run) -> bool:
+    return bool(run.requests) and all(r.own is not None for r in run.requests)
+
+
+def _check_own_sums(run: Run) -> list[Issue]:
+    """Each lookup is charged to one request, so the requests' own counters add up exactly to what the context's
+    moved from ready to exit, whatever the slots (a request still running at exit writes no record). Not a
+    request's: the hybrid's uploads between decodes (admissions, swaps), so a hybrid's own bytes_upload stay 0."""
+    ready, reqs, end = run.ready, run.requests, run.exit
+    if ready is None and run.partial:
+        if not _exact_one_slot(run):
+            # the requests running at the top of a rotated file began in the earlier one: their own counters hold
+            # lookups from before this file's first record, so nothing here adds up to what moved after it
+            return []
+        ready, reqs = run.records[0], run.requests[1:] if isinstance(run.records[0], RequestRecord) else run.requests
+    if ready is None or not reqs or not all(r.own is not None for r in reqs):
+        return []
+    issues: list[Issue] = []
+    last = end if end is not None else reqs[-1]
+    for name in OWN_NAMES:
+        total = sum(getattr(r.own, name) for r in reqs)
+        delta = getattr(last.counters, name) - getattr(ready.counters, name)
+        if name == "bytes_upload" and run.records[0].hybrid:
+            if total:
+                issues.append(Issue(last.line, "error", f"field 'own_bytes_upload': the requests of pid {run.pid} add "
+                                                        f"up to {total}, but a hybrid uploads for no request"))
+            continue
+        if end is not None and total != delta:
+            issues.append(Issue(last.line, "error", f"field 'own_{name}': the {len(reqs)} requests of pid {run.pid} "
+                                                    f"add up to {total}, but {name} moved by {delta} from "
+                                                    f"{ready.event} (line {ready.line}) to exit: each lookup is one "
+                                                    f"request's"))
+        elif end is None and total > delta:
+            issues.append(Issue(last.line, "error", f"field 'own_{name}': the requests of pid {run.pid} add up to "
+                                                    f"{total}, more than the {delta} {name} moved from {ready.event} "
+                                                    f"to the last request (line {last.line})"))
     return issues
 
 
@@ -138,6 +201,10 @@ def _check_request_sums(run: Run) -> list[Issue]:
     """With one slot the requests never overlap, so each request's req_* counters are exactly what the
     context's counters moved since the record before it, and they add up to exit minus ready."""
     ready, reqs, end = run.ready, run.requests, run.exit
+    if ready is None and run.partial:
+        # the ready record is in an earlier file: the sums run from this file's first record, which is counted
+        # as the baseline (its own request counters are the earlier file's)
+        ready, reqs = run.records[0], run.requests[1:] if isinstance(run.records[0], RequestRecord) else run.requests
     if ready is None or not reqs:
         return []
     issues: list[Issue] = []
@@ -160,12 +227,13 @@ def _check_request_sums(run: Run) -> list[Issue]:
         what = "exit" if end is not None else f"the last request (line {last.line}, no exit record)"
         if exact and total != delta:
             issues.append(Issue(last.line, "error", f"field '{req_name}': the {len(reqs)} requests of pid {run.pid} "
-                                                    f"add up to {total}, but {name} moved by {delta} from ready "
-                                                    f"(line {ready.line}) to {what}"))
+                                                    f"add up to {total}, but {name} moved by {delta} from "
+                                                    f"{ready.event} (line {ready.line}) to {what}"))
         elif not exact and total < delta:
             # overlapping requests each count the others' lookups, so together they can only count more
             issues.append(Issue(last.line, "error", f"field '{req_name}': the requests of pid {run.pid} add up to "
-                                                    f"{total}, less than the {delta} {name} moved from ready to {what}"))
+                                                    f"{total}, less than the {delta} {name} moved from {ready.event} "
+                                                    f"to {what}"))
     return issues
 
 
@@ -185,28 +253,69 @@ class CheckResult:
         return not self.errors
 
 
-def check_audit(path: str | Path) -> CheckResult:
+def _read_in_order(paths: Sequence[str | Path], strict: bool) -> tuple[list[AuditRecord], list[Issue], int,
+                                                                          list[tuple[int, str]]]:
+    """The records of several files read as one log, each renumbered by a running line number (the files'
+    lines one after the other), with the issues of each file, the first file's line count, and each file's
+    (first running line, path) to name the file and its own line again."""
+    records: list[AuditRecord] = []
+    issues: list[Issue] = []
+    files: list[tuple[int, str]] = []
+    offset = first_lines = 0
+    for i, path in enumerate(paths):
+        audit = read_audit(path, strict=strict)
+        files.append((offset, audit.path))
+        records += [dataclasses.replace(r, line=r.line + offset) for r in audit.records]
+        issues += [dataclasses.replace(x, line=x.line + offset if x.line else 0, path=audit.path)
+                   for x in audit.issues]
+        n_lines = max([r.line for r in audit.records] + [x.line for x in audit.issues] + [0])
+        if i == 0:
+            first_lines = n_lines
+        offset += n_lines
+    return records, issues, first_lines, files
+
+
+def _located(issue: Issue, files: list[tuple[int, str]]) -> Issue:
+    """An issue of the running numbering told by its file and that file's own line."""
+    if issue.path or not issue.line:
+        return issue
+    start, path = max((f for f in files if f[0] < issue.line), key=lambda f: f[0])
+    return dataclasses.replace(issue, line=issue.line - start, path=path)
+
+
+def check_audit(paths: str | Path | Sequence[str | Path]) -> CheckResult:
     """Every record against the field list, and every run's invariants: ordering (load, ready, request...,
     exit), counters that never go down, zero counters at load, per-layer sums, and with one slot the request
-    counters adding up exactly to exit minus ready. Issues are sorted by line."""
-    audit = read_audit(path, strict=False)
-    runs = split_runs(audit.records)
-    issues = list(audit.issues)
-    if not audit.records and not issues:  # a check of nothing would pass: no server wrote this file
+    counters adding up exactly to exit minus ready. Issues are sorted by file and line.
+
+    Several files are one log in the order given, oldest first (a rotated log: ``a.jsonl.1 a.jsonl``). A run
+    whose first records are in the first file without its load record (rotated away) is checked from there
+    on, with a warning."""
+    path_list = [paths] if isinstance(paths, (str, Path)) else list(paths)
+    real = [Path(p).resolve() for p in path_list]
+    twice = sorted({str(p) for p in path_list if real.count(Path(p).resolve()) > 1})
+    if twice:  # read twice, every record would be its own duplicate
+        raise AuditError(0, [(None, f"{', '.join(twice)} given more than once")])
+    records, issues, first_lines, files = _read_in_order(path_list, strict=False)
+    runs = split_runs(records, first_lines)
+    if not records and not any(i.severity == "error" for i in issues):
+        # a check of nothing would pass: no server wrote this file
         issues.append(Issue(0, "error", "no records: the file is empty (not a --moe-cache-audit log, or the server "
                                         "wrote nothing)"))
     for run in runs:
         issues += check_run(run)
-        if run.exit is None and run.load is not None:
-            issues.append(Issue(run.load.line, "warning", f"pid {run.pid}'s run has no exit record "
-                                                          f"(killed, or still running)"))
-        if run.requests and not _exact_one_slot(run):
+        if run.exit is None and (run.load is not None or run.partial):
+            issues.append(Issue(run.records[0].line, "warning", f"pid {run.pid}'s run has no exit record "
+                                                                f"(killed, or still running)"))
+        if run.requests and not _exact_one_slot(run) and not _has_own(run):
             slots = sorted({r.slot for r in run.requests})
             issues.append(Issue(run.records[0].line, "warning", f"pid {run.pid} served requests on slots {slots}: "
                                                                 f"overlapping requests count each other's lookups, "
-                                                                f"so only sum >= exit - ready is checked"))
+                                                                f"so only sum >= exit - ready is checked (a log "
+                                                                f"without own_* counters)"))
     issues.sort(key=lambda i: (i.line, i.severity != "error"))
-    return CheckResult(audit.path, len(audit.records), runs, tuple(issues))
+    located = tuple(_located(i, files) for i in issues)
+    return CheckResult(" ".join(p for _, p in files), len(records), runs, located)
 
 
 # ----------------------------------------------------------------------------------------------- summary
@@ -243,8 +352,13 @@ class RunSummary:
 def summarize_run(run: Run) -> RunSummary:
     last, load, reqs = run.records[-1], run.load, run.requests
     c = last.counters
-    rh = sum(r.req.hits for r in reqs)
-    looked = sum(r.req.hits + r.req.misses + r.req.refused for r in reqs)
+    # the requests' own shares when the log has them (each lookup once), else their req_* (overlaps counted twice)
+    if reqs and all(r.own is not None for r in reqs):
+        rh = sum(r.own.hits for r in reqs)  # type: ignore[union-attr]
+        looked = sum(r.own.hits + r.own.misses + r.own.refused for r in reqs)  # type: ignore[union-attr]
+    else:
+        rh = sum(r.req.hits for r in reqs)
+        looked = sum(r.req.hits + r.req.misses + r.req.refused for r in reqs)
     return RunSummary(
         pid=run.pid, first_line=run.records[0].line, start=run.records[0].time, end=last.time,
         model=(load.model.name or Path(load.model.path).name) if load else "?", exited=run.exit is not None,
@@ -257,9 +371,12 @@ def summarize_run(run: Run) -> RunSummary:
         gen_tps=run.exit.perf.gen_tps if run.exit else None, refused=c.refused)
 
 
-def summarize(path: str | Path) -> tuple[RunSummary, ...]:
-    """One summary per run; malformed records raise AuditError (run check to list them all)."""
-    return tuple(summarize_run(run) for run in split_runs(read_audit(path).records))
+def summarize(paths: str | Path | Sequence[str | Path]) -> tuple[RunSummary, ...]:
+    """One summary per run of one file, or of several read as one rotated log (oldest first); malformed records
+    raise AuditError (run check to list them all)."""
+    path_list = [paths] if isinstance(paths, (str, Path)) else list(paths)
+    records, _, first_lines, _ = _read_in_order(path_list, strict=True)
+    return tuple(summarize_run(run) for run in split_runs(records, first_lines))
 
 
 def format_summary(runs: Iterable[RunSummary]) -> str:

@@ -235,12 +235,30 @@ class RequestLogLine:
     hits_profile: int | None = None
     gib_s: float | None = None
     refused: int | None = None
+    own: "OwnShare | None" = None   # the request's own share (later builds), None in a line without it
+
+
+@dataclass(frozen=True)
+class OwnShare:
+    """The "; own: ..." part of the per-request line: the lookups charged to this request alone (each lookup of
+    the context is one request's). Upload mode: hits, misses (uploaded), mib uploaded, refused; hybrid: hits (on
+    the GPU), misses (on the CPU), mib the CPU read, refused 0."""
+
+    rate_pct: float
+    hits: int
+    misses: int
+    mib: float
+    refused: int
 
 
 _NUM = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+|nan|inf)"
 UPLOAD_LINE_RE = re.compile(rf"MoE cache hits = (?P<rate>{_NUM}) % \((?P<hits>\d+) hit, (?P<prof>\d+) from the "
                             rf"profile, (?P<miss>\d+) uploaded: (?P<mib>{_NUM}) MiB, (?P<gibs>{_NUM}) GiB/s\)"
                             rf"(?:, (?P<refused>\d+) refused)?")
+OWN_UPLOAD_RE = re.compile(rf"; own: (?P<rate>{_NUM}) % \((?P<hits>\d+) hit, (?P<miss>\d+) uploaded: (?P<mib>{_NUM}) MiB, "
+                           rf"(?P<refused>\d+) refused\)")
+OWN_HYBRID_RE = re.compile(rf"; own: (?P<rate>{_NUM}) % \((?P<hits>\d+) on the GPU, (?P<miss>\d+) on the CPU, which read "
+                           rf"(?P<mib>{_NUM}) MiB\)")
 HYBRID_LINE_RE = re.compile(rf"MoE cache hits = (?P<rate>{_NUM}) % \(hybrid: (?P<hits>\d+) on the GPU, "
                             rf"(?P<miss>\d+) on the CPU, which read (?P<mib>{_NUM}) MiB\)")
 
@@ -248,8 +266,12 @@ HYBRID_LINE_RE = re.compile(rf"MoE cache hits = (?P<rate>{_NUM}) % \(hybrid: (?P
 def parse_request_log_line(line: str) -> RequestLogLine | None:
     """The per-request MoE cache line anywhere in a log line, or None."""
     if m := UPLOAD_LINE_RE.search(line):
+        o = OWN_UPLOAD_RE.search(line, m.end())
+        own = OwnShare(float(o["rate"]), int(o["hits"]), int(o["miss"]), float(o["mib"]), int(o["refused"])) if o else None
         return RequestLogLine(False, float(m["rate"]), int(m["hits"]), int(m["miss"]), float(m["mib"]),
-                              int(m["prof"]), float(m["gibs"]), None if m["refused"] is None else int(m["refused"]))
+                              int(m["prof"]), float(m["gibs"]), None if m["refused"] is None else int(m["refused"]), own)
     if m := HYBRID_LINE_RE.search(line):
-        return RequestLogLine(True, float(m["rate"]), int(m["hits"]), int(m["miss"]), float(m["mib"]))
+        o = OWN_HYBRID_RE.search(line, m.end())
+        own = OwnShare(float(o["rate"]), int(o["hits"]), int(o["miss"]), float(o["mib"]), 0) if o else None
+        return RequestLogLine(True, float(m["rate"]), int(m["hits"]), int(m["miss"]), float(m["mib"]), own=own)
     return None

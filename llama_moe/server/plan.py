@@ -6,6 +6,8 @@ and a margin.
 """
 from __future__ import annotations
 
+import math
+import os
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +18,9 @@ from ..experts import expert_layout
 from ..gguf.reader import read_gguf
 
 MiB = 2**20
+# llama-server reads its key from this variable (its --api-key's environment name): a key on a command line is
+# visible to every user of the machine in ps
+API_KEY_ENV = "LLAMA_API_KEY"
 
 
 @dataclass(frozen=True)
@@ -31,16 +36,58 @@ class ServePlan:
     cache_pct: float           # of the experts
     n_ubatch: int
     command: tuple[str, ...]
+    cache_where: str = ""          # where the cache is, or why there is none ("off: ...")
+    notes: tuple[str, ...] = ()    # what the plan did not do as asked, and why
+    api_key_env: bool = False      # the key goes to llama-server in $LLAMA_API_KEY (never in the command)
+
+    @property
+    def cache_on(self) -> bool:
+        return self.cache_mib > 0 and not self.cache_where.startswith("off")
 
     def describe(self) -> str:
+        cache = (f"MoE cache {self.cache_mib:.0f} MiB ({self.cache_pct:.0f}% of them), {self.cache_where}" if self.cache_on
+                 else f"MoE cache {self.cache_where}")
         lines = [f"GPU          {self.gpu or 'none'}" + (f", {self.gpu_free_mib:.0f} MiB free" if self.gpu_free_mib is not None else ""),
                  f"dense        {self.dense_mib:9.0f} MiB on the GPU",
                  f"KV cache     {self.kv_mib:9.0f} MiB",
                  f"compute      {self.compute_mib:9.0f} MiB (ubatch {self.n_ubatch})",
                  f"margin       {self.margin_mib:9.0f} MiB",
-                 f"experts      {self.experts_mib:9.0f} MiB in RAM; MoE cache {self.cache_mib:.0f} MiB ({self.cache_pct:.0f}% of them)",
-                 "command      " + " ".join(shlex.quote(c) for c in self.command)]
+                 f"experts      {self.experts_mib:9.0f} MiB in RAM; {cache}"]
+        lines += [f"note         {n}" for n in self.notes]
+        env = f"{API_KEY_ENV}=(the key, hidden) " if self.api_key_env else ""
+        lines.append("command      " + env + " ".join(shlex.quote(c) for c in self.command))
         return "\n".join(lines)
+
+
+def _passed_cache_mib(extra: tuple[str, ...]) -> float | None:
+    """The --moe-cache-mib given after "--" (llama-server takes the last one), or None."""
+    value = None
+    for i, a in enumerate(extra):
+        if a == "--moe-cache-mib":
+            if i + 1 >= len(extra):
+                raise ServePlanError("-- --moe-cache-mib needs a value (MiB)")
+            value = extra[i + 1]
+        elif a.startswith("--moe-cache-mib="):
+            value = a.split("=", 1)[1]
+    if value is None:
+        return None
+    try:
+        mib = float(value)
+    except ValueError:
+        raise ServePlanError(f"-- --moe-cache-mib {value}: not a number of MiB") from None
+    if not math.isfinite(mib) or mib < 0:
+        raise ServePlanError(f"-- --moe-cache-mib {value}: must be a finite number >= 0")
+    return mib
+
+
+def _cache_device_note() -> str:
+    """Where llama-server puts a cache on a machine without a GPU (llama-moe-config reads the same variable)."""
+    device = os.environ.get("LLAMA_MOE_CACHE_DEVICE", "")
+    if device.upper() == "CPU":
+        return "in RAM (LLAMA_MOE_CACHE_DEVICE=CPU: it checks the cache, it makes nothing faster)"
+    if device:
+        return f"on {device} (LLAMA_MOE_CACHE_DEVICE)"
+    return ""
 
 
 def _kv_mib(path: Path, n_ctx: int) -> float:
@@ -95,10 +142,21 @@ def plan_serve(model: Path, server: Path, *, gpu_free_mib: float | None, gpu_nam
     # bigger ubatches process prompts faster and need bigger compute buffers
     n_ubatch = ubatch or (2048 if favor == "prompt" else 512)
     compute = 0.5 * n_ubatch + 300  # llama.cpp's compute buffers grow about linearly with the ubatch
+    passed_mib = _passed_cache_mib(extra)
+    notes: list[str] = []
+    where = f"on {gpu_name}" if gpu_name else ""
     if gpu_free_mib is None:
         cache = 0.0
         if cache_mib:
             raise ServePlanError("--cache-mib needs a GPU, and none is visible (the experts stay in RAM without a cache)")
+        device = _cache_device_note()
+        if passed_mib is not None:
+            cache = passed_mib
+            where = (device or "off: no GPU is visible, and llama-server turns a cache without one off "
+                               "(LLAMA_MOE_CACHE_DEVICE=CPU runs it in RAM, for testing)")
+            where = where if passed_mib > 0 else "off: -- --moe-cache-mib 0"
+        else:
+            where = "off: no GPU is visible, so the experts are read from RAM for every token"
     else:
         room = gpu_free_mib - dense - kv - compute - margin_mib
         if room < 0:
@@ -113,23 +171,35 @@ def plan_serve(model: Path, server: Path, *, gpu_free_mib: float | None, gpu_nam
         if cache < min_cache_mib and cache < experts:
             raise ServePlanError(f"only {cache:.0f} MiB are left for the MoE cache on {gpu_name}, less than --min-cache-mib "
                                  f"{min_cache_mib:.0f}; lower --ctx or --min-cache-mib")
+        if passed_mib is not None:
+            notes.append(f"-- --moe-cache-mib {passed_mib:g} replaces the fitted {cache:.0f} MiB")
+            cache = passed_mib
+            where = where if passed_mib > 0 else "off: -- --moe-cache-mib 0"
+    cache_on = cache > 0 and not where.startswith("off")
+    if not cache_on:
+        dropped = [f for f, on in (("--profile", profile), ("--hybrid", hybrid)) if on]
+        if dropped:
+            notes.append(f"{' and '.join(dropped)} not passed: they need the MoE cache, which is off")
     cmd = [str(server), "-m", str(model), "-ngl", "999", "-fit", "off", "--cpu-moe", "-c", str(n_ctx), "-np", str(parallel),
            "-ub", str(n_ubatch), "-b", str(max(n_ubatch, 2048)), "--host", host, "--port", str(port), "--metrics"]
-    if cache > 0:
-        cmd += ["--moe-cache-mib", str(int(cache))]
+    if cache_on:
+        if passed_mib is None:
+            cmd += ["--moe-cache-mib", str(int(cache))]
         if profile:
             cmd += ["--moe-cache-profile", profile]
         if hybrid:
             cmd += ["--moe-cache-hybrid"]
     if threads:
         cmd += ["-t", str(threads)]
-    if api_key:
-        cmd += ["--api-key", api_key]
     if alias:
         cmd += ["--alias", alias]
     cmd += list(extra)
+    if any(a == "--api-key" or a.startswith("--api-key=") for a in extra):
+        raise ServePlanError("-- --api-key would show the key to every user in ps: set LLAMA_API_KEY (or --api-key "
+                             "of serve), which reaches llama-server through its environment")
     return ServePlan(gpu_name, gpu_free_mib, dense, experts, kv, compute, margin_mib, cache,
-                     100 * cache / experts if experts else 0.0, n_ubatch, tuple(cmd))
+                     100 * cache / experts if experts else 0.0, n_ubatch, tuple(cmd), where, tuple(notes),
+                     bool(api_key))
 
 
 def plan_for_gpu(model: Path, **options: Any) -> ServePlan:

@@ -2,6 +2,7 @@
 waited for until healthy (bounded), and stopped with one SIGTERM so that it writes its exit records."""
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import socket
@@ -26,6 +27,32 @@ def server_binary() -> Path:
     if not binary.is_file():
         raise ServerStartError(f"{binary} is missing: build the tools (python -m llama_moe build, without --lib-only)")
     return binary
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent(parent: int):
+    """A preexec function: the child gets SIGTERM when the process that started it dies, even by SIGKILL, so no
+    llama-server outlives its wrapper holding the port (Linux; elsewhere, nothing). SIGTERM, not SIGKILL: the
+    server still frees its context and writes its exit record."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        prctl = libc.prctl
+    except (OSError, AttributeError):
+        return None
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before prctl: nobody would signal the child
+            os._exit(1)
+
+    return preexec
+
+
+def popen_tied(command: list[str], **kwargs) -> subprocess.Popen:
+    """subprocess.Popen of a child that dies with this process (see _die_with_parent)."""
+    return subprocess.Popen(command, preexec_fn=_die_with_parent(os.getpid()), **kwargs)
 
 
 def free_port() -> int:
@@ -98,7 +125,7 @@ def launch(command: list[str] | tuple[str, ...], url: str, log: Path, env: dict[
     """Starts a llama-server command line that listens at url and waits for its /health."""
     # files, not pipes: a chatty server never blocks on a full pipe
     with open(log.with_suffix(".out"), "wb") as out, open(log, "wb") as err:
-        proc = subprocess.Popen(list(command), env={**os.environ, **(env or {})}, stdout=out, stderr=err)
+        proc = popen_tied(list(command), env={**os.environ, **(env or {})}, stdout=out, stderr=err)
     server = RunningServer(proc, url, log)
     try:
         _wait_healthy(proc, url, log, timeout)
@@ -128,9 +155,10 @@ def _tail(log: Path) -> str:
     return log.read_text(errors="replace")[-3000:] if log.is_file() else "(no log)"
 
 
-def run_in_foreground(command: list[str] | tuple[str, ...]) -> int:
-    """Runs a llama-server command line in this terminal, handing it Ctrl-C and SIGTERM, until it exits."""
-    proc = subprocess.Popen(list(command))
+def run_in_foreground(command: list[str] | tuple[str, ...], env: dict[str, str] | None = None) -> int:
+    """Runs a llama-server command line in this terminal, handing it Ctrl-C and SIGTERM, until it exits; it dies
+    with this process (a SIGKILL of it included). ``env`` is added to this process's environment."""
+    proc = popen_tied(list(command), env={**os.environ, **(env or {})})
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda s, f: proc.send_signal(s))
     return proc.wait()

@@ -18,7 +18,7 @@ def test_every_mode_runs_and_reports(lib, tiny_model_path, tmp_path, monkeypatch
                                       "n-cpu-moe 3", "all-in-vram"]
     assert all(r.decode_tps > 0 and r.pp_tps > 0 for r in rows)
     cached = [r for r in rows if r.mode in ("upload", "hybrid", "hybrid-no-mailbox", "hybrid-adaptive", "hybrid-admit")]
-    assert all(r.hit_rate is not None and 0 < r.hit_rate <= 1 for r in cached)
+    assert all(r.hit_rate is not None and 0 < r.hit_rate <= 1 and not r.cache_off for r in cached)
     assert all(abs(r.cache_pct - 50) < 1 for r in cached)
     # the RAM bound: every expert of a token from RAM for cpu-moe, the CPU's share for the hybrid, none in VRAM
     by_mode = {r.mode: r for r in rows}
@@ -31,6 +31,24 @@ def test_every_mode_runs_and_reports(lib, tiny_model_path, tmp_path, monkeypatch
     assert 0 < by_mode["cpu-moe"].of_bound == pytest.approx(by_mode["cpu-moe"].decode_tps / by_mode["cpu-moe"].bound_tps)
     table = to_markdown(rows, 64)
     assert table.count("\n") == len(rows) + 1 and "pp64" in table
+
+
+def test_cache_modes_without_a_cache_are_marked(lib, tiny_model_path, monkeypatch) -> None:
+    """No GPU and no LLAMA_MOE_CACHE_DEVICE: the engine turns the cache off, and the rows say so instead of
+    passing cpu-moe's numbers off as the cache's."""
+    from llama_moe.devices import gpus
+
+    if gpus():
+        pytest.skip("a GPU holds the cache here")   # the CI machine has none; this case is about it
+    monkeypatch.delenv("LLAMA_MOE_CACHE_DEVICE", raising=False)
+    said: list[str] = []
+    rows = run_bench(tiny_model_path, [50], [2], n_gen=8, n_pp=32, runs=1, vram=False, log=said.append,
+                     modes=("cpu-moe", "upload"))
+    cpu, upload = rows
+    assert not cpu.cache_off and upload.cache_off and upload.hit_rate is None
+    assert upload.ram_mb_per_token == cpu.ram_mb_per_token   # every expert from RAM, as it ran
+    assert any("upload: the context has no MoE cache" in s for s in said)
+    assert "| upload (cache off: no GPU) |" in to_markdown(rows, 32)
 
 
 def test_profile_stride_traces_fewer_paragraphs(lib, tiny_model_path, tmp_path) -> None:

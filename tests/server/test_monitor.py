@@ -38,7 +38,9 @@ def metrics_text(scrape: int, cache: bool = True) -> str:
     series("prompt_seconds_total", "counter", 0.006 * n, "Total time spent processing prompts")
     series("tokens_predicted_total", "counter", 16 * n, "Number of generation tokens processed")
     series("tokens_predicted_seconds_total", "counter", 0.0071 * n, "Total time spent generating tokens")
-    series("predicted_tokens_seconds", "gauge", 2119.84, "Average generation throughput in tokens/s")
+    series("n_decode_total", "counter", 20 * n, "Total number of llama_decode() calls")
+    # the gauge llama-server resets at every scrape: the page must not read it
+    series("predicted_tokens_seconds", "gauge", 0 if scrape % 2 else 2119.84, "Average generation throughput in tokens/s")
     series("requests_processing", "gauge", 1, "Number of requests processing")
     if cache:
         hits = {il: (60 - 7 * il) * n for il in range(LAYERS)}
@@ -214,6 +216,7 @@ class _Dom(HTMLParser):
         self.by_id: dict[str, str] = {}
         self.cells: dict[tuple[int, str], str] = {}
         self.hidden: set[str] = set()
+        self.attrs: dict[str, dict] = {}
         self._open: list[tuple[str, dict]] = []
         self.feed(html)
 
@@ -224,6 +227,7 @@ class _Dom(HTMLParser):
         self._open.append((tag, a))
         if "id" in a:
             self.by_id.setdefault(a["id"], "")
+            self.attrs[a["id"]] = a
         if "data-layer" in a and tag == "td":
             self.cells[(int(a["data-layer"]), a["data-kind"])] = ""
 
@@ -273,6 +277,11 @@ def _check_dom(dom: _Dom, stub: StubLlamaServer) -> None:
         assert dom.cells[(il, "rate")] == f"{hits / (hits + misses + refused):.2f}"
         assert re.fullmatch(r"[01]\.\d\d", dom.cells[(il, "recent")])
     assert "notice" in dom.hidden
+    # generation from the counters (the stub's gauge, reset by every scrape, alternates 0 and 2119.84)
+    assert dom.by_id["gen-tps"] == f"{16 / 0.0071:.0f} tok/s", dom.by_id["gen-tps"]
+    heat = dom.attrs["chart-heat"]
+    assert heat["data-layers"] == str(LAYERS) and int(heat["data-columns"]) >= 1
+    assert re.fullmatch(r"([01]\.\d\d,){%d}[01]\.\d\d" % (LAYERS - 1), heat["data-newest"]), heat["data-newest"]
 
 
 @pytest.mark.slow
@@ -357,40 +366,48 @@ def test_the_page_against_a_live_llama_server(tmp_path: Path, lib, tiny_model_pa
 # where no browser is installed; prints every element's text and the heat map's cells as JSON.
 _NODE_HARNESS = r"""
 const fs = require("fs");
-const html = fs.readFileSync(process.argv[2], "utf8"), metrics = fs.readFileSync(process.argv[3], "utf8");
+const html = fs.readFileSync(process.argv[2], "utf8");
+const texts = process.argv.slice(3).map((f) => fs.readFileSync(f, "utf8"));
+let polls = 0, clock = 1700000000000;
+Date.now = () => clock;   // one second between polls
 const els = {};
 const el = (id) => els[id] || (els[id] = {textContent: "", innerHTML: "", hidden: false, className: "",
-  tHead: {innerHTML: ""}, tBodies: [{innerHTML: ""}], clientWidth: 600, clientHeight: 220,
+  tHead: {innerHTML: ""}, tBodies: [{innerHTML: ""}], clientWidth: 600, clientHeight: 220, dataset: {},
   getContext: () => new Proxy({}, {get: () => () => {}, set: () => true})});
 global.document = {getElementById: el, documentElement: {}};
 global.window = {devicePixelRatio: 1, addEventListener() {}};
 global.location = {search: "", host: "stub"};
 global.getComputedStyle = () => ({getPropertyValue: () => "#000"});
-global.setTimeout = () => {};
-global.fetch = async () => ({status: 200, ok: true, text: async () => metrics, headers: {get: () => null}});
+global.setTimeout = (f) => { if (polls < texts.length) setImmediate(f); else setImmediate(done); };
+global.fetch = async () => { const text = texts[polls++]; clock += 1000;
+  return {status: 200, ok: true, text: async () => text, headers: {get: () => null}}; };
 eval(html.match(/<script>([\s\S]*)<\/script>/)[1]);
-setImmediate(() => {
+function done() {
   const cells = {};
   for (const m of el("layers").tBodies[0].innerHTML.matchAll(/data-layer="(\d+)" data-kind="(\w+)"[^>]*>([^<]*)</g))
     cells[m[1] + "/" + m[2]] = m[3];
   const text = {};
   for (const [id, e] of Object.entries(els)) text[id] = e.textContent;
-  console.log(JSON.stringify({text, cells}));
-});
+  console.log(JSON.stringify({text, cells, heat: el("chart-heat").dataset}));
+}
 """
 
 
-def _run_page_script(tmp_path: Path, metrics: str) -> dict:
+def _run_page_script(tmp_path: Path, *metrics: str) -> dict:
+    """The page's script polling each metrics text in turn, one second apart."""
     import json
 
     node = shutil.which("node")
     if node is None:
         pytest.skip("node is not installed")
-    harness, text = tmp_path / "harness.js", tmp_path / "metrics.txt"
+    harness = tmp_path / "harness.js"
     harness.write_text(_NODE_HARNESS)
-    text.write_text(metrics)
+    texts = []
+    for i, m in enumerate(metrics):
+        texts.append(tmp_path / f"metrics-{i}.txt")
+        texts[-1].write_text(m)
     page = Path(__file__).resolve().parents[2] / "llama_moe" / "server" / "monitor" / "monitor.html"
-    done = subprocess.run([node, str(harness), str(page), str(text)], capture_output=True, text=True, timeout=60)
+    done = subprocess.run([node, str(harness), str(page), *map(str, texts)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
 
@@ -414,3 +431,30 @@ def test_the_page_script_shows_refused_lookups(tmp_path: Path) -> None:
     out = _run_page_script(tmp_path, older)
     assert out["text"]["refused"] == "\u2013" and "? refused, cache ? full" in out["text"]["lookups"]
     assert out["cells"]["0/rate"] == f"{c.layers[0][0] / (c.layers[0][0] + c.layers[0][2]):.2f}"
+
+
+def test_generation_comes_from_the_counters_not_the_gauge(tmp_path: Path) -> None:
+    """Five polls a second apart: tok/s is tokens over generating seconds between the counters (16 / 0.0071 a
+    step here), tokens and decodes per second of the clock too; the gauge, which llama-server resets at every
+    scrape (0 on every other poll here), is not what the tile shows."""
+    out = _run_page_script(tmp_path, *(metrics_text(i) for i in range(5)))
+    text = out["text"]
+    assert text["gen-tps"] == f"{16 / 0.0071:.0f} tok/s", text["gen-tps"]
+    assert text["gen-tokens-rate"] == f"{16 * 4:.1f}" and text["decode-rate"] == f"{20 * 4:.1f}"
+    one = _run_page_script(tmp_path, metrics_text(0))["text"]
+    assert one["gen-tps"] == "\u2013"   # one poll: no rate yet, not the gauge's 2119.84
+
+
+def test_the_heat_map_over_time_has_a_column_per_poll_and_a_row_per_layer(tmp_path: Path) -> None:
+    """Layers x time: each column the hit rate of each layer's lookups between two polls, refused included."""
+    out = _run_page_script(tmp_path, *(metrics_text(i) for i in range(4)))
+    heat = out["heat"]
+    assert heat["columns"] == "3" and heat["layers"] == str(LAYERS)
+    a, b = parse_moe_cache(metrics_text(2)), parse_moe_cache(metrics_text(3))
+    want = []
+    for il in range(LAYERS):
+        h = b.layers[il][0] - a.layers[il][0]
+        m = b.layers[il][2] - a.layers[il][2]
+        r = b.layers_refused[il] - a.layers_refused[il]
+        want.append(f"{h / (h + m + r):.2f}")
+    assert heat["newest"] == ",".join(want)

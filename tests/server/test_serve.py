@@ -1,6 +1,7 @@
 """serve (the plan and a real llama-server on 127.0.0.1) and check-api through the official clients."""
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -58,27 +59,119 @@ def test_dry_run_prints_the_command(lib, tiny_model_path) -> None:
     assert command.strip().endswith("--no-warmup")
 
 
-def test_serve_answers_the_official_clients(lib, tiny_model_path) -> None:
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def _wait_healthy(port: int, proc: subprocess.Popen, seconds: float = 60) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"serve exited with {proc.returncode}: {proc.stderr.read() if proc.stderr else ''}")
+        try:
+            if requests.get(f"http://127.0.0.1:{port}/health", timeout=2).ok:
+                return
+        except requests.ConnectionError:
+            pass
+        time.sleep(0.3)
+    pytest.fail(f"the server did not come up in {seconds:.0f} s")
+
+
+def _gone(pid: int, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return True
+        if state == "Z":   # exited; its parent (init) has not reaped it yet
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def test_serve_answers_the_official_clients_with_the_key_from_the_environment(lib, tiny_model_path) -> None:
     port = _free_port()
+    env = {**os.environ, "LLAMA_API_KEY": "sekret-in-env", "LLAMA_MOE_CACHE_DEVICE": "CPU"}
+    # no GPU here: the cache given after -- runs in RAM, and check-api checks its series too
     proc = subprocess.Popen([sys.executable, "-m", "llama_moe", "serve", str(tiny_model_path), "--ctx", "1024", "--port",
-                             str(port), "--api-key", "sekret", "--alias", "tiny", "--", "--no-warmup"],
+                             str(port), "--alias", "tiny", "--", "--no-warmup", "--moe-cache-mib", "2", "--no-repack"],
+                            env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if requests.get(f"http://127.0.0.1:{port}/health", timeout=2).ok:
-                    break
-            except requests.ConnectionError:
-                time.sleep(0.3)
-        else:
-            pytest.fail("the server did not come up in 60 s")
-        checks = check_api(f"http://127.0.0.1:{port}", api_key="sekret", model="tiny", timeout=60)
+        _wait_healthy(port, proc)
+        (child,) = _children(proc.pid)
+        argv = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
+        assert b"llama-server" in argv[0] and not any(b"sekret" in a for a in argv), argv
+        assert b"--api-key" not in argv
+        checks = check_api(f"http://127.0.0.1:{port}", api_key="sekret-in-env", model="tiny", timeout=60)
         assert [c.name for c in checks if not c.ok] == [], checks
-        assert len(checks) == 6
+        # the key, four endpoints, a wrong key refused by both, the cache's series
+        assert [c.name for c in checks][0] == "api key" and len(checks) == 8 and checks[-1].name == "moe cache"
+        assert "requests without a key are refused" in checks[0].detail
     finally:
         proc.terminate()
         try:
             proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+def test_a_killed_serve_takes_its_server_with_it(lib, tiny_model_path) -> None:
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "llama_moe", "serve", str(tiny_model_path), "--ctx", "1024", "--port",
+                             str(port), "--", "--no-warmup"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    child = None
+    try:
+        _wait_healthy(port, proc)
+        (child,) = _children(proc.pid)
+        proc.kill()   # SIGKILL: the wrapper cannot forward anything
+        proc.wait(timeout=10)
+        assert _gone(child, 30), f"llama-server (pid {child}) outlived its killed wrapper"
+        with pytest.raises(requests.ConnectionError):
+            requests.get(f"http://127.0.0.1:{port}/health", timeout=2)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if child is not None and not _gone(child, 0):
+            os.kill(child, 9)
+
+
+def test_the_plan_says_why_the_cache_is_off_without_a_gpu(tiny_model_path, monkeypatch) -> None:
+    monkeypatch.delenv("LLAMA_MOE_CACHE_DEVICE", raising=False)
+    profile = tiny_model_path.with_suffix(".strp")
+    profile.write_bytes(b"STRP")   # the plan checks only that it exists
+    plan = plan_serve(tiny_model_path, SERVER, gpu_free_mib=None, gpu_name=None, n_ctx=1024, profile=str(profile),
+                      hybrid=True)
+    text = plan.describe()
+    assert not plan.cache_on and "MoE cache off: no GPU is visible" in text
+    assert "note         --profile and --hybrid not passed: they need the MoE cache, which is off" in text
+    assert "--moe-cache-mib" not in plan.command and "--moe-cache-profile" not in plan.command
+
+
+def test_the_plan_reports_a_cache_given_after_the_double_dash(tiny_model_path, monkeypatch) -> None:
+    monkeypatch.setenv("LLAMA_MOE_CACHE_DEVICE", "CPU")
+    plan = plan_serve(tiny_model_path, SERVER, gpu_free_mib=None, gpu_name=None, n_ctx=1024,
+                      extra=("--moe-cache-mib", "2", "--no-repack"))
+    assert plan.cache_on and plan.cache_mib == 2
+    assert "MoE cache 2 MiB" in plan.describe() and "in RAM (LLAMA_MOE_CACHE_DEVICE=CPU" in plan.describe()
+    assert plan.command.count("--moe-cache-mib") == 1
+    monkeypatch.delenv("LLAMA_MOE_CACHE_DEVICE")
+    off = plan_serve(tiny_model_path, SERVER, gpu_free_mib=None, gpu_name=None, n_ctx=1024, extra=("--moe-cache-mib", "2"))
+    assert not off.cache_on and "llama-server turns a cache without one off" in off.describe()
+    gpu = plan_serve(tiny_model_path, SERVER, gpu_free_mib=10_000, gpu_name="GPU0", n_ctx=1024,
+                     extra=("--moe-cache-mib=3",))
+    assert gpu.cache_mib == 3 and "replaces the fitted" in gpu.describe() and gpu.command.count("--moe-cache-mib") == 0
+    for bad, msg in ((("--moe-cache-mib", "abc"), "not a number"), (("--moe-cache-mib",), "needs a value"),
+                     (("--api-key", "k"), "LLAMA_API_KEY")):
+        with pytest.raises(ServePlanError, match=msg):
+            plan_serve(tiny_model_path, SERVER, gpu_free_mib=None, gpu_name=None, n_ctx=1024, extra=bad)
+
+
+def test_the_key_is_never_in_the_plan(tiny_model_path) -> None:
+    plan = plan_serve(tiny_model_path, SERVER, gpu_free_mib=10_000, gpu_name="GPU0", n_ctx=1024, api_key="sekret")
+    assert plan.api_key_env and "sekret" not in plan.describe() and "sekret" not in " ".join(plan.command)
+    assert "LLAMA_API_KEY=(the key, hidden)" in plan.describe()

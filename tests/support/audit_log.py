@@ -56,11 +56,17 @@ class Run:
         self._decode(3, 9, refused=4)   # the warmup and the context probe fall between load and ready
         return self._base("ready")
 
-    def request(self, hits: int, misses: int, profile: int = 0, slot: int = 0, refused: int = 0) -> dict:
+    def request(self, hits: int, misses: int, profile: int = 0, slot: int = 0, refused: int = 0,
+                own: bool = False) -> dict:
+        """own: with the own_* counters of later builds, here the request's own lookups (no overlap)."""
         moved = self._decode(hits, misses, profile, refused)
         self.task += 1
-        return {**self._base("request"), "slot": slot, "task": self.task, "n_prompt": 8, "n_gen": 16,
-                "t_prompt_ms": 5.9, "t_gen_ms": 7.1, **{"req_" + k: v for k, v in moved.items()}}
+        rec = {**self._base("request"), "slot": slot, "task": self.task, "n_prompt": 8, "n_gen": 16,
+               "t_prompt_ms": 5.9, "t_gen_ms": 7.1, **{"req_" + k: v for k, v in moved.items()}}
+        if own:
+            rec.update(own_hits=moved["hits"], own_misses=moved["misses"], own_refused=moved["refused"],
+                       own_bytes_upload=moved["bytes_upload"], own_bytes_cpu=moved["bytes_cpu"])
+        return rec
 
     def exit(self) -> dict:
         return {**self._base("exit"), "layers": self._layers(),

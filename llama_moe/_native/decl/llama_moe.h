@@ -37,6 +37,25 @@ int32_t llama_moe_cache_get_resident(const struct llama_context * ctx, int32_t i
 int32_t llama_moe_cache_rebalance(struct llama_context * ctx, int32_t max_swaps);
 int32_t llama_moe_cache_admit_experts(struct llama_context * ctx, int32_t il, const int32_t * experts, int32_t n);
 
+struct llama_moe_cache_seq_stats {
+    uint64_t n_hit;
+    uint64_t n_miss;
+    uint64_t n_refused;
+    uint64_t n_bytes_upload;
+    uint64_t n_bytes_cpu;
+};
+
+struct llama_moe_cache_info {
+    char    device[128];
+    char    profile_error[256];
+    bool    profile_refused;
+    int32_t n_slots_layer;
+    int32_t n_layers;
+};
+
+bool llama_moe_cache_get_seq_stats(const struct llama_context * ctx, int32_t seq_id, struct llama_moe_cache_seq_stats * stats);
+bool llama_moe_cache_get_info(const struct llama_context * ctx, struct llama_moe_cache_info * info);
+
 void    llama_moe_trace_start(struct llama_context * ctx);
 void    llama_moe_trace_stop(struct llama_context * ctx);
 int64_t llama_moe_trace_get(const struct llama_context * ctx, int32_t * data, int64_t n_max);

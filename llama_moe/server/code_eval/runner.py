@@ -114,6 +114,9 @@ def serve_and_evaluate(model: Path, tasks: Sequence[Task], suite: str, port: int
     plan = plan_for_gpu(model, n_ctx=ctx, profile=profile, hybrid=hybrid, api_key=api_key, port=port, extra=extra)
     log(plan.describe())
     work = Path(tempfile.mkdtemp(prefix="code-eval-"))
-    with launch(plan.command, url, work / "server.log", timeout=600) as server:
+    from ..plan import API_KEY_ENV
+
+    env = {API_KEY_ENV: api_key} if api_key else None
+    with launch(plan.command, url, work / "server.log", env=env, timeout=600) as server:
         log(f"serving at {server.url} (log: {server.log})")
         return evaluate(url, tasks, suite, max_tokens, api_key, log)

@@ -34,6 +34,11 @@ using json = nlohmann::ordered_json;
 
 static constexpr double MiB = 1024.0*1024.0;
 
+static bool profile_refused(const llama_context * ctx) {
+    llama_moe_cache_info info;
+    return ctx != nullptr && llama_moe_cache_get_info(ctx, &info) && info.profile_refused;
+}
+
 //
 // metrics
 //
@@ -66,6 +71,8 @@ std::string common_moe_cache_metrics(const llama_context * ctx) {
         { "moe_cache_prefilled", "MoE cache: slots the profile filled at load", (double) s.n_prefilled },
         { "moe_cache_bytes",     "MoE cache: device memory of the cache", (double) s.n_bytes_cache },
         { "moe_cache_hybrid",    "MoE cache: 1 with --moe-cache-hybrid", s.hybrid ? 1.0 : 0.0 },
+        { "moe_cache_profile_refused", "MoE cache: 1 when the profile given was refused (the log and the audit log say why)",
+          profile_refused(ctx) ? 1.0 : 0.0 },
     };
     std::ostringstream out;
     out.precision(17);
@@ -94,6 +101,26 @@ std::string common_moe_cache_metrics(const llama_context * ctx) {
             << "# TYPE llamacpp:" << series.name << " counter\n";
         for (int32_t i = 0; i < n; ++i) {
             out << "llamacpp:" << series.name << "{layer=\"" << layers[i].il << "\"} " << layers[i].*series.field << "\n";
+        }
+    }
+    // each sequence's share (llama-server: a slot's; the slots' add up to the totals above, admissions aside)
+    const uint32_t n_seq = llama_n_seq_max(ctx);
+    std::vector<llama_moe_cache_seq_stats> seqs(n_seq);
+    for (uint32_t q = 0; q < n_seq; ++q) {
+        llama_moe_cache_get_seq_stats(ctx, (llama_seq_id) q, &seqs[q]);
+    }
+    const struct { const char * name; const char * help; uint64_t llama_moe_cache_seq_stats::* field; } per_seq[] = {
+        { "moe_cache_seq_hits_total",         "MoE cache: hits charged to each sequence (llama-server: slot)",    &llama_moe_cache_seq_stats::n_hit },
+        { "moe_cache_seq_misses_total",       "MoE cache: misses charged to each sequence",                       &llama_moe_cache_seq_stats::n_miss },
+        { "moe_cache_seq_refused_total",      "MoE cache: refused selections charged to each sequence",           &llama_moe_cache_seq_stats::n_refused },
+        { "moe_cache_seq_upload_bytes_total", "MoE cache: bytes uploaded for each sequence's misses",             &llama_moe_cache_seq_stats::n_bytes_upload },
+        { "moe_cache_seq_cpu_bytes_total",    "MoE cache: bytes the CPU read for each sequence's misses (hybrid)", &llama_moe_cache_seq_stats::n_bytes_cpu },
+    };
+    for (const auto & series : per_seq) {
+        out << "# HELP llamacpp:" << series.name << " " << series.help << "\n"
+            << "# TYPE llamacpp:" << series.name << " counter\n";
+        for (uint32_t q = 0; q < n_seq; ++q) {
+            out << "llamacpp:" << series.name << "{seq=\"" << q << "\"} " << seqs[q].*series.field << "\n";
         }
     }
     return out.str();
@@ -196,9 +223,41 @@ void append(const llama_context * ctx, const json & rec) {
 
 } // namespace
 
+// one line at load, at default verbosity: what the operator asked for and what the context has
+static void log_load(const llama_context * ctx, const common_params & params) {
+    llama_moe_cache_stats s;
+    llama_moe_cache_info info;
+    const bool on = ctx != nullptr && llama_moe_cache_get_stats(ctx, &s) && llama_moe_cache_get_info(ctx, &info);
+    if (!on) {
+        if (params.moe_cache_mib > 0) {
+            LOG_WRN("llama_moe: MoE cache off: --moe-cache-mib %g asked for one, but the context has none (the warning "
+                    "above says why)%s\n", params.moe_cache_mib,
+                    params.moe_cache_profile.empty() ? "" : "; the profile is not used");
+        }
+        return;
+    }
+    const char * mode = !s.hybrid ? "upload mode" : params.moe_cache_adaptive ? "hybrid, adaptive" :
+                        params.moe_cache_admit > 0 ? "hybrid, admitting" : "hybrid";
+    std::string profile = "no profile";
+    if (!params.moe_cache_profile.empty()) {
+        profile = info.profile_refused
+            ? "profile " + params.moe_cache_profile + " refused: " + info.profile_error + "; the cache starts empty"
+            : "profile " + params.moe_cache_profile + ": " + std::to_string(s.n_prefilled) + " experts prefilled";
+    }
+    LOG_INF("llama_moe: MoE cache on: %.2f MiB, %d slots per layer in %d layers (%" PRIu64 " in all), %s, on %s, %s\n",
+            s.n_bytes_cache / MiB, info.n_slots_layer, info.n_layers, s.n_slots, mode, info.device, profile.c_str());
+}
+
 void common_moe_audit_load(const llama_context * ctx, const common_params & params, double load_ms) {
+    log_load(ctx, params);
     if (params.moe_cache_audit.empty() || ctx == nullptr) {
         return;
+    }
+    llama_moe_cache_stats any;
+    if (!llama_moe_cache_get_stats(ctx, &any)) {
+        // still written (load, ready, requests, exit), but every counter in it stays 0
+        LOG_WRN("llama_moe: --moe-cache-audit %s: the context has no MoE cache (--moe-cache-mib N with --cpu-moe or "
+                "--n-cpu-moe), so the audit log's counters all stay 0\n", params.moe_cache_audit.c_str());
     }
     {
         std::lock_guard<std::mutex> lock(g_audit_mutex);
@@ -241,6 +300,10 @@ void common_moe_audit_load(const llama_context * ctx, const common_params & para
             const std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
             profile = { { "path", params.moe_cache_profile }, { "bytes", (int64_t) data.size() },
                         { "sha256", hash_sha256_hex(data.data(), data.size()) } };
+            llama_moe_cache_info info;
+            if (llama_moe_cache_get_info(ctx, &info) && info.profile_refused) {
+                profile["refused"] = info.profile_error; // read, but the engine did not fill the cache from it
+            }
         }
     }
     llama_moe_cache_stats s = {};
@@ -302,9 +365,13 @@ void common_moe_audit_exit(const llama_context * ctx) {
 // requests
 //
 
-common_moe_cache_request common_moe_cache_request_begin(const llama_context * ctx) {
+common_moe_cache_request common_moe_cache_request_begin(const llama_context * ctx, llama_seq_id seq) {
     common_moe_cache_request req;
     req.valid = ctx != nullptr && llama_moe_cache_get_stats(ctx, &req.start);
+    req.seq   = seq;
+    if (req.valid && seq >= 0) {
+        llama_moe_cache_get_seq_stats(ctx, seq, &req.own_start);
+    }
     return req;
 }
 
@@ -322,16 +389,30 @@ void common_moe_cache_request_end(const llama_context * ctx, const common_moe_ca
     const uint64_t cpu    = now.n_bytes_cpu    - req.start.n_bytes_cpu;
     const uint64_t looked = hits + misses + refused;
     const double   rate   = looked ? 100.0 * hits / looked : 0.0;
+    // the request's own share: its sequence's counters moved while it ran (zeros without a sequence)
+    llama_moe_cache_seq_stats own = {};
+    if (req.seq >= 0 && llama_moe_cache_get_seq_stats(ctx, req.seq, &own)) {
+        own.n_hit          -= req.own_start.n_hit;
+        own.n_miss         -= req.own_start.n_miss;
+        own.n_refused      -= req.own_start.n_refused;
+        own.n_bytes_upload -= req.own_start.n_bytes_upload;
+        own.n_bytes_cpu    -= req.own_start.n_bytes_cpu;
+    }
+    const uint64_t own_looked = own.n_hit + own.n_miss + own.n_refused;
+    const double   own_rate   = own_looked ? 100.0 * own.n_hit / own_looked : 0.0;
+    // the own part follows the context's, so that a reader of the line before it still matches
     if (now.hybrid) {
-        LOG_INF("MoE cache hits = %.1f %% (hybrid: %" PRIu64 " on the GPU, %" PRIu64 " on the CPU, which read %.1f MiB)\n",
-                rate, hits, misses, cpu / MiB);
+        LOG_INF("MoE cache hits = %.1f %% (hybrid: %" PRIu64 " on the GPU, %" PRIu64 " on the CPU, which read %.1f MiB); "
+                "own: %.1f %% (%" PRIu64 " on the GPU, %" PRIu64 " on the CPU, which read %.1f MiB)\n",
+                rate, hits, misses, cpu / MiB, own_rate, own.n_hit, own.n_miss, own.n_bytes_cpu / MiB);
     } else {
         // the uploads' share of the request's time is not measured: the rate is bytes over the request's time
         const double seconds = (t_prompt_ms + t_gen_ms) / 1e3;
         // the refused count follows the parenthesis, so that a reader of the line before it still matches
         LOG_INF("MoE cache hits = %.1f %% (%" PRIu64 " hit, %" PRIu64 " from the profile, %" PRIu64 " uploaded: %.1f MiB, %.2f GiB/s), "
-                "%" PRIu64 " refused\n",
-                rate, hits, prof, misses, up / MiB, seconds > 0 ? up / (1024.0 * MiB) / seconds : 0.0, refused);
+                "%" PRIu64 " refused; own: %.1f %% (%" PRIu64 " hit, %" PRIu64 " uploaded: %.1f MiB, %" PRIu64 " refused)\n",
+                rate, hits, prof, misses, up / MiB, seconds > 0 ? up / (1024.0 * MiB) / seconds : 0.0, refused,
+                own_rate, own.n_hit, own.n_miss, own.n_bytes_upload / MiB, own.n_refused);
     }
     json rec = record("request", ctx);
     rec["slot"]             = slot;
@@ -346,5 +427,10 @@ void common_moe_cache_request_end(const llama_context * ctx, const common_moe_ca
     rec["req_refused"]      = refused;
     rec["req_bytes_upload"] = up;
     rec["req_bytes_cpu"]    = cpu;
+    rec["own_hits"]         = own.n_hit;
+    rec["own_misses"]       = own.n_miss;
+    rec["own_refused"]      = own.n_refused;
+    rec["own_bytes_upload"] = own.n_bytes_upload;
+    rec["own_bytes_cpu"]    = own.n_bytes_cpu;
     append(ctx, rec);
 }

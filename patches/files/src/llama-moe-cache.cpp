@@ -188,8 +188,12 @@ std::unique_ptr<llama_moe_cache> llama_moe_cache::create(const llama_model & mod
     const size_t budget = params.size > maps + null_slots ? params.size - maps - null_slots : 0;
     const int64_t slots = (int64_t) (budget / per_slot_row);
     if (slots < 1) {
-        LLAMA_LOG_WARN("llama_moe_cache: %.2f MiB cannot hold one expert per layer (%zu layers need %.2f MiB); the cache is off\n",
-                       params.size / MiB, cache->layers.size(), (per_slot_row + maps) / MiB);
+        // the real requirement: one slot per layer, every layer's expert map, and the hybrid's null slot per layer
+        LLAMA_LOG_WARN("llama_moe_cache: %.2f MiB cannot hold one expert per layer: %zu layers need at least %.2f MiB "
+                       "(%.2f MiB for one expert each, %.2f MiB of expert maps%s); the cache is off\n",
+                       params.size / MiB, cache->layers.size(), std::ceil((per_slot_row + maps + null_slots) / MiB * 100) / 100, // rounded up: enough
+                       per_slot_row / MiB, maps / MiB,
+                       params.hybrid ? ", and the hybrid's zero-filled null slot in each layer as large again" : "");
         return nullptr;
     }
 
@@ -490,6 +494,7 @@ void llama_moe_cache::prefill(const std::string & path, uint32_t n_layer) {
     const uint32_t n_expert = (uint32_t) layers[0].n_expert;
     if (!llama_moe_profile_load(path, n_layer, n_expert, profile, err)) {
         LLAMA_LOG_WARN("%s: MoE cache profile %s refused: %s; the cache starts empty\n", __func__, path.c_str(), err.c_str());
+        profile_error = err; // for the load line, /metrics and the audit log (llama_moe_cache_get_info)
         return;
     }
     std::vector<int> index_of(n_layer, -1);
@@ -617,6 +622,7 @@ void llama_moe_cache::lookup(llama_moe_cache_layer & l, ggml_tensor * remap) {
                         l.last_use[s] = now;
                         l.n_hit++;
                         l.n_hit_profile += l.from_profile[s];
+                        acct.charge(t, llama_moe_accounting::HIT, 0, 0); // per-request accounting
                     }
                     continue;
                 }
@@ -637,6 +643,7 @@ void llama_moe_cache::lookup(llama_moe_cache_layer & l, ggml_tensor * remap) {
                 l.last_use[victim] = now;
                 l.n_miss++;
                 n_bytes_upload += l.expert_bytes;
+                acct.charge(t, llama_moe_accounting::MISS, l.expert_bytes, 0); // per-request accounting
                 changed = true;
             }
         }
@@ -693,6 +700,9 @@ void llama_moe_cache::count_refused(llama_moe_cache_layer & l, const ggml_tensor
     for (int64_t i = 0; i < n; ++i) {
         const int32_t e = ids_host[i];
         GGML_ASSERT(e >= 0 && e < l.n_expert);
+        if (!seen[e]) { // per-request accounting: the flat ids are [n_expert_used, n_tokens]
+            acct.charge(i / std::max<int64_t>(l.n_used, 1), llama_moe_accounting::REFUSED, 0, 0);
+        }
         refused += !seen[e];
         seen[e] = 1;
     }
@@ -745,6 +755,7 @@ void llama_moe_cache::count_hybrid_locked(llama_moe_cache_layer & l, const int32
                     l.last_use[s] = now;
                     l.n_hit++;
                     l.n_hit_profile += l.from_profile[s];
+                    acct.charge(t, llama_moe_accounting::HIT, 0, 0); // per-request accounting
                     if (!l.heat.empty()) {
                         l.heat[e] += 1.0;
                     }
@@ -757,6 +768,7 @@ void llama_moe_cache::count_hybrid_locked(llama_moe_cache_layer & l, const int32
                     admit_pending = true;
                 }
                 n_bytes_cpu += l.expert_bytes;
+                acct.charge(t, llama_moe_accounting::MISS, 0, l.expert_bytes); // per-request accounting
                 if (!l.heat.empty()) {
                     l.heat[e] += 1.0;
                 }

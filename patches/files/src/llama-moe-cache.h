@@ -5,6 +5,7 @@
 // pool in arrival order hands every slot to the first layers.
 
 #include "llama.h"
+#include "llama-moe-accounting.h"
 #include "ggml-backend.h"
 
 #include <cstdint>
@@ -157,6 +158,12 @@ struct llama_moe_cache {
     size_t buffer_size() const;
     ggml_backend_buffer_type_t buffer_type() const;
 
+    // Per-sequence accounting (llama-moe-accounting.h): the owners of the ubatch about to be computed, and a
+    // sequence's share of the counters. The cache's device and whether its profile was refused, and why.
+    void set_owners(const llama_ubatch & ubatch);
+    llama_moe_cache_seq_stats get_seq_stats(llama_seq_id seq) const;
+    void get_info(llama_moe_cache_info * out) const;
+
 private:
     llama_moe_cache() = default;
 
@@ -211,6 +218,9 @@ private:
     int64_t  next_fill = LLAMA_MOE_ADAPT_FILL_EVERY, next_swap = LLAMA_MOE_ADAPT_PERIOD;
     uint64_t n_prefilled = 0;
     uint64_t n_slots_total = 0;
+
+    llama_moe_accounting acct;   // the sequences' shares of the counters
+    std::string profile_error;   // why the profile was refused, "" when it was used or none was given
 
     // statistics are read from other threads while a decode runs
     mutable std::mutex mutex;
