@@ -143,3 +143,20 @@ def test_the_command_line_says_a_cache_other_than_asked(lib, tiny_model_path: Pa
                 env={"LLAMA_MOE_TEST_DEVICE_FREE_KIB": "1"})
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "MoE cache    OFF: asked for, but llama.cpp went on without it: CPU has 0.00 MiB free" in proc.stdout, proc.stdout
+
+
+def test_every_command_prints_a_cache_warning_as_one_line(capsys) -> None:
+    """The display every command runs under (llama_moe.cli.main): a MoeCacheWarning is one line on stderr each time
+    it is raised, at any verbosity; other warnings keep Python's display; the display ends with the command."""
+    from llama_moe.cli import show_cache_warnings
+
+    before = warnings.showwarning
+    with warnings.catch_warnings():
+        show_cache_warnings("llama_moe bench")
+        for _ in range(2):
+            warnings.warn("the MoE expert cache is not as asked: 2.00 MiB asked", MoeCacheWarning)
+        warnings.warn("something else", UserWarning)
+    assert warnings.showwarning is before
+    err = capsys.readouterr().err.splitlines()
+    ours = [line for line in err if line.startswith("llama_moe bench: warning: ")]
+    assert ours == ["llama_moe bench: warning: the MoE expert cache is not as asked: 2.00 MiB asked"] * 2, err

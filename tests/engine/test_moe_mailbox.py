@@ -222,6 +222,8 @@ def test_a_failed_decode_leaves_the_context_as_before_and_one_timeout_ends_it(li
     times out raises the shared abort flag, so every later wait of the same decode gives up at once (one timeout,
     said in the log), and the failed decode takes its tokens out of the KV cache: the prompt decodes again from
     position 0, and generation goes on with the tokens of no cache."""
+    import time
+
     from llama_moe.errors import NativeCallError
 
     caplog.set_level(logging.INFO, logger="llama_moe.native")
@@ -234,8 +236,11 @@ def test_a_failed_decode_leaves_the_context_as_before_and_one_timeout_ends_it(li
         cp = ContextParams(n_ctx=512, n_batch=8, n_ubatch=1, moe_cache_hybrid=True,
                            moe_cache_mib=mib_for_slots(tiny_model_path, 4, hybrid=True))
         with Context(model, cp) as ctx:
+            t0 = time.monotonic()
             with pytest.raises(NativeCallError, match=r"mailbox: layer 3: the CPU's part did not come within"):
                 ctx.decode(prompt[:8])
+            # one timeout for the decode, not one per ubatch (eight here: 3.2 s); the margin is the machine's
+            assert time.monotonic() - t0 < 5 * 0.4, time.monotonic() - t0
             assert ctx.n_past == 0
             assert re.search(r"mailbox: \d+ later layers did not wait for the CPU side after that", caplog.text), caplog.text
             ctx.decode(prompt)  # from position 0 again: the failed decode left nothing in the KV cache
