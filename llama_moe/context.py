@@ -3,20 +3,19 @@ from __future__ import annotations
 
 import os
 import time
-import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import numpy as np
 
 from ._native import check as _check
-from ._native.cache_status import cache_off_reason, check_cache_fits
+from ._native.cache_status import read_status, warn_status
 from ._native.ffi import ffi
 from ._native.handle import NativeHandle
-from .errors import MoeCacheWarning, NativeCallError, ParameterError
+from .errors import NativeCallError, ParameterError
 from .model import Model
 from .params import ContextParams, check_sampling
-from .stats import LayerStats, MoeCacheStats
+from .stats import LayerStats, MoeCacheStats, MoeCacheStatus
 from .formats.trace import RoutingRecord, parse_stream
 
 if TYPE_CHECKING:
@@ -134,17 +133,27 @@ class Context(NativeHandle):
     def _create(self, model: Model, held: Any, native: Any) -> Any:
         lib = model._lib
         model.check_file()  # a memory-mapped file truncated since the load would crash the warm-up decode
-        if self.params.moe_cache_mib > 0:
-            check_cache_fits(model, self.params)
         _check.begin()
         ptr = _check.check_ptr(lib.llama_init_from_model(held.ptr, native), "llama_init_from_model",
                                "could not create the context")
-        # Why the MoE cache asked for is off (llama.cpp goes on without it), or None
-        self.moe_cache_off_reason = cache_off_reason(lib, ptr) if self.params.moe_cache_mib > 0 else None
-        if self.moe_cache_off_reason is not None:
-            warnings.warn(f"moe_cache_mib={self.params.moe_cache_mib:g} asked for a MoE expert cache, but the context "
-                          f"has none: {self.moe_cache_off_reason}", MoeCacheWarning, stacklevel=3)
+        # what the engine made of the cache asked for: read once, it does not change while the context lives
+        self._cache_status = read_status(lib, ptr)
+        if self.params.moe_cache_mib > 0:  # without a size, ContextParams.validate has said what does nothing
+            warn_status(self._cache_status, self.params.moe_cache_mib, stacklevel=3)
         return ptr
+
+    def cache_status(self) -> MoeCacheStatus:
+        """What became of the MoE cache asked for: on, partial or off, why, on which device, with how many slots
+        per layer, in which mode (see MoeCacheStatus)."""
+        with self._lock:
+            self._live()
+            return self._cache_status
+
+    @property
+    def moe_cache_off_reason(self) -> str | None:
+        """Why the MoE cache asked for is off (the engine's words), or None when there is one or none was asked."""
+        s = self._cache_status
+        return s.text if s.state == "off" and self.params.moe_cache_mib > 0 else None
 
     @property
     def n_ctx(self) -> int:

@@ -56,6 +56,51 @@ class MoeCacheStats(HitRate):
                    int(s.n_bytes_cache), int(s.n_swap), int(s.n_refused), int(s.n_resident), int(s.n_admit))
 
 
+# llama.h's enums, by their names here
+CACHE_STATES = ("off", "on", "partial")
+CACHE_MODES = ("none", "upload", "hybrid", "adaptive")
+CACHE_REASONS = ("no_size", "no_device", "no_layer", "too_small", "no_room", "fewer_slots", "layers_skipped",
+                 "profile_refused", "option_ignored", "stays_empty")  # bit i of llama_moe_cache_status.reasons
+
+
+@dataclass(frozen=True)
+class MoeCacheStatus:
+    """What became of the MoE cache asked for, as the engine decided it when the context was created
+    (``llama_moe_cache_get_status``). ``state`` is "on" (as asked), "partial" (a cache, other than asked) or "off";
+    ``reasons`` names every condition that made it so (``CACHE_REASONS``), ``reason`` the first, ``text`` says them
+    in words; ``mode`` is the cache made ("upload", "hybrid", "adaptive", or "none" when off)."""
+
+    state: str
+    reason: str | None
+    reasons: tuple[str, ...]
+    text: str
+    mode: str
+    mailbox: bool
+    device: str
+    n_slots: int
+    n_slots_asked: int
+    n_layers: int
+    n_layers_whole: int
+    n_bytes: int
+
+    @property
+    def as_asked(self) -> bool:
+        return not self.reasons
+
+    @classmethod
+    def _from_native(cls, s: Any, ffi: Any) -> "MoeCacheStatus":
+        bits = int(s.reasons)
+        reasons = tuple(name for i, name in enumerate(CACHE_REASONS) if bits >> i & 1)
+        first = int(s.reason)
+        reason = CACHE_REASONS[first.bit_length() - 1] if first > 0 and first.bit_length() <= len(CACHE_REASONS) else None
+        state, mode = int(s.state), int(s.mode)
+        return cls(CACHE_STATES[state] if 0 <= state < len(CACHE_STATES) else f"unknown ({state})", reason, reasons,
+                   ffi.string(s.text).decode("utf-8", "replace"),
+                   CACHE_MODES[mode] if 0 <= mode < len(CACHE_MODES) else f"unknown ({mode})", bool(s.mailbox),
+                   ffi.string(s.device).decode("utf-8", "replace"), int(s.n_slots), int(s.n_slots_asked),
+                   int(s.n_layers), int(s.n_layers_whole), int(s.n_bytes))
+
+
 @dataclass(frozen=True)
 class LayerStats(HitRate):
     il: int
@@ -83,9 +128,9 @@ def lookups_line(n_hit: int, n_miss: int, n_refused: int, hybrid: bool, n_swap: 
             f"{n_refused} refused, cache {full}% full)")
 
 
-def cache_lines(c: Any, off_reason: str | None = None) -> list[str]:
+def cache_lines(c: Any, off_reason: str | None = None, not_as_asked: str | None = None) -> list[str]:
     """The MoE cache's summary lines, the same for a context's MoeCacheStats and a server's MoeCacheMetrics
-    (None: no cache; with ``off_reason``: asked for, and off)."""
+    (None: no cache; with ``off_reason``: asked for, and off; with ``not_as_asked``: a cache, other than asked)."""
     if c is None and off_reason:
         return [f"MoE cache    OFF: asked for, but llama.cpp went on without it: {off_reason}"]
     if c is None:
@@ -97,5 +142,6 @@ def cache_lines(c: Any, off_reason: str | None = None) -> list[str]:
     if c.hybrid and admit:
         moved += f"; {admit} admitted between decodes ({c.n_bytes_upload / 2**20:.2f} MiB uploaded)"
     return [f"MoE cache    {mode} mode, {c.n_bytes_cache / 2**20:.2f} MiB, {c.n_slots} slots, {c.n_prefilled} prefilled by the profile",
+            *([f"             NOT AS ASKED: {not_as_asked}"] if not_as_asked else []),
             f"             hit rate {c.hit_rate:.3f} ({c.n_hit} hits, {c.n_hit_profile} from the profile, {c.n_miss} misses), {moved}",
             "             " + lookups_line(c.n_hit, c.n_miss, c.n_refused, c.hybrid, c.n_swap, c.n_resident, c.n_slots, admit)]

@@ -60,6 +60,12 @@ def _check_abi(lib: Any, path: Path) -> None:
         problems.append(f"sizeof(llama_context_params) is {ctx_size}, declared {ffi.sizeof('struct llama_context_params')}")
     if model_size != ffi.sizeof("struct llama_model_params"):
         problems.append(f"sizeof(llama_model_params) is {model_size}, declared {ffi.sizeof('struct llama_model_params')}")
+    try:
+        status_size = lib.llama_moe_cache_status_size()
+    except AttributeError:  # a library older than the call: its ABI version already says so
+        status_size = ffi.sizeof("struct llama_moe_cache_status")
+    if status_size != ffi.sizeof("struct llama_moe_cache_status"):
+        problems.append(f"sizeof(llama_moe_cache_status) is {status_size}, declared {ffi.sizeof('struct llama_moe_cache_status')}")
     if problems:
         raise AbiMismatchError(f"{path}: " + "; ".join(problems) +
                                ". Rebuild it with 'python -m llama_moe build' (the library and the package must match)")

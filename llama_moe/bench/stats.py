@@ -32,6 +32,7 @@ class StatsReport:
     cache: MoeCacheStats | None
     cache_layers: tuple[LayerStats, ...]
     cache_off_reason: str | None = None  # a cache was asked for, and llama.cpp went on without it: why
+    cache_not_as_asked: str | None = None  # a cache, but other than asked (fewer slots, a refused profile...): how
     tokens: tuple[int, ...] = ()  # the generated tokens
 
 
@@ -67,7 +68,7 @@ def _run_one(model: Model, model_path: Path, model_params: ModelParams, layout: 
     from .._native import loader as _loader
 
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", MoeCacheWarning)  # the report says it (cache_off_reason)
+        warnings.simplefilter("ignore", MoeCacheWarning)  # the report says it (cache_off_reason, cache_not_as_asked)
         ctx = Context(model, ctx_params)
     with ctx:
         # A warm-up decode, so that one-time allocations do not count against the prompt.
@@ -80,10 +81,12 @@ def _run_one(model: Model, model_path: Path, model_params: ModelParams, layout: 
                      f"layers 0..{model_params.n_cpu_moe - 1} (n_cpu_moe)" if model_params.n_cpu_moe else
                      "none (experts on the default device)")
         manifest = _loader.manifest()
+        status = ctx.cache_status()
         return StatsReport(str(model_path), model.description, str(_loader.library_path()),
                            manifest.get("variant", "?"), placement, layout, perf.n_prompt, perf.n_gen,
                            perf.prompt_tps, perf.gen_tps, completion.text, ctx.moe_cache_stats(),
-                           tuple(ctx.layer_stats()), ctx.moe_cache_off_reason, completion.tokens)
+                           tuple(ctx.layer_stats()), ctx.moe_cache_off_reason,
+                           status.text if status.state == "partial" else None, completion.tokens)
 
 
 @dataclass(frozen=True)
@@ -110,7 +113,7 @@ def format_report(r: StatsReport) -> str:
         f"prompt       {r.n_prompt} tokens at {r.prompt_tps:.1f} tok/s",
         f"generation   {r.n_gen} tokens at {r.gen_tps:.1f} tok/s",
     ]
-    lines += cache_lines(c, r.cache_off_reason)
+    lines += cache_lines(c, r.cache_off_reason, r.cache_not_as_asked)
     header = "layer  experts  used/token  bytes/expert  expert type"
     lines += ["", header + ("  slots   hits  misses  refused  hit rate" if c is not None else "")]
     per_layer = {l.il: l for l in r.cache_layers}
@@ -151,7 +154,7 @@ def format_comparison(c: Comparison, where: str | None = None) -> str:
                      "rounds differently from the CPU" if r.cache is not None else
                      f"tokens       DIFFERENT from generated token {c.n_same} on (of {len(r.tokens)})")
     lines.append("")
-    lines += cache_lines(r.cache, r.cache_off_reason)
+    lines += cache_lines(r.cache, r.cache_off_reason, r.cache_not_as_asked)
     s = r.cache
     if s is not None and s.n_lookup:
         moved = (f"the CPU computed the {s.n_miss + s.n_refused} others" if s.hybrid else

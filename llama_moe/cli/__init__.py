@@ -13,9 +13,10 @@ import logging
 import math
 import os
 import sys
+import warnings
 from typing import Callable, NoReturn
 
-from ..errors import LlamaMoeError, ParameterError
+from ..errors import LlamaMoeError, MoeCacheWarning, ParameterError
 
 EXIT_ERROR = 2  # an input the command cannot use (argparse's own status for a bad command line)
 
@@ -133,6 +134,12 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("llama_moe.native").setLevel(logging.DEBUG if args.verbose >= 2 else
                                                    logging.INFO if args.verbose else logging.WARNING)
     name = " ".join(x for x in ("llama_moe", args.command, getattr(args, "audit_command", None)) if x)
+    with warnings.catch_warnings():  # the display is this command's, and ends with it
+        show_cache_warnings(name)
+        return _run(parser, args, name)
+
+
+def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, name: str) -> int:
     try:
         from .common import check_output_dir, check_output_file, check_profile_file
 
@@ -156,6 +163,22 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_ERROR
     except KeyboardInterrupt:
         return 130
+
+
+def show_cache_warnings(name: str) -> None:
+    """A MoeCacheWarning (the cache asked for is off, or other than asked) is one line on stderr at any verbosity,
+    ``llama_moe COMMAND: warning: ...``, each time it is raised; other warnings keep Python's display."""
+    shown = warnings.showwarning
+
+    def show(message: Warning | str, category: type[Warning], filename: str, lineno: int, file: object = None,
+             line: str | None = None) -> None:
+        if issubclass(category, MoeCacheWarning):
+            print(f"{name}: warning: {message}", file=sys.stderr)
+        else:
+            shown(message, category, filename, lineno, file, line)  # type: ignore[arg-type]
+
+    warnings.showwarning = show  # type: ignore[assignment]
+    warnings.simplefilter("always", MoeCacheWarning)
 
 
 def one_line(exc: BaseException, verbose: int = 0) -> str:

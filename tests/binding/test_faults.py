@@ -18,7 +18,6 @@ from llama_moe import Context, ContextParams, Model, ModelLoadError, ModelParams
 from llama_moe.cli import main
 from llama_moe.errors import ServePlanError
 from llama_moe.server.plan import plan_serve
-from llama_moe.devices import Device
 from llama_moe.experts import expert_layout
 from llama_moe.formats.profile import Profile, write_profile
 
@@ -114,7 +113,7 @@ def test_no_gpu_for_the_cache_warns_and_runs_without_it(no_gpu, tiny_model_path,
     monkeypatch.delenv("LLAMA_MOE_CACHE_DEVICE", raising=False)
     with Model(tiny_model_path, RAM) as model:
         with pytest.warns(MoeCacheWarning, match=r"moe_cache_mib=2 asked for a MoE expert cache, but the context has "
-                                                 r"none: llama_moe_cache: no GPU to hold the cache; it is off"):
+                                                 r"none: no GPU to hold the cache; it is off"):
             ctx = Context(model, ContextParams(n_ctx=256, moe_cache_mib=2, moe_cache_hybrid=True))
         with ctx:
             assert ctx.moe_cache_stats() is None and ctx.layer_stats() == []
@@ -135,7 +134,7 @@ def test_stats_says_the_cache_is_off_and_why(no_gpu, tiny_model_path) -> None:
                            "--no-repack", "-n", "4"], capture_output=True, text=True, timeout=120,
                           env={**env, "CUDA_VISIBLE_DEVICES": ""})
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert ("MoE cache    OFF: asked for, but llama.cpp went on without it: llama_moe_cache: no GPU to hold the cache; "
+    assert ("MoE cache    OFF: asked for, but llama.cpp went on without it: no GPU to hold the cache; "
             "it is off (LLAMA_MOE_CACHE_DEVICE=CPU runs it in RAM, for testing)") in proc.stdout
     assert "Traceback" not in proc.stderr and "MoeCacheWarning" not in proc.stderr  # said once, in the report
 
@@ -185,25 +184,7 @@ def test_a_cache_too_small_for_one_expert_per_layer_warns(lib, tiny_model_path, 
             Context(model, ContextParams(n_ctx=256, moe_cache_mib=0.01)).close()
 
 
-def _fake_gpu(free_mib: float) -> Device:
-    return Device("CUDA0", "a simulated GPU", "gpu", int(free_mib * 2**20), 80 * 2**30)
-
-
-def test_a_cache_larger_than_the_free_vram_is_refused(lib, tiny_model_path, monkeypatch) -> None:
-    """The check runs before llama.cpp allocates; the GPU is simulated (its free memory), the model is real."""
-    import llama_moe._native.cache_status
-
-    monkeypatch.setattr(llama_moe._native.cache_status, "cache_device", lambda: _fake_gpu(1))
-    with Model(tiny_model_path, RAM) as model:
-        with pytest.raises(ParameterError, match=r"moe_cache_mib=3 asks for 3 MiB on CUDA0 \(a simulated GPU\), which "
-                                                 r"has 1 MiB free with the model loaded; ask for less"):
-            Context(model, ContextParams(n_ctx=256, moe_cache_mib=3))
-        # more than every expert is not more than the engine allocates: a huge request fits a GPU that holds them all
-        monkeypatch.setattr(llama_moe._native.cache_status, "cache_device", lambda: _fake_gpu(100))
-        monkeypatch.setenv("LLAMA_MOE_CACHE_DEVICE", "CPU")  # the engine's own device: RAM
-        with Context(model, ContextParams(n_ctx=256, moe_cache_mib=100_000)) as ctx:
-            stats = ctx.moe_cache_stats()
-            assert stats is not None and stats.n_bytes_cache < 100 * 2**20
+# a cache larger than its device's free memory: tests/binding/test_cache_status.py (the engine fits it)
 
 
 # -- bad parameters: the command lines -----------------------------------------------------------------------

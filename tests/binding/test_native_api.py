@@ -156,6 +156,20 @@ def test_a_library_of_another_abi_is_refused(tmp_path) -> None:
     assert "ABI version 999" in proc.stderr and "sizeof(llama_context_params) is 8" in proc.stderr
 
 
+def test_a_library_whose_status_struct_differs_is_refused(tmp_path) -> None:
+    """The right ABI number and params, but a llama_moe_cache_status of another size: cffi would read past it."""
+    from llama_moe._native.ffi import ABI_VERSION, ffi
+
+    wrong = _compile_fake_library(tmp_path, (
+        f"int32_t llama_moe_abi_version(void) {{ return {ABI_VERSION}; }}\n"
+        f"size_t llama_moe_context_params_size(void) {{ return {ffi.sizeof('struct llama_context_params')}; }}\n"
+        f"size_t llama_moe_model_params_size(void) {{ return {ffi.sizeof('struct llama_model_params')}; }}\n"
+        "size_t llama_moe_cache_status_size(void) { return 16; }\n"))
+    proc = _run_python("import llama_moe; llama_moe.native_version()", LLAMA_MOE_LIB=str(wrong))
+    assert proc.returncode != 0
+    assert "AbiMismatchError" in proc.stderr and "sizeof(llama_moe_cache_status) is 16" in proc.stderr, proc.stderr[-2000:]
+
+
 def test_a_library_that_is_not_ours_is_refused(tmp_path) -> None:
     other = _compile_fake_library(tmp_path, "int llama_decode(void) { return 0; }\n")
     proc = _run_python("import llama_moe; llama_moe.native_version()", LLAMA_MOE_LIB=str(other))

@@ -222,6 +222,8 @@ def test_a_failed_decode_leaves_the_context_as_before_and_one_timeout_ends_it(li
     times out raises the shared abort flag, so every later wait of the same decode gives up at once (one timeout,
     said in the log), and the failed decode takes its tokens out of the KV cache: the prompt decodes again from
     position 0, and generation goes on with the tokens of no cache."""
+    import time
+
     from llama_moe.errors import NativeCallError
 
     caplog.set_level(logging.INFO, logger="llama_moe.native")
@@ -234,8 +236,11 @@ def test_a_failed_decode_leaves_the_context_as_before_and_one_timeout_ends_it(li
         cp = ContextParams(n_ctx=512, n_batch=8, n_ubatch=1, moe_cache_hybrid=True,
                            moe_cache_mib=mib_for_slots(tiny_model_path, 4, hybrid=True))
         with Context(model, cp) as ctx:
+            t0 = time.monotonic()
             with pytest.raises(NativeCallError, match=r"mailbox: layer 3: the CPU's part did not come within"):
                 ctx.decode(prompt[:8])
+            # one timeout for the decode, not one per ubatch (eight here: 3.2 s); the margin is the machine's
+            assert time.monotonic() - t0 < 5 * 0.4, time.monotonic() - t0
             assert ctx.n_past == 0
             assert re.search(r"mailbox: \d+ later layers did not wait for the CPU side after that", caplog.text), caplog.text
             ctx.decode(prompt)  # from position 0 again: the failed decode left nothing in the KV cache
@@ -355,3 +360,39 @@ def test_unfused_kernels_and_the_empty_hand_over_timing_test(lib, tiny_model_pat
     assert not np.array_equal(logits, plain_logits)
     line = next(l for l in caplog.text.splitlines() if "hand-overs from the GPU" in l)
     assert int(line.split("for each of ")[1].split()[0]) == int(line.split("on average, ")[1].split()[0]), line
+
+
+@pytest.mark.parametrize("ubatch", [1, 512])
+def test_mailbox_with_several_sequences_in_one_decode(lib, tiny_model_path, tmp_path, monkeypatch, caplog, ubatch) -> None:
+    """Four sequences decoded together, as llama-server --parallel 4 does: ubatches of one token of each sequence
+    in turn (n_ubatch=1: every one hands over, several sequences in one decode), or one ubatch of a token per
+    sequence (graphs of several tokens take the scheduler's path, which the log says once, while the last
+    sequence alone hands over again). No error, the tokens of no cache, and per layer the counts of the
+    scheduler's path."""
+    caplog.set_level(logging.INFO, logger="llama_moe.native")
+    profile = _profile(tiny_model_path, tmp_path / "p.strp")
+    prompts = [PROMPTS[0], PROMPTS[1], PROMPTS[0] + " And then", "Once"]
+    max_tokens = [12, 6, 9, 16]  # sequences end at different steps: the last ones run alone
+    base = dict(n_ctx=1024, n_seq_max=4, n_batch=512, n_ubatch=ubatch)
+    cp = ContextParams(**base, moe_cache_mib=mib_for_slots(tiny_model_path, 12, hybrid=True), moe_cache_profile=profile,
+                       moe_cache_hybrid=True, moe_cache_adaptive=True)
+
+    def run(model: Model, params: ContextParams) -> tuple:
+        with Context(model, params) as ctx:
+            res = ctx.generate_batch(prompts, max_tokens, stop_at_eog=False)
+            return [list(c.tokens) for c in res.completions], [(l.n_hit, l.n_miss) for l in ctx.layer_stats()]
+
+    with Model(tiny_model_path, RAM) as model:
+        plain, _ = run(model, ContextParams(**base))
+        split, split_layers = run(model, cp)
+        monkeypatch.setenv("LLAMA_MOE_MAILBOX_ON_CPU", "1")
+        caplog.clear()
+        tokens, layers = run(model, cp)
+    assert "llama_moe_cache: mailbox: 6 layers hand over" in caplog.text
+    assert tokens == split == plain
+    assert layers == split_layers
+    line = next(l for l in caplog.text.splitlines() if "hand-overs from the GPU" in l)
+    assert int(line.split("for each of ")[1].split()[0]) > 0, line  # the mailbox did hand over
+    said = caplog.text.count("graphs of more than one token (prompts, several sequences at once) compute the CPU's "
+                             "experts through the scheduler")
+    assert said == (1 if ubatch > 1 else 0), caplog.text

@@ -22,6 +22,24 @@ struct llama_moe_cache_stats {
     uint64_t n_admit;
 };
 
+struct llama_moe_cache_status {
+    int32_t  state;
+    int32_t  reason;
+    uint32_t reasons;
+    int32_t  mode;
+    bool     mailbox;
+    int32_t  n_slots;
+    int32_t  n_slots_asked;
+    int32_t  n_layers;
+    int32_t  n_layers_whole;
+    uint64_t n_bytes;
+    char     device[128];
+    char     text[1024];
+};
+
+size_t  llama_moe_cache_status_size(void);
+bool    llama_moe_cache_get_status(const struct llama_context * ctx, struct llama_moe_cache_status * status);
+
 struct llama_moe_cache_layer_stats {
     int32_t  il;
     int32_t  n_slots;

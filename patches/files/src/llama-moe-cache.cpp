@@ -25,7 +25,8 @@ static constexpr double MiB = 1024.0*1024.0;
 // Where the cache lives: the model's first GPU, or the device LLAMA_MOE_CACHE_DEVICE names.
 // LLAMA_MOE_CACHE_DEVICE=CPU puts it in host memory: nothing is faster then, but every lookup, upload and
 // counter runs, which is how the cache is tested on machines without a GPU.
-static ggml_backend_buffer_type_t llama_moe_cache_pick_buft(const llama_model & model, std::string & name, ggml_backend_dev_t & dev_out) {
+static ggml_backend_buffer_type_t llama_moe_cache_pick_buft(const llama_model & model, std::string & name, ggml_backend_dev_t & dev_out,
+                                                            llama_moe_cache_report & report) {
     const char * env = llama_moe_env_str("LLAMA_MOE_CACHE_DEVICE");
     if (env) {
         if (strcasecmp(env, "CPU") == 0) {
@@ -41,7 +42,7 @@ static ggml_backend_buffer_type_t llama_moe_cache_pick_buft(const llama_model & 
                 return ggml_backend_dev_buffer_type(dev);
             }
         }
-        LLAMA_LOG_WARN("llama_moe_cache: LLAMA_MOE_CACHE_DEVICE=%s names no device; the cache is off\n", env);
+        report.warn(LLAMA_MOE_CACHE_REASON_NO_DEVICE, "LLAMA_MOE_CACHE_DEVICE=%s names no device; the cache is off", env);
         return nullptr;
     }
     for (const auto & d : model.devices) {
@@ -62,28 +63,82 @@ static bool llama_moe_cache_host_tensor(const ggml_tensor * t) {
            ggml_backend_buffer_get_usage(t->buffer) == GGML_BACKEND_BUFFER_USAGE_WEIGHTS && t->data != nullptr;
 }
 
-std::unique_ptr<llama_moe_cache> llama_moe_cache::create(const llama_model & model, const llama_moe_cache_params & params) {
+// slots past a layer's experts would hold nothing: at most the experts of the largest layer
+static int64_t llama_moe_cache_cap_slots(const std::vector<llama_moe_cache_layer> & layers, int64_t slots) {
+    int64_t most = 0;
+    for (const auto & l : layers) {
+        most = std::max<int64_t>(most, l.n_expert);
+    }
+    return std::min(slots, most);
+}
+
+// the device memory of a cache of `slots` slots per layer, with its maps and null slots
+static size_t llama_moe_cache_bytes(const std::vector<llama_moe_cache_layer> & layers, int64_t slots, size_t maps, size_t null_slots) {
+    size_t bytes = maps + null_slots;
+    for (const auto & l : layers) {
+        bytes += (size_t) std::min<int64_t>(slots, l.n_expert) * l.expert_bytes;
+    }
+    return bytes;
+}
+
+// The slots the device's free memory holds now (the model and the KV cache are in; the compute buffers come
+// later), at most slots_asked: fewer where the size asked does not fit, said, rather than an allocation that
+// fails. A cache in RAM (a test device) is left to the system, unless a test switch gives its free memory.
+static int64_t llama_moe_cache_fit_slots(ggml_backend_dev_t dev, const std::string & dev_name, const std::vector<llama_moe_cache_layer> & layers,
+                                         int64_t slots_asked, size_t maps, size_t null_slots, const llama_moe_test_switches & test,
+                                         llama_moe_cache_report & report) {
+    size_t free = 0, total = 0;
+    if (test.device_free_kib >= 0) {
+        free = (size_t) test.device_free_kib * 1024;
+    } else if (dev != nullptr && ggml_backend_dev_type(dev) != GGML_BACKEND_DEVICE_TYPE_CPU) {
+        ggml_backend_dev_memory(dev, &free, &total);
+    } else {
+        return slots_asked;
+    }
+    const size_t need = llama_moe_cache_bytes(layers, slots_asked, maps, null_slots);
+    if (need <= free) {
+        return slots_asked;
+    }
+    int64_t slots = slots_asked;
+    while (slots > 0 && llama_moe_cache_bytes(layers, slots, maps, null_slots) > free) {
+        slots--;
+    }
+    if (slots < 1) {
+        report.warn(LLAMA_MOE_CACHE_REASON_NO_ROOM, "%s has %.2f MiB free, which cannot hold one expert per layer (%.2f MiB); the cache is off",
+                    dev_name.c_str(), free / MiB, llama_moe_cache_bytes(layers, 1, maps, null_slots) / MiB);
+        return 0;
+    }
+    report.warn(LLAMA_MOE_CACHE_REASON_FEWER_SLOTS, "%.2f MiB asked, but %s has %.2f MiB free: %" PRId64 " slots per layer instead of %" PRId64,
+                need / MiB, dev_name.c_str(), free / MiB, slots, slots_asked);
+    return slots;
+}
+
+std::unique_ptr<llama_moe_cache> llama_moe_cache::create(const llama_model & model, const llama_moe_cache_params & params,
+                                                         llama_moe_cache_report & report) {
     if (model.hparams.no_alloc) {
         return nullptr; // a model without data (llama.cpp's fitting probes): nothing to copy, nothing to say
     }
     if (params.size == 0) {
         if (!params.profile.empty() || params.hybrid || params.adaptive) {
-            LLAMA_LOG_WARN("llama_moe_cache: --moe-cache-profile, --moe-cache-hybrid and --moe-cache-adaptive do nothing "
-                           "without --moe-cache-mib\n");
+            report.warn(LLAMA_MOE_CACHE_REASON_NO_SIZE, "--moe-cache-profile, --moe-cache-hybrid and --moe-cache-adaptive do nothing "
+                        "without --moe-cache-mib");
         }
         return nullptr;
     }
     std::string dev_name;
     ggml_backend_dev_t dev = nullptr;
-    ggml_backend_buffer_type_t buft = llama_moe_cache_pick_buft(model, dev_name, dev);
+    ggml_backend_buffer_type_t buft = llama_moe_cache_pick_buft(model, dev_name, dev, report);
     if (buft == nullptr) {
-        LLAMA_LOG_WARN("llama_moe_cache: no GPU to hold the cache; it is off (LLAMA_MOE_CACHE_DEVICE=CPU runs it in RAM, for testing)\n");
+        if (!report.has(LLAMA_MOE_CACHE_REASON_NO_DEVICE)) {
+            report.warn(LLAMA_MOE_CACHE_REASON_NO_DEVICE, "no GPU to hold the cache; it is off (LLAMA_MOE_CACHE_DEVICE=CPU runs it in RAM, for testing)");
+        }
         return nullptr;
     }
 
     std::unique_ptr<llama_moe_cache> cache(new llama_moe_cache());
     cache->params        = params;
     cache->device_name   = dev_name;
+    cache->test          = llama_moe_test_switches_read(); // once per context: the mailbox takes them from here
 
     // the layers whose experts are all in host memory
     int n_repacked = 0, n_scaled = 0, n_biased = 0;
@@ -157,23 +212,23 @@ std::unique_ptr<llama_moe_cache> llama_moe_cache::create(const llama_model & mod
         cache->n_expert_used = std::max<int64_t>(cache->n_expert_used, layer.n_used);
         cache->layers.push_back(std::move(layer));
     }
-    if (n_scaled > 0) {
-        LLAMA_LOG_WARN("llama_moe_cache: %d layers have per-expert scales, which the cache does not copy; they keep llama.cpp's path\n", n_scaled);
-    }
-    if (n_biased > 0) {
-        LLAMA_LOG_WARN("llama_moe_cache: %d layers have expert biases the hybrid cannot copy (not F32 rows in RAM); they keep llama.cpp's path\n", n_biased);
-    }
     if (cache->layers.empty() && n_scaled + n_biased > 0) {
         // the experts are in RAM: advice to put them there would mislead
-        LLAMA_LOG_WARN("llama_moe_cache: --moe-cache-mib is set, but the cache can serve none of the layers that keep their experts on the CPU "
-                       "(%d with per-expert scales, %d with biases it cannot copy); the cache is off\n", n_scaled, n_biased);
+        report.warn(LLAMA_MOE_CACHE_REASON_NO_LAYER, "--moe-cache-mib is set, but the cache can serve none of the layers that keep their experts on the CPU "
+                    "(%d with per-expert scales, %d with biases it cannot copy); the cache is off", n_scaled, n_biased);
         return nullptr;
     }
     if (cache->layers.empty()) {
-        LLAMA_LOG_WARN("llama_moe_cache: --moe-cache-mib is set, but no layer has its experts in RAM%s; the cache is off "
-                       "(use --cpu-moe, --n-cpu-moe N or -ot patterns that keep ffn_*_exps on the CPU)\n",
-                       n_repacked ? " in a layout it can copy (repacked CPU buffers: use --no-repack)" : "");
+        report.warn(LLAMA_MOE_CACHE_REASON_NO_LAYER, "--moe-cache-mib is set, but no layer has its experts in RAM%s; the cache is off "
+                    "(use --cpu-moe, --n-cpu-moe N or -ot patterns that keep ffn_*_exps on the CPU)",
+                    n_repacked ? " in a layout it can copy (repacked CPU buffers: use --no-repack)" : "");
         return nullptr;
+    }
+    if (n_scaled > 0) {
+        report.warn(LLAMA_MOE_CACHE_REASON_LAYERS_SKIPPED, "%d layers have per-expert scales, which the cache does not copy; they keep llama.cpp's path", n_scaled);
+    }
+    if (n_biased > 0) {
+        report.warn(LLAMA_MOE_CACHE_REASON_LAYERS_SKIPPED, "%d layers have expert biases the hybrid cannot copy (not F32 rows in RAM); they keep llama.cpp's path", n_biased);
     }
 
     // the same number of slots in every layer, as many as the budget allows, at most all of a layer's experts
@@ -186,14 +241,19 @@ std::unique_ptr<llama_moe_cache> llama_moe_cache::create(const llama_model & mod
     // hybrid: a zero-filled null slot per layer, where the device part sends the experts the CPU computes
     const size_t null_slots = params.hybrid ? per_slot_row : 0;
     const size_t budget = params.size > maps + null_slots ? params.size - maps - null_slots : 0;
-    const int64_t slots = (int64_t) (budget / per_slot_row);
+    int64_t slots = (int64_t) (budget / per_slot_row);
     if (slots < 1) {
         // the real requirement: one slot per layer, every layer's expert map, and the hybrid's null slot per layer
-        LLAMA_LOG_WARN("llama_moe_cache: %.2f MiB cannot hold one expert per layer: %zu layers need at least %.2f MiB "
-                       "(%.2f MiB for one expert each, %.2f MiB of expert maps%s); the cache is off\n",
-                       params.size / MiB, cache->layers.size(), std::ceil((per_slot_row + maps + null_slots) / MiB * 100) / 100, // rounded up: enough
-                       per_slot_row / MiB, maps / MiB,
-                       params.hybrid ? ", and the hybrid's zero-filled null slot in each layer as large again" : "");
+        report.warn(LLAMA_MOE_CACHE_REASON_TOO_SMALL, "%.2f MiB cannot hold one expert per layer: %zu layers need at least %.2f MiB "
+                    "(%.2f MiB for one expert each, %.2f MiB of expert maps%s); the cache is off",
+                    params.size / MiB, cache->layers.size(), std::ceil((per_slot_row + maps + null_slots) / MiB * 100) / 100, // rounded up: enough
+                    per_slot_row / MiB, maps / MiB,
+                    params.hybrid ? ", and the hybrid's zero-filled null slot in each layer as large again" : "");
+        return nullptr;
+    }
+    const int64_t slots_asked = llama_moe_cache_cap_slots(cache->layers, slots);
+    slots = llama_moe_cache_fit_slots(dev, dev_name, cache->layers, slots_asked, maps, null_slots, cache->test, report);
+    if (slots < 1) {
         return nullptr;
     }
 
@@ -296,6 +356,9 @@ std::unique_ptr<llama_moe_cache> llama_moe_cache::create(const llama_model & mod
         cache->push_slot_map(l);
     }
 
+    report.set_cache(!params.hybrid ? LLAMA_MOE_CACHE_MODE_UPLOAD : params.adaptive ? LLAMA_MOE_CACHE_MODE_ADAPTIVE : LLAMA_MOE_CACHE_MODE_HYBRID,
+                     dev_name, (int32_t) slots, (int32_t) slots_asked, (int32_t) cache->layers.size(), n_whole,
+                     ggml_backend_buffer_get_size(cache->buf));
     LLAMA_LOG_INFO("llama_moe_cache: %.2f MiB on %s for %zu layers (%zu groups): %" PRId64 " slots per layer of %d experts "
                    "(%.2f MiB each), %d layers held whole\n",
                    ggml_backend_buffer_get_size(cache->buf) / MiB, dev_name.c_str(), cache->layers.size(), groups.size(),
@@ -303,14 +366,14 @@ std::unique_ptr<llama_moe_cache> llama_moe_cache::create(const llama_model & mod
                    cache->layers[0].expert_bytes / MiB, n_whole);
 
     if (!params.profile.empty()) {
-        cache->prefill(params.profile, (uint32_t) model.hparams.n_layer());
+        cache->prefill(params.profile, (uint32_t) model.hparams.n_layer(), report);
     }
     if (params.hybrid) {
         // the reference's wording: these lines are what users grep for
         LLAMA_LOG_INFO("impl: hybrid MoE cache: %d layers held whole (GPU only), the others split between GPU and CPU\n", n_whole);
         if (params.profile.empty() && !params.adaptive && params.admit <= 0 && n_whole < (int) cache->layers.size()) {
-            LLAMA_LOG_WARN("impl: hybrid MoE cache without a profile starts empty and stays empty: the CPU computes "
-                           "every expert of the layers not held whole (give --moe-cache-profile, or --moe-cache-adaptive)\n");
+            report.warn(LLAMA_MOE_CACHE_REASON_STAYS_EMPTY, "hybrid MoE cache without a profile starts empty and stays empty: the CPU computes "
+                        "every expert of the layers not held whole (give --moe-cache-profile, or --moe-cache-adaptive)");
         }
     }
     if (params.adaptive && params.hybrid && params.profile.empty()) {
@@ -325,15 +388,15 @@ std::unique_ptr<llama_moe_cache> llama_moe_cache::create(const llama_model & mod
         }
     }
     if (params.admit > 0 && !params.hybrid) {
-        LLAMA_LOG_WARN("llama_moe_cache: --moe-cache-admit without --moe-cache-hybrid is ignored: the upload cache "
-                       "already uploads every miss\n");
+        report.warn(LLAMA_MOE_CACHE_REASON_OPTION_IGNORED, "--moe-cache-admit without --moe-cache-hybrid is ignored: the upload cache "
+                    "already uploads every miss");
     }
     if (params.admit < 0) {
-        LLAMA_LOG_WARN("llama_moe_cache: --moe-cache-admit %d is not a count of experts; admission is off\n", params.admit);
+        report.warn(LLAMA_MOE_CACHE_REASON_OPTION_IGNORED, "--moe-cache-admit %d is not a count of experts; admission is off", params.admit);
     }
     if (params.adaptive && !params.hybrid) {
-        LLAMA_LOG_WARN("llama_moe_cache: --moe-cache-adaptive without --moe-cache-hybrid is ignored: the upload cache is an LRU, "
-                       "which already follows the text\n");
+        report.warn(LLAMA_MOE_CACHE_REASON_OPTION_IGNORED, "--moe-cache-adaptive without --moe-cache-hybrid is ignored: the upload cache is an LRU, "
+                    "which already follows the text");
     }
     return cache;
 }
@@ -488,12 +551,12 @@ double llama_moe_cache::adapt_prior(const llama_moe_cache_layer & l) const {
     return LLAMA_MOE_ADAPT_PRIOR_TOKENS * (double) l.n_used / std::max<int64_t>(l.n_slots, 1);
 }
 
-void llama_moe_cache::prefill(const std::string & path, uint32_t n_layer) {
+void llama_moe_cache::prefill(const std::string & path, uint32_t n_layer, llama_moe_cache_report & report) {
     llama_moe_profile profile;
     std::string err;
     const uint32_t n_expert = (uint32_t) layers[0].n_expert;
     if (!llama_moe_profile_load(path, n_layer, n_expert, profile, err)) {
-        LLAMA_LOG_WARN("%s: MoE cache profile %s refused: %s; the cache starts empty\n", __func__, path.c_str(), err.c_str());
+        report.warn(LLAMA_MOE_CACHE_REASON_PROFILE_REFUSED, "MoE cache profile %s refused: %s; the cache starts empty", path.c_str(), err.c_str());
         profile_error = err; // for the load line, /metrics and the audit log (llama_moe_cache_get_info)
         return;
     }

@@ -6,6 +6,8 @@
 
 #include "llama.h"
 #include "llama-moe-accounting.h"
+#include "llama-moe-config.h"
+#include "llama-moe-status.h"
 #include "ggml-backend.h"
 
 #include <cstdint>
@@ -105,7 +107,9 @@ struct llama_moe_cache_layer {
 
 struct llama_moe_cache {
     // Returns nullptr, after saying why, when there is nothing to cache (no experts in RAM, no device).
-    static std::unique_ptr<llama_moe_cache> create(const llama_model & model, const llama_moe_cache_params & params);
+    // nullptr when the cache is off; report says why, and what became of each option
+    static std::unique_ptr<llama_moe_cache> create(const llama_model & model, const llama_moe_cache_params & params,
+                                                   llama_moe_cache_report & report);
 
     ~llama_moe_cache();
 
@@ -153,6 +157,7 @@ struct llama_moe_cache {
     void count_selected(int il, const int32_t * selected, int32_t * cpu_ids);
     const std::vector<llama_moe_cache_layer> & get_layers() const { return layers; }
     ggml_backend_dev_t get_device() const { return device; }
+    const llama_moe_test_switches & get_test_switches() const { return test; }
     int64_t get_n_expert_used() const { return n_expert_used; } // the most of any cached layer
 
     size_t buffer_size() const;
@@ -173,7 +178,7 @@ private:
     void count_refused(llama_moe_cache_layer & layer, const ggml_tensor * ids);
     double adapt_prior(const llama_moe_cache_layer & layer) const; // the heat a profile's expert starts with
     void count_hybrid_locked(llama_moe_cache_layer & layer, const int32_t * ids, int64_t n_tokens); // the caller holds mutex
-    void prefill(const std::string & path, uint32_t n_layer);
+    void prefill(const std::string & path, uint32_t n_layer, llama_moe_cache_report & report);
     void push_slot_map(llama_moe_cache_layer & layer);
     int32_t do_rebalance(int32_t max_swaps, int32_t max_fills);
     int32_t admit(); // the caller holds mutex
@@ -182,6 +187,7 @@ private:
 
     llama_moe_cache_params params;
     std::string device_name;
+    llama_moe_test_switches test;
 
     ggml_context * ctx = nullptr;
     ggml_backend_buffer_t buf = nullptr;

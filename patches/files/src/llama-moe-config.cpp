@@ -63,3 +63,12 @@ float llama_moe_env_float(const char * name, float def, float lo, float hi) {
     }
     return x;
 }
+
+llama_moe_test_switches llama_moe_test_switches_read() {
+    llama_moe_test_switches t;
+    t.mailbox_stall_il = (int) llama_moe_env_int("LLAMA_MOE_MAILBOX_TEST_STALL", -1, 0, 1 << 20);
+    t.mailbox_delay_us = (int) llama_moe_env_int("LLAMA_MOE_MAILBOX_TEST_DELAY_US", 0, 0, 10 * 1000 * 1000);
+    t.mailbox_empty    = llama_moe_env_flag("LLAMA_MOE_MAILBOX_TEST_EMPTY", false);
+    t.device_free_kib  = llama_moe_env_int("LLAMA_MOE_TEST_DEVICE_FREE_KIB", -1, 0, INT64_C(1) << 40);
+    return t;
+}

@@ -48,16 +48,17 @@ std::unique_ptr<llama_moe_mailbox> llama_moe_mailbox::create(llama_moe_cache & c
     }
     mb->timeout = (int32_t) llama_moe_env_int("LLAMA_MOE_MAILBOX_TIMEOUT_MS", LLAMA_MOE_MAILBOX_TIMEOUT_MS, 1, 3600 * 1000);
     mb->fuse    = llama_moe_env_flag("LLAMA_MOE_MAILBOX_FUSE", true);
-    if (llama_moe_env_flag("LLAMA_MOE_MAILBOX_TEST_EMPTY", false)) {
+    const llama_moe_test_switches & test = cache.get_test_switches();
+    if (test.mailbox_empty) {
         mb->test_empty = true;
         LLAMA_LOG_WARN("llama_moe_cache: mailbox: LLAMA_MOE_MAILBOX_TEST_EMPTY: the CPU computes none of its experts; the output is wrong (a timing test)\n");
     }
-    mb->test_delay_us = (int) llama_moe_env_int("LLAMA_MOE_MAILBOX_TEST_DELAY_US", 0, 0, 10 * 1000 * 1000);
+    mb->test_delay_us = test.mailbox_delay_us;
     if (mb->test_delay_us > 0) {
         LLAMA_LOG_WARN("llama_moe_cache: mailbox: LLAMA_MOE_MAILBOX_TEST_DELAY_US: the CPU side waits %d us before each record (a test)\n",
                        mb->test_delay_us);
     }
-    mb->stall_il = (int) llama_moe_env_int("LLAMA_MOE_MAILBOX_TEST_STALL", -1, 0, 1 << 20);
+    mb->stall_il = test.mailbox_stall_il;
     if (mb->stall_il >= 0) {
         LLAMA_LOG_WARN("llama_moe_cache: mailbox: LLAMA_MOE_MAILBOX_TEST_STALL: layer %d will not be answered until a decode "
                        "has failed on it (a test)\n", mb->stall_il.load());
@@ -420,6 +421,13 @@ void llama_moe_mailbox::end_graph() {
         work.resize(std::max<size_t>({work_size, work.size(), 1}));
         p.ready = true;
         graph_hands_over = true;
+    }
+    if (!graph_hands_over && !said_scheduler) {
+        // a graph of several tokens (a prompt, or several sequences at once): its CPU threads are busy with the
+        // other layers, and the mailbox's polling would compete with them for the cores
+        LLAMA_LOG_INFO("llama_moe_cache: mailbox: graphs of more than one token (prompts, several sequences at once) "
+                       "compute the CPU's experts through the scheduler; one-token graphs hand them over\n");
+        said_scheduler = true;
     }
 }
 

@@ -128,6 +128,7 @@ private:
     bool building    = false;
     bool graph_hands_over = false; // the graph built last hands over
     bool warned_slow = false;
+    bool said_scheduler = false; // the log says once that graphs of several tokens take the scheduler's path
 
     std::thread worker;
     std::mutex mutex;

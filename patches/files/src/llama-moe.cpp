@@ -1,4 +1,4 @@
-// llama_moe's C API: the ABI check, the MoE cache's statistics, the routing trace and the bandwidth probe.
+// llama_moe's C API: the ABI check, the MoE cache's status and statistics, the routing trace and the bandwidth probe.
 
 #include "llama.h"
 #include "llama-context.h"
@@ -21,6 +21,18 @@ size_t llama_moe_context_params_size(void) {
 
 size_t llama_moe_model_params_size(void) {
     return sizeof(struct llama_model_params);
+}
+
+size_t llama_moe_cache_status_size(void) {
+    return sizeof(struct llama_moe_cache_status);
+}
+
+bool llama_moe_cache_get_status(const struct llama_context * ctx, struct llama_moe_cache_status * status) {
+    if (ctx == nullptr || status == nullptr) {
+        return false;
+    }
+    ctx->get_moe_report().get(status);
+    return true;
 }
 
 bool llama_moe_cache_get_stats(const struct llama_context * ctx, struct llama_moe_cache_stats * stats) {
