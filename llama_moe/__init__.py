@@ -17,7 +17,7 @@ from .errors import (AbiMismatchError, AuditError, BuildError, CacheBudgetError,
 from .model import MoeGeometry, Model
 from .params import ContextParams, ModelParams
 from .session import SessionInfo
-from .stats import HitRate, LayerStats, MoeCacheStats
+from .stats import HitRate, LayerStats, MoeCacheStats, SeqStats
 from .formats.trace import RoutingRecord
 
 __version__ = "0.1.0"
@@ -44,7 +44,7 @@ __all__ = [
     # the API: a model, a context over it, and their parameters
     "Context", "ContextParams", "GREEDY", "Model", "ModelParams", "Sampling", "native_version",
     # what its methods return
-    "BatchResult", "BatchStream", "ChatMessage", "ChatResult", "ChatStream", "Completion", "HitRate", "LayerStats",
+    "BatchResult", "BatchStream", "ChatMessage", "ChatResult", "ChatStream", "Completion", "HitRate", "LayerStats", "SeqStats",
     "MoeCacheStats", "MoeGeometry", "Perf", "RoutingRecord", "SessionInfo",
     # every error and warning llama_moe raises (llama_moe.errors)
     "AbiMismatchError", "AuditError", "BuildError", "CacheBudgetError", "ChatTemplateError", "CheckAuditError",
