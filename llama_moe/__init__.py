@@ -17,7 +17,7 @@ from .errors import (AbiMismatchError, AuditError, BuildError, CacheBudgetError,
 from .model import MoeGeometry, Model
 from .params import ContextParams, ModelParams
 from .session import SessionInfo
-from .stats import HitRate, LayerStats, MoeCacheStats, MoeCacheStatus
+from .stats import HitRate, LayerStats, MoeCacheStats, MoeCacheStatus, SeqStats
 from .formats.trace import RoutingRecord
 
 __version__ = "0.1.0"
@@ -45,7 +45,7 @@ __all__ = [
     "Context", "ContextParams", "GREEDY", "Model", "ModelParams", "Sampling", "native_version",
     # what its methods return
     "BatchResult", "BatchStream", "ChatMessage", "ChatResult", "ChatStream", "Completion", "HitRate", "LayerStats",
-    "MoeCacheStats", "MoeCacheStatus", "MoeGeometry", "Perf", "RoutingRecord", "SessionInfo",
+    "MoeCacheStats", "MoeCacheStatus", "MoeGeometry", "Perf", "RoutingRecord", "SeqStats", "SessionInfo",
     # every error and warning llama_moe raises (llama_moe.errors)
     "AbiMismatchError", "AuditError", "BuildError", "CacheBudgetError", "ChatTemplateError", "CheckAuditError",
     "ClosedError", "CodeEvalError", "GgufError", "LlamaMoeError", "MetricsError", "ModelLoadError", "MonitorError",

@@ -14,8 +14,8 @@ from ._native.ffi import ffi
 from ._native.handle import NativeHandle
 from .errors import NativeCallError, ParameterError
 from .model import Model
-from .params import ContextParams, check_sampling
-from .stats import LayerStats, MoeCacheStats, MoeCacheStatus
+from .params import LLAMA_MAX_SEQ, ContextParams, check_sampling
+from .stats import LayerStats, MoeCacheStats, MoeCacheStatus, SeqStats
 from .formats.trace import RoutingRecord, parse_stream
 
 if TYPE_CHECKING:
@@ -308,6 +308,17 @@ class Context(NativeHandle):
             if not self._lib.llama_moe_cache_get_stats(self._live(), out):
                 return None
             return MoeCacheStats._from_native(out)
+
+    def moe_cache_seq_stats(self, seq: int) -> SeqStats | None:
+        """Sequence ``seq``'s share of the cache's counters (see SeqStats), or None without a MoE cache."""
+        if not 0 <= seq < LLAMA_MAX_SEQ:
+            raise ParameterError(f"seq must be from 0 to {LLAMA_MAX_SEQ - 1}, got {seq}")
+        with self._lock:
+            out = ffi.new("struct llama_moe_cache_seq_stats *")
+            if not self._lib.llama_moe_cache_get_seq_stats(self._live(), seq, out):
+                return None
+            return SeqStats(int(out.n_hit), int(out.n_miss), int(out.n_refused), int(out.n_bytes_upload),
+                            int(out.n_bytes_cpu))
 
     def layer_stats(self) -> list[LayerStats]:
         """One entry per layer the cache serves (empty without a cache)."""

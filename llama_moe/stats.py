@@ -102,6 +102,20 @@ class MoeCacheStatus:
 
 
 @dataclass(frozen=True)
+class SeqStats(HitRate):
+    """One sequence's share of the counters since the context was created (llama_moe_cache_get_seq_stats): each
+    distinct expert a ubatch selects in a layer is charged whole to the sequence of the first token that selected
+    it, so the sequences' shares add up to the context's hits, misses, refused selections and bytes (the hybrid's
+    uploads between decodes aside)."""
+
+    n_hit: int
+    n_miss: int
+    n_refused: int
+    n_bytes_upload: int
+    n_bytes_cpu: int
+
+
+@dataclass(frozen=True)
 class LayerStats(HitRate):
     il: int
     n_slots: int

@@ -1,0 +1,63 @@
+"""Each sequence's share of the MoE cache's counters (Context.moe_cache_seq_stats, llama_moe_cache_get_seq_stats)
+on the real patched libllama, the CPU as the cache device: every lookup is charged to exactly one sequence, so the
+shares add up to the context's counters in upload and hybrid mode; one sequence alone gets all of them."""
+from __future__ import annotations
+
+import pytest
+
+from llama_moe import Context, ContextParams, Model, ModelParams, ParameterError, SeqStats
+from support.cache_sizes import mib_for_slots
+
+PROMPTS = ["The ship left the harbour at dawn, and the crew", "To grow tomatoes in a small garden, start with",
+           "The history of the city", "In the morning the baker"]
+FIELDS = (("n_hit", "n_hit"), ("n_miss", "n_miss"), ("n_refused", "n_refused"), ("n_bytes_upload", "n_bytes_upload"),
+          ("n_bytes_cpu", "n_bytes_cpu"))
+
+
+@pytest.fixture(autouse=True)
+def cache_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LLAMA_MOE_CACHE_DEVICE", "CPU")
+
+
+@pytest.fixture(scope="module")
+def model(lib, tiny_model_path):
+    with Model(tiny_model_path, ModelParams(cpu_moe=True, repack=False)) as m:
+        yield m
+
+
+@pytest.mark.parametrize("hybrid", [False, True])
+def test_the_sequences_shares_add_up_to_the_counters(model, tiny_model_path, hybrid) -> None:
+    mib = mib_for_slots(tiny_model_path, 16, hybrid)
+    # the hybrid adaptive, so that it fills itself and hits (without a profile it would stay empty)
+    cp = ContextParams(n_ctx=1024, n_seq_max=4, moe_cache_mib=mib, moe_cache_hybrid=hybrid, moe_cache_adaptive=hybrid,
+                       n_threads=2)
+    with Context(model, cp) as ctx:
+        ctx.generate_batch(PROMPTS, max_tokens=[24, 12, 18, 6])
+        total = ctx.moe_cache_stats()
+        shares = [ctx.moe_cache_seq_stats(q) for q in range(4)]
+        assert all(isinstance(s, SeqStats) and s.n_lookup > 0 for s in shares), shares
+        for seq_field, field in FIELDS:
+            if hybrid and field == "n_bytes_upload":
+                # the adaptive cache's swaps upload between decodes, for no sequence
+                assert sum(s.n_bytes_upload for s in shares) == 0
+                continue
+            assert sum(getattr(s, seq_field) for s in shares) == getattr(total, field), field
+        assert total.n_hit > 0 and total.n_miss > 0
+        assert ctx.moe_cache_seq_stats(4) == SeqStats(0, 0, 0, 0, 0)   # a sequence that never decoded
+        with pytest.raises(ParameterError, match="seq must be from 0 to 255"):
+            ctx.moe_cache_seq_stats(256)
+
+
+def test_one_sequence_gets_every_lookup(model, tiny_model_path) -> None:
+    cp = ContextParams(n_ctx=512, moe_cache_mib=mib_for_slots(tiny_model_path, 13), n_threads=2)
+    with Context(model, cp) as ctx:
+        ctx.generate_batch(PROMPTS[:1], max_tokens=16)
+        total, own = ctx.moe_cache_stats(), ctx.moe_cache_seq_stats(0)
+        assert (own.n_hit, own.n_miss, own.n_refused, own.n_bytes_upload) == (
+            total.n_hit, total.n_miss, total.n_refused, total.n_bytes_upload)
+        assert own.hit_rate == total.hit_rate
+
+
+def test_no_cache_no_shares(model) -> None:
+    with Context(model, ContextParams(n_ctx=256, n_threads=2)) as ctx:
+        assert ctx.moe_cache_seq_stats(0) is None
