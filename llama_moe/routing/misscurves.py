@@ -6,8 +6,9 @@ A layer's miss curve is its misses at every cache size 0..n_expert, from one pas
   experts used since its last use (a ubatch's experts are used together, ordered by their place in the
   ubatch's list, and never evict each other); an LRU of C slots hits it iff the distance is under C and the
   ubatch fits the slots (tokens x k <= C: upload mode refuses a larger one, and its selections count as
-  misses here). Exact for one-token ubatches (trace files): equal to an LRU replay of every size at once;
-  for larger ubatches the stack also moves on the ubatches a small cache would refuse.
+  misses here). For one-token ubatches (trace files) it is an LRU of every size at once, ties among a
+  token's experts going by their place in its list (the engine's go by slot: a few percent apart); for
+  larger ubatches the stack also moves on the ubatches a small cache would refuse.
   Counted per block of tokens (the folds of a held-out estimate), so that a fold's train side is the whole
   less the fold, from one pass.
 - ``static`` (``static_curves``): the hybrid from a profile: at C slots a layer holds its C most selected
