@@ -393,6 +393,6 @@ def test_mailbox_with_several_sequences_in_one_decode(lib, tiny_model_path, tmp_
     assert layers == split_layers
     line = next(l for l in caplog.text.splitlines() if "hand-overs from the GPU" in l)
     assert int(line.split("for each of ")[1].split()[0]) > 0, line  # the mailbox did hand over
-    said = caplog.text.count("graphs of more than one token (prompts, several sequences at once) compute the CPU's "
-                             "experts through the scheduler")
-    assert said == (1 if ubatch > 1 else 0), caplog.text
+    said = caplog.text.count("graphs with no one-token layer to hand over (prompts, several sequences at once) "
+                             "compute the CPU's experts through the scheduler")
+    assert said == 1 if ubatch > 1 else said <= 1, caplog.text  # said once, where graphs of several tokens come

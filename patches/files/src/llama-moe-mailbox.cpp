@@ -423,10 +423,10 @@ void llama_moe_mailbox::end_graph() {
         graph_hands_over = true;
     }
     if (!graph_hands_over && !said_scheduler) {
-        // a graph of several tokens (a prompt, or several sequences at once): its CPU threads are busy with the
-        // other layers, and the mailbox's polling would compete with them for the cores
-        LLAMA_LOG_INFO("llama_moe_cache: mailbox: graphs of more than one token (prompts, several sequences at once) "
-                       "compute the CPU's experts through the scheduler; one-token graphs hand them over\n");
+        // mostly a graph of several tokens (a prompt, or several sequences at once): its CPU threads are busy
+        // with the other layers, and the mailbox's polling would compete with them for the cores
+        LLAMA_LOG_INFO("llama_moe_cache: mailbox: graphs with no one-token layer to hand over (prompts, several sequences "
+                       "at once) compute the CPU's experts through the scheduler; one-token graphs hand them over\n");
         said_scheduler = true;
     }
 }
