@@ -12,9 +12,9 @@
 #   build        the CUDA build (CUDA_ARCH, default 90-real) with the Qwen3-30B-A3B-shaped model (Q4_0 experts)
 #                synthesized beside it, then the hybrids' profile from a third of each topic's paragraphs
 #   tiny         the tiny model (q8_0, seed 0) and its profile
-#   speed        python -m llama_moe bench on the Qwen3 shape: for each "PCT:MODES" of SPEED (default
+#   speed        python -m llama_moe bench on the Qwen3 shape: for each "PCT:MODES[:N]" of SPEED (default
 #                "50:hybrid,hybrid-admit,hybrid-adaptive,cpu-moe,vram 25:hybrid,hybrid-admit"), RUNS runs of 128
-#                tokens; ADMIT sets the admitting hybrid's uploads per layer and decode (bench_admit.py)
+#                tokens; N (default ADMIT, 1) the admitting hybrid's uploads per layer and decode (bench_admit.py)
 #   memcheck     compute-sanitizer memcheck over one short decode of each cache mode (sanitize_modes.py)
 #   racecheck    compute-sanitizer racecheck over the mailbox's modes
 #   lifecycle    the lifecycle loop under memcheck with leak checking (lifecycle_sanitize.sh)
@@ -71,9 +71,12 @@ train_profile(Path('/tmp/tiny.gguf'), Path('/tmp/tiny.strp'), log=lambda s: None
 step_speed() {
   local ok=1
   for item in $SPEED; do
-    local pct=${item%%:*} modes=${item#*:} name=speed_${item%%:*}
+    local pct modes admit
+    IFS=: read -r pct modes admit <<< "$item"
+    admit=${admit:-$ADMIT}
+    local name=speed_${pct}_a$admit
     [ -f $R/done_$name ] && continue
-    timeout $(left $DEADLINE) python3 $here/bench_admit.py --admit $ADMIT -v bench /tmp/q30.gguf -t 16 --runs $RUNS \
+    timeout $(left $DEADLINE) python3 $here/bench_admit.py --admit $admit -v bench /tmp/q30.gguf -t 16 --runs $RUNS \
         -n 128 --cache-pct $pct --modes $modes --profile /tmp/q30.strp --json $R/$name.json --md $R/$name.md > $R/$name.log 2>&1 \
         && mark $name || ok=0
     grep -E "tok/s, pp|hits of|admission|the CPU waited" $R/$name.log | sed -E 's/^ +//' | cut -c1-260
