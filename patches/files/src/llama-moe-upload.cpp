@@ -33,6 +33,14 @@ std::unique_ptr<llama_moe_uploader> llama_moe_uploader::create(ggml_backend_dev_
                        "synchronously\n", __func__, staging_bytes / (1024.0 * 1024.0));
         return nullptr;
     }
+    // a device buffer's clear makes its device the calling thread's current one (ggml's CUDA buffers set it on use):
+    // the worker clears this one first, so that its copies and events are issued from the cache's device
+    up->device_probe = ggml_backend_buft_alloc_buffer(ggml_backend_dev_buffer_type(dev), 64);
+    if (up->device_probe == nullptr) {
+        LLAMA_LOG_WARN("%s: cannot allocate on %s; admission uploads between decodes, synchronously\n", __func__,
+                       ggml_backend_dev_name(dev));
+        return nullptr;
+    }
     up->staging_base  = (uint8_t *) ggml_backend_buffer_get_base(up->staging);
     up->staging_bytes = staging_bytes;
     up->worker = std::thread([p = up.get()] { p->run(); });
@@ -54,6 +62,9 @@ llama_moe_uploader::~llama_moe_uploader() {
     }
     if (staging) {
         ggml_backend_buffer_free(staging);
+    }
+    if (device_probe) {
+        ggml_backend_buffer_free(device_probe);
     }
     if (backend) {
         ggml_backend_free(backend);
@@ -83,6 +94,7 @@ int64_t llama_moe_uploader::wait() {
 }
 
 void llama_moe_uploader::run() {
+    ggml_backend_buffer_clear(device_probe, 0);
     for (;;) {
         std::vector<llama_moe_upload_piece> pieces;
         {

@@ -51,6 +51,7 @@ private:
     ggml_backend_t        backend = nullptr;
     ggml_backend_buffer_t staging = nullptr;
     ggml_backend_event_t  event   = nullptr;
+    ggml_backend_buffer_t device_probe = nullptr; // a few bytes on the device, cleared by the worker at its start
     uint8_t *             staging_base  = nullptr;
     size_t                staging_bytes = 0;
 
