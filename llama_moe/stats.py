@@ -8,9 +8,9 @@ from typing import Any
 class HitRate:
     """hits / (hits + misses + refused) for anything that counts them (the context's, a layer's, a server's).
 
-    A lookup the upload mode refuses (a ubatch whose tokens x experts per token exceed a layer's slots: its
-    experts come from RAM) is in the denominator, so that a cache too small for its ubatches never reads as a
-    good one."""
+    A refused lookup is in the denominator, so that a cache too small for its ubatches never reads as a good one.
+    The engine refuses none any more (upload mode splits such a ubatch: the misses without a slot are computed on
+    the CPU and count as misses, and in n_cpu); n_refused stays for servers and logs of older builds."""
 
     n_hit: int
     n_miss: int
@@ -29,9 +29,11 @@ class HitRate:
 @dataclass(frozen=True)
 class MoeCacheStats(HitRate):
     """Counters since the context was created. Hits, misses and refused count distinct experts per ubatch and
-    layer, in ubatches of up to 32 tokens; layers held whole need no lookups and are not counted. n_refused
-    (upload mode only) counts the selections of the lookups refused, n_resident the slots holding an expert now,
-    n_admit the missed experts the hybrid uploaded between decodes (moe_cache_admit)."""
+    layer, in ubatches of up to 32 tokens; layers held whole need no lookups and are not counted. n_refused is 0
+    (the engine refuses no lookup any more), n_resident the slots holding an expert now, n_admit the missed
+    experts the hybrid uploaded between decodes (moe_cache_admit), n_cpu (upload mode) the misses the CPU
+    computed: those of a ubatch with more distinct experts than a layer's slots that found no slot it did not
+    use (n_bytes_cpu their bytes)."""
 
     n_hit: int
     n_hit_profile: int
@@ -48,12 +50,14 @@ class MoeCacheStats(HitRate):
     n_refused: int = 0
     n_resident: int = 0
     n_admit: int = 0
+    n_cpu: int = 0
 
     @classmethod
     def _from_native(cls, s: Any) -> "MoeCacheStats":
         return cls(int(s.n_hit), int(s.n_hit_profile), int(s.n_miss), int(s.n_bytes_upload), int(s.n_bytes_cpu),
                    bool(s.hybrid), int(s.n_copy), int(s.n_bytes_copy), int(s.n_slots), int(s.n_prefilled),
-                   int(s.n_bytes_cache), int(s.n_swap), int(s.n_refused), int(s.n_resident), int(s.n_admit))
+                   int(s.n_bytes_cache), int(s.n_swap), int(s.n_refused), int(s.n_resident), int(s.n_admit),
+                   int(s.n_cpu))
 
 
 # llama.h's enums, by their names here
@@ -123,22 +127,23 @@ class LayerStats(HitRate):
     n_hit_profile: int
     n_miss: int
     n_refused: int = 0
+    n_cpu: int = 0
 
 
-def n_admitted(hybrid: bool, n_miss: int, n_swap: int, n_admit: int = 0) -> int:
-    """Experts brought into slots while running: each miss of the upload mode, the adaptive swaps and fills, and
-    the hybrid's admissions."""
-    return (0 if hybrid else n_miss) + n_swap + n_admit
+def n_admitted(hybrid: bool, n_miss: int, n_swap: int, n_admit: int = 0, n_cpu: int = 0) -> int:
+    """Experts brought into slots while running: each miss of the upload mode but those the CPU computed, the
+    adaptive swaps and fills, and the hybrid's admissions."""
+    return (0 if hybrid else n_miss - n_cpu) + n_swap + n_admit
 
 
 def lookups_line(n_hit: int, n_miss: int, n_refused: int, hybrid: bool, n_swap: int, n_resident: int | None,
-                 n_slots: int, n_admit: int = 0) -> str:
+                 n_slots: int, n_admit: int = 0, n_cpu: int = 0) -> str:
     """The line llama.cpp prints at exit, "H hits of L lookups = R (A admitted, N refused, cache F% full)": R is
     n/a before the first lookup, F "?" when the slots' fill is not known."""
     lookups = n_hit + n_miss + n_refused
     ratio = f"{n_hit / lookups:.4f}" if lookups else "n/a"
     full = "?" if n_resident is None or not n_slots else f"{100.0 * n_resident / n_slots:.2f}"
-    return (f"{n_hit} hits of {lookups} lookups = {ratio} ({n_admitted(hybrid, n_miss, n_swap, n_admit)} admitted, "
+    return (f"{n_hit} hits of {lookups} lookups = {ratio} ({n_admitted(hybrid, n_miss, n_swap, n_admit, n_cpu)} admitted, "
             f"{n_refused} refused, cache {full}% full)")
 
 
@@ -153,9 +158,13 @@ def cache_lines(c: Any, off_reason: str | None = None, not_as_asked: str | None 
     admit = getattr(c, "n_admit", 0)
     moved = (f"the CPU computed the misses, reading {c.n_bytes_cpu / 2**20:.2f} MiB" if c.hybrid else
              f"{c.n_bytes_upload / 2**20:.2f} MiB uploaded")
+    cpu = getattr(c, "n_cpu", 0)
+    if not c.hybrid and cpu:
+        moved += f"; {cpu} misses computed on the CPU, reading {c.n_bytes_cpu / 2**20:.2f} MiB"
     if c.hybrid and admit:
         moved += f"; {admit} admitted between decodes ({c.n_bytes_upload / 2**20:.2f} MiB uploaded)"
     return [f"MoE cache    {mode} mode, {c.n_bytes_cache / 2**20:.2f} MiB, {c.n_slots} slots, {c.n_prefilled} prefilled by the profile",
             *([f"             NOT AS ASKED: {not_as_asked}"] if not_as_asked else []),
             f"             hit rate {c.hit_rate:.3f} ({c.n_hit} hits, {c.n_hit_profile} from the profile, {c.n_miss} misses), {moved}",
-            "             " + lookups_line(c.n_hit, c.n_miss, c.n_refused, c.hybrid, c.n_swap, c.n_resident, c.n_slots, admit)]
+            "             " + lookups_line(c.n_hit, c.n_miss, c.n_refused, c.hybrid, c.n_swap, c.n_resident, c.n_slots, admit,
+                                              getattr(c, "n_cpu", 0))]

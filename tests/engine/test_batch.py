@@ -96,8 +96,8 @@ def test_each_sequence_gets_the_tokens_it_gets_alone_and_the_counters_add_up(mod
     assert sum(l.n_hit for l in layers) == stats.n_hit and sum(l.n_miss for l in layers) == stats.n_miss
     if mode == "upload":
         sim = simulate_lru(records, {l.il: slots for l in layout.layers}, layout.n_expert)
-        assert (stats.n_hit, stats.n_miss, stats.n_refused) == (sim.n_hit, sim.n_miss, sim.n_refused)
-        assert stats.n_hit > 0 and stats.n_bytes_upload == stats.n_miss * layout.layers[0].bytes_per_expert
+        assert (stats.n_hit, stats.n_miss, stats.n_cpu, stats.n_refused) == (sim.n_hit, sim.n_miss, sim.n_cpu, 0)
+        assert stats.n_hit > 0 and stats.n_bytes_upload == (stats.n_miss - stats.n_cpu) * layout.layers[0].bytes_per_expert
     elif mode == "hybrid":
         hits = sum(len(set(r.experts.ravel().tolist()) & resident[r.il]) for r in small)
         assert (stats.n_hit, stats.n_miss) == (hits, distinct - hits) and stats.n_hit > 0

@@ -86,6 +86,41 @@ def test_rebalance_on_request(lib, tiny_model_path) -> None:
             assert ctx.rebalance(8) == -1  # no cache at all
 
 
+def test_rebalance_uploads_at_most_max_swaps_in_all(lib, tiny_model_path) -> None:
+    """rebalance(n) on a partly filled cache that could both fill free slots and swap cold experts out: n
+    uploads in all, the fills first (they evict nothing), and the rest on a later call."""
+    layout = expert_layout(tiny_model_path)
+    held = 5  # of the 8 slots of each layer
+    fade = 0.5 ** (1 / 350)  # LLAMA_MOE_ADAPT_HALF_LIFE, per one-token ubatch
+    with Model(tiny_model_path, RAM) as model:
+        with Context(model, _hybrid(tiny_model_path, moe_cache_adaptive=True)) as ctx:
+            ctx.start_trace()
+            for tok in model.tokenize(PROMPT)[:6]:  # one at a time: under the 8 tokens of the first automatic round
+                ctx.decode([tok])
+            records = ctx.stop_trace()
+            assert ctx.moe_cache_stats().n_resident == 0
+            heat = np.zeros((layout.n_layer, layout.n_expert))
+            for r in records:
+                heat[r.il] *= fade
+                heat[r.il, np.unique(r.experts)] += 1.0
+            # each layer holds its coldest experts: the router's favourites are hot enough to replace them
+            cold = {l.il: [int(e) for e in np.argsort(heat[l.il], kind="stable")[:held]] for l in layout.layers}
+            for il, experts in cold.items():
+                assert ctx.admit_experts(il, experts) == held
+            fills = sum(min(SLOTS - held, int((heat[il] > 0).sum() - (heat[il, cold[il]] > 0).sum())) for il in cold)
+            swaps = sum(int(np.sort(heat[il])[::-1][0] > 1.5 * heat[il, cold[il]].min() + 2.0) for il in cold)
+            assert fills > 3 and swaps > 0  # the old caps (3 fills and 3 swaps apart) would upload more than 3
+            before = ctx.moe_cache_stats()
+            assert ctx.rebalance(3) == 3
+            after = ctx.moe_cache_stats()
+            assert after.n_swap - before.n_swap == 3
+            assert after.n_resident == before.n_resident + 3  # three free slots filled, nothing evicted
+            assert all(set(experts) <= set(ctx.resident(il).tolist()) for il, experts in cold.items())
+            # what was left: the other fills and the swaps
+            assert ctx.rebalance(64) > fills - 3
+            assert any(not set(experts) <= set(ctx.resident(il).tolist()) for il, experts in cold.items())
+
+
 def test_a_profiles_experts_start_with_a_prior_as_the_replay_has_it(lib, tiny_model_path, tmp_path) -> None:
     """A profile's experts start with the heat of their share of 64 tokens' picks (llama-moe-cache.h), so a few
     picks of text do not evict them. The engine's swaps and hits over a generation equal the numpy replay's

@@ -1,7 +1,8 @@
 """The hybrid with admission (moe_cache_admit N) on the real patched libllama, the CPU as the cache's device:
 each decode's missed experts are uploaded before the next decode, at most N per layer, into the least recently
-used slots. Nothing a token computes changes, and the counters are those of an independent replay of the
-engine's own routing trace."""
+used slots, synchronously or (as on a GPU) in the background, where an expert becomes a hit a decode later.
+Nothing a token computes changes, and the counters are those of an independent replay of the engine's own
+routing trace."""
 from __future__ import annotations
 
 import logging
@@ -40,16 +41,20 @@ class _Layer:
     expert_in: list[int]
     last_use: list[int]
     queue: list[int] = field(default_factory=list)
+    in_flight: set[int] = field(default_factory=set)  # slots whose background upload is not known complete
     hits: int = 0
     misses: int = 0
 
 
-def replay(records: list[RoutingRecord], n_slots: int, admit: int) -> tuple[dict[int, _Layer], int]:
+def replay(records: list[RoutingRecord], n_slots: int, admit: int,
+           background: bool = False) -> tuple[dict[int, _Layer], int]:
     """The admission rule, written from its description: per ubatch and layer, a selected expert in a slot is a
     hit (once per ubatch) and marks the slot used; a missed one (once per ubatch) waits in first-seen order.
     Between decodes (here: between ubatches, one ubatch a decode), each layer uploads its first ``admit``
     waiting experts, each into its first free slot, else the least recently used one (the lowest of equals),
-    marked as used after every hit of the ubatch before."""
+    marked as used after every hit of the ubatch before. In the ``background``, an admitted expert evicts its
+    slot's expert at once but is a hit only from the decode after the next one: the next decode starts by
+    waiting for the round before it."""
     layers: dict[int, _Layer] = {}
     admitted, clock, prev_il = 0, 0, None
 
@@ -57,6 +62,7 @@ def replay(records: list[RoutingRecord], n_slots: int, admit: int) -> tuple[dict
         nonlocal admitted, clock
         clock += 1
         for l in layers.values():
+            l.in_flight.clear()  # the round before is complete
             n = 0
             for e in l.queue:
                 if n >= admit:
@@ -66,6 +72,8 @@ def replay(records: list[RoutingRecord], n_slots: int, admit: int) -> tuple[dict
                 free = [s for s, x in enumerate(l.expert_in) if x < 0]
                 s = free[0] if free else min(range(n_slots), key=lambda i: (l.last_use[i], i))
                 l.expert_in[s], l.last_use[s] = e, clock
+                if background:
+                    l.in_flight.add(s)
                 n += 1
             l.queue.clear()
             admitted += n
@@ -81,7 +89,7 @@ def replay(records: list[RoutingRecord], n_slots: int, admit: int) -> tuple[dict
             if e < 0 or e in seen:  # -1: a token the layer did not compute (the last layer computes a prompt's last)
                 continue
             seen.add(e)
-            if e in l.expert_in:
+            if e in l.expert_in and l.expert_in.index(e) not in l.in_flight:
                 l.hits += 1
                 l.last_use[l.expert_in.index(e)] = clock
             else:
@@ -90,9 +98,12 @@ def replay(records: list[RoutingRecord], n_slots: int, admit: int) -> tuple[dict
     return layers, admitted
 
 
-@pytest.mark.parametrize("admit", [1, 4])
-def test_admission_changes_no_token_and_counts_as_its_replay(lib, tiny_model_path, caplog, admit: int) -> None:
+@pytest.mark.parametrize("admit, background", [(1, False), (4, False), (2, True)])
+def test_admission_changes_no_token_and_counts_as_its_replay(lib, tiny_model_path, caplog, monkeypatch,
+                                                             admit: int, background: bool) -> None:
     layout = expert_layout(tiny_model_path)
+    # on the CPU device admission is synchronous unless asked; a GPU's default is the background
+    monkeypatch.setenv("LLAMA_MOE_CACHE_ADMIT_ASYNC", "1" if background else "0")
     caplog.set_level(logging.INFO, logger="llama_moe.native")
     with Model(tiny_model_path, RAM) as model:
         with Context(model, ContextParams(n_ctx=1024)) as ctx:
@@ -108,15 +119,19 @@ def test_admission_changes_no_token_and_counts_as_its_replay(lib, tiny_model_pat
             resident = {il: sorted(ctx.resident(il).tolist()) for il in per_layer}
     assert got == plain
     assert np.array_equal(logits, plain_logits)
-    layers, admitted = replay(records, SLOTS, admit)
+    layers, admitted = replay(records, SLOTS, admit, background)
     # the last decode's misses wait for a next decode that never came
     assert stats.n_admit == admitted > 0
     assert stats.n_swap == 0 and stats.n_prefilled == 0
     assert stats.n_bytes_upload == stats.n_admit * layout.layers[0].bytes_per_expert
     for il, l in layers.items():
         assert (per_layer[il].n_hit, per_layer[il].n_miss) == (l.hits, l.misses), il
-        assert resident[il] == sorted(e for e in l.expert_in if e >= 0), il
+        assert resident[il] == sorted(e for s, e in enumerate(l.expert_in) if e >= 0 and s not in l.in_flight), il
+    assert stats.n_resident == sum(len(r) for r in resident.values())
     assert f"admits up to {admit} missed experts per layer between two decodes" in caplog.text
+    assert ("admission uploads in the background on a stream of its own" in caplog.text) == background
+    if background:
+        assert "llama_moe_cache: admission in the background: " in caplog.text
     assert "starts empty and stays empty" not in caplog.text
 
 

@@ -30,8 +30,10 @@ class SimResult:
     n_hit_profile: int
     n_miss: int
     per_layer: dict[int, tuple[int, int]]  # il -> (hits, misses)
-    n_refused: int = 0  # distinct experts of the refused lookups (a ubatch whose tokens x k exceed the slots)
+    n_refused: int = 0  # distinct experts of the refused lookups (``refuse=True`` only)
     per_layer_refused: dict[int, int] = field(default_factory=dict)
+    n_cpu: int = 0  # of the misses, those no slot was left for: the CPU computes them
+    per_layer_cpu: dict[int, int] = field(default_factory=dict)
 
     @property
     def n_lookup(self) -> int:
@@ -44,11 +46,13 @@ class SimResult:
 
 
 def simulate_lru(records: Iterable[RoutingRecord], slots: dict[int, int], n_expert: int,
-                 prefill: Sequence[tuple[int, int]] = ()) -> SimResult:
-    """The upload mode: per layer, a free slot or else the least recently used slot the ubatch does not use.
-    ``slots`` maps each cached layer to its slot count; ``prefill`` is a profile's ranked pairs. A ubatch of up
-    to 32 tokens whose tokens x k exceed a layer's slots is refused there, as the engine refuses it when it
-    builds the graph (before the router picks): its distinct experts count as refused, and the slots stay."""
+                 prefill: Sequence[tuple[int, int]] = (), refuse: bool = False) -> SimResult:
+    """The upload mode: per layer and ubatch, each distinct selected expert a slot holds is a hit; each other one
+    a miss, uploaded into a free slot or else the least recently used slot the ubatch does not use, or, once
+    every slot serves the ubatch, computed on the CPU (a miss counted in ``n_cpu``; the slots stay).
+    ``slots`` maps each cached layer to its slot count; ``prefill`` is a profile's ranked pairs.
+    ``refuse=True`` is the earlier rule, which the package's simulator may still follow: a ubatch of up to 32
+    tokens whose tokens x k exceed a layer's slots is refused there, its distinct experts counted as refused."""
     layers = {il: _LruLayer(n) for il, n in slots.items() if n < n_expert}  # whole layers need no lookups
     for il, e in prefill:
         layer = layers.get(il)
@@ -57,14 +61,14 @@ def simulate_lru(records: Iterable[RoutingRecord], slots: dict[int, int], n_expe
         s = layer.expert_in.index(-1)
         layer.expert_in[s], layer.slot_of[e], layer.from_profile[s] = e, s, True
     stamp = 0
-    hits = hits_profile = misses = refused = 0
-    per_layer: dict[int, list[int]] = {il: [0, 0, 0] for il in layers}
+    hits = hits_profile = misses = refused = cpu = 0
+    per_layer: dict[int, list[int]] = {il: [0, 0, 0, 0] for il in layers}
     for rec in records:
         layer = layers.get(rec.il)
         n_tokens, k = rec.experts.shape
         if layer is None or n_tokens > MAX_UBATCH:
             continue
-        if n_tokens * k > layer.n_slots:
+        if refuse and n_tokens * k > layer.n_slots:
             n = len(set(rec.experts.ravel().tolist()))
             refused += n
             per_layer[rec.il][2] += n
@@ -77,9 +81,12 @@ def simulate_lru(records: Iterable[RoutingRecord], slots: dict[int, int], n_expe
                 hits += 1
                 hits_profile += layer.from_profile[s]
                 per_layer[rec.il][0] += 1
+        on_cpu: set[int] = set()
         for e in rec.experts.ravel().tolist():
-            if e in layer.slot_of:
+            if e in layer.slot_of or e in on_cpu:
                 continue
+            misses += 1
+            per_layer[rec.il][1] += 1
             victim = -1
             for c in range(layer.n_slots):
                 if layer.expert_in[c] < 0:
@@ -87,13 +94,16 @@ def simulate_lru(records: Iterable[RoutingRecord], slots: dict[int, int], n_expe
                     break
                 if layer.last_use[c] != stamp and (victim < 0 or layer.last_use[c] < layer.last_use[victim]):
                     victim = c
+            if victim < 0:
+                on_cpu.add(e)
+                cpu += 1
+                per_layer[rec.il][3] += 1
+                continue
             old = layer.expert_in[victim]
             if old >= 0:
                 del layer.slot_of[old]
             layer.expert_in[victim], layer.slot_of[e] = e, victim
             layer.from_profile[victim] = False
             layer.last_use[victim] = stamp
-            misses += 1
-            per_layer[rec.il][1] += 1
-    return SimResult(hits, hits_profile, misses, {il: (h, m) for il, (h, m, _) in per_layer.items()}, refused,
-                     {il: r for il, (_, _, r) in per_layer.items()})
+    return SimResult(hits, hits_profile, misses, {il: (h, m) for il, (h, m, _, _) in per_layer.items()}, refused,
+                     {il: r for il, (_, _, r, _) in per_layer.items()}, cpu, {il: c for il, (_, _, _, c) in per_layer.items()})

@@ -138,7 +138,7 @@ def test_the_lru_policy_counts_like_simulate_lru(lib, tiny_model_path, traces) -
     for slots_per_layer in (4, 9, 20):
         slots = {l.il: slots_per_layer for l in layout.layers}
         for recs, r in ((records, routes_from_records(records)), (per_token, routes)):
-            want = simulate_lru(recs, slots, layout.n_expert, prefill=profile)
+            want = simulate_lru(recs, slots, layout.n_expert, prefill=profile, refuse=True)  # lru's rule
             got = lru(r, slots, layout.n_expert, profile)
             assert (got.n_hit, got.n_hit_profile, got.n_miss) == (want.n_hit, want.n_hit_profile, want.n_miss)
             assert got.per_layer == want.per_layer

@@ -20,6 +20,7 @@ struct llama_moe_cache_stats {
     uint64_t n_refused;
     uint64_t n_resident;
     uint64_t n_admit;
+    uint64_t n_cpu;
 };
 
 struct llama_moe_cache_status {
@@ -47,6 +48,7 @@ struct llama_moe_cache_layer_stats {
     uint64_t n_hit_profile;
     uint64_t n_miss;
     uint64_t n_refused;
+    uint64_t n_cpu;
 };
 
 bool    llama_moe_cache_get_stats(const struct llama_context * ctx, struct llama_moe_cache_stats * stats);

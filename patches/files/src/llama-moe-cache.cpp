@@ -260,8 +260,8 @@ std::unique_ptr<llama_moe_cache> llama_moe_cache::create(const llama_model & mod
     const size_t n_tensors = cache->layers.size() * 7;
     ggml_init_params ip = { ggml_tensor_overhead() * n_tensors, nullptr, true };
     cache->ctx = ggml_init(ip);
-    ggml_init_params ip_host = { ggml_tensor_overhead() * cache->layers.size(), nullptr, true };
-    cache->ctx_host = ggml_init(ip_host); // the hybrid's CPU maps, or upload mode's refusal maps
+    ggml_init_params ip_host = { ggml_tensor_overhead() * cache->layers.size() * 4, nullptr, true };
+    cache->ctx_host = ggml_init(ip_host); // the hybrid's CPU maps, or upload mode's split maps
     if (!cache->ctx || !cache->ctx_host) {
         throw std::runtime_error("llama_moe_cache: ggml_init failed");
     }
@@ -288,13 +288,20 @@ std::unique_ptr<llama_moe_cache> llama_moe_cache::create(const llama_model & mod
             ggml_format_name(l.cpu_map, "moe_cache_cpu.%d", l.il);
         }
         if (!params.hybrid && !l.whole) {
-            l.refuse_map = ggml_new_tensor_2d(cache->ctx_host, GGML_TYPE_I32, 1, l.n_expert);
-            ggml_format_name(l.refuse_map, "moe_cache_refused.%d", l.il);
+            l.split_ids  = ggml_new_tensor_2d(cache->ctx_host, GGML_TYPE_I32, 1, l.n_expert);
+            l.split_dev  = ggml_new_tensor_2d(cache->ctx_host, GGML_TYPE_I32, 1, l.n_slots + l.n_expert);
+            l.split_mask = ggml_new_tensor_2d(cache->ctx_host, GGML_TYPE_F32, 1, l.n_slots + l.n_expert);
+            l.split_cpu  = ggml_new_tensor_2d(cache->ctx_host, GGML_TYPE_I32, 1, l.n_slots + l.n_expert);
+            ggml_format_name(l.split_ids,  "moe_cache_split.%d", l.il);
+            ggml_format_name(l.split_dev,  "moe_cache_split_dev.%d", l.il);
+            ggml_format_name(l.split_mask, "moe_cache_split_mask.%d", l.il);
+            ggml_format_name(l.split_cpu,  "moe_cache_split_cpu.%d", l.il);
         }
         l.slot_of.assign(l.n_expert, -1);
         l.expert_in.assign(l.n_slots, -1);
         l.last_use.assign(l.n_slots, 0);
         l.from_profile.assign(l.n_slots, 0);
+        l.in_flight.assign(l.n_slots, 0);
         l.heat.assign(params.adaptive && params.hybrid && !l.whole ? l.n_expert : 0, 0.0);
         cache->n_slots_total += l.n_slots;
     }
@@ -333,11 +340,24 @@ std::unique_ptr<llama_moe_cache> llama_moe_cache::create(const llama_model & mod
         if (l.cpu_map) {
             cache->layer_of_cpu_map[l.cpu_map] = (int) i;
         }
-        if (l.refuse_map) {
-            cache->layer_of_refuse_map[l.refuse_map] = (int) i;
+        if (l.split_ids) {
+            cache->layer_of_split_map[l.split_ids] = (int) i;
             std::vector<int32_t> self(l.n_expert);
             std::iota(self.begin(), self.end(), 0);
-            ggml_backend_tensor_set(l.refuse_map, self.data(), 0, ggml_nbytes(l.refuse_map));
+            ggml_backend_tensor_set(l.split_ids, self.data(), 0, ggml_nbytes(l.split_ids));
+            // codes: a slot (< n_slots) or n_slots + the expert the CPU computes
+            const int32_t n_codes = l.n_slots + l.n_expert;
+            std::vector<int32_t> dev(n_codes), cpu(n_codes);
+            std::vector<float> mask(n_codes);
+            for (int32_t c = 0; c < n_codes; ++c) {
+                const bool on_dev = c < l.n_slots;
+                dev[c]  = on_dev ? c : 0; // any slot: the mask zeroes the row
+                mask[c] = on_dev ? 1.0f : 0.0f;
+                cpu[c]  = on_dev ? -1 : c - l.n_slots;
+            }
+            ggml_backend_tensor_set(l.split_dev,  dev.data(),  0, ggml_nbytes(l.split_dev));
+            ggml_backend_tensor_set(l.split_mask, mask.data(), 0, ggml_nbytes(l.split_mask));
+            ggml_backend_tensor_set(l.split_cpu,  cpu.data(),  0, ggml_nbytes(l.split_cpu));
         }
         if (l.whole) {
             for (int j = 0; j < 3; ++j) {
@@ -385,6 +405,25 @@ std::unique_ptr<llama_moe_cache> llama_moe_cache::create(const llama_model & mod
         if (params.adaptive) {
             LLAMA_LOG_WARN("llama_moe_cache: --moe-cache-adaptive with --moe-cache-admit: the adaptive rounds swap by heat, "
                            "admission by recency; both run\n");
+        }
+    }
+    if (params.admit > 0 && params.hybrid && n_whole < (int) cache->layers.size()) {
+        // on a GPU the uploads go in the background by default; LLAMA_MOE_CACHE_ADMIT_ASYNC=0 makes them
+        // synchronous between decodes, =1 runs the background path on the CPU device too (tests)
+        const bool gpu = ggml_backend_dev_type(dev) != GGML_BACKEND_DEVICE_TYPE_CPU;
+        if (llama_moe_env_flag("LLAMA_MOE_CACHE_ADMIT_ASYNC", gpu)) {
+            size_t staging = 0; // a round uploads at most params.admit experts per layer
+            for (const auto & l : cache->layers) {
+                for (int j = 0; j < 3 && !l.whole; ++j) {
+                    staging += l.src[j]   ? (size_t) params.admit * GGML_PAD(l.src[j]->nb[2], 64) : 0;
+                    staging += l.src_b[j] ? (size_t) params.admit * GGML_PAD(l.src_b[j]->nb[1], 64) : 0;
+                }
+            }
+            cache->uploader = llama_moe_uploader::create(dev, staging);
+            if (cache->uploader) {
+                LLAMA_LOG_INFO("llama_moe_cache: admission uploads in the background on a stream of its own, from %.2f MiB "
+                               "of staging memory; an expert becomes a hit from the decode after its upload\n", staging / MiB);
+            }
         }
     }
     if (params.admit > 0 && !params.hybrid) {
@@ -450,7 +489,7 @@ void llama_moe_cache::log_summary() const {
                        n_hit_by[1], n_miss_by[1], n_refused_by[1], pct(n_hit_by[1], n_miss_by[1], n_refused_by[1]));
     }
     std::vector<double> rates;
-    uint64_t hits = 0, misses = 0, refused = 0, resident = 0;
+    uint64_t hits = 0, misses = 0, refused = 0, resident = 0, cpu = 0;
     for (const auto & l : layers) {
         if (l.n_hit + l.n_miss + l.n_refused > 0) {
             rates.push_back(pct(l.n_hit, l.n_miss, l.n_refused));
@@ -458,17 +497,20 @@ void llama_moe_cache::log_summary() const {
         hits     += l.n_hit;
         misses   += l.n_miss;
         refused  += l.n_refused;
-        resident += std::count_if(l.expert_in.begin(), l.expert_in.end(), [](int32_t e) { return e >= 0; });
+        cpu      += l.n_cpu;
+        for (int32_t s = 0; s < l.n_slots; ++s) {
+            resident += l.expert_in[s] >= 0 && !l.in_flight[s];
+        }
     }
     if (!rates.empty()) {
         std::sort(rates.begin(), rates.end());
         LLAMA_LOG_INFO("llama_moe_cache: per-layer hit rate min %.1f %%, median %.1f %%, max %.1f %% over %zu layers\n",
                        rates.front(), rates[rates.size() / 2], rates.back(), rates.size());
     }
-    // admitted: experts brought into slots while running, the upload mode's misses, the adaptive swaps and the
-    // hybrid's admissions
+    // admitted: experts brought into slots while running, the upload mode's misses (but those the CPU computed),
+    // the adaptive swaps and the hybrid's admissions
     const uint64_t lookups  = hits + misses + refused;
-    const uint64_t admitted = (params.hybrid ? 0 : misses) + n_swap + n_admit;
+    const uint64_t admitted = (params.hybrid ? 0 : misses - cpu) + n_swap + n_admit;
     char ratio[32] = "n/a";
     if (lookups > 0) {
         snprintf(ratio, sizeof(ratio), "%.4f", (double) hits / lookups);
@@ -477,6 +519,10 @@ void llama_moe_cache::log_summary() const {
     LLAMA_LOG_INFO("llama_moe_cache: %" PRIu64 " hits of %" PRIu64 " lookups = %s (%" PRIu64 " admitted, %" PRIu64 " refused, "
                    "cache %.2f%% full)\n", hits, lookups, ratio, admitted, refused,
                    n_slots_total ? 100.0 * resident / n_slots_total : 0.0);
+    if (!params.hybrid && cpu > 0) {
+        LLAMA_LOG_INFO("llama_moe_cache: upload mode: %" PRIu64 " missed experts computed on the CPU (ubatches that "
+                       "selected more distinct experts than a layer's slots)\n", cpu);
+    }
 }
 
 llama_moe_cache::~llama_moe_cache() {
@@ -484,8 +530,15 @@ llama_moe_cache::~llama_moe_cache() {
     if (adaptive()) {
         LLAMA_LOG_INFO("llama_moe_cache: adaptive: %" PRIu64 " experts swapped in\n", n_swap);
     }
+    if (uploader) {
+        uploader.reset(); // waits for the round in flight: the slots' buffer goes next
+    }
     if (admitting()) {
         LLAMA_LOG_INFO("llama_moe_cache: admission: %" PRIu64 " missed experts uploaded between decodes\n", n_admit);
+    }
+    if (n_admit_rounds > 0) {
+        LLAMA_LOG_INFO("llama_moe_cache: admission in the background: %" PRIu64 " rounds; decodes waited %.3f ms in all "
+                       "for the rounds before them\n", n_admit_rounds, admit_wait_us / 1000.0);
     }
     for (ggml_backend_buffer_t b : {buf, buf_host}) {
         if (b) {
@@ -607,18 +660,41 @@ llama_moe_cache_route llama_moe_cache::build(ggml_context * ctx0, int64_t n_toke
         return r;
     }
     const auto & l = layers[it->second];
-    // upload mode: every expert of the ubatch needs a slot at once, and the graph is built before the router picks
-    // them. A ubatch that could select more experts than the layer has slots is refused: it computes the model's
-    // experts from RAM, its ids read through the refusal's map, where the eval callback counts what it selected
+    GGML_ASSERT(gate == l.src[0] && up == l.src[1]);
+    // upload mode: the graph is built before the router picks, and a ubatch that may select more distinct experts
+    // than the layer has slots may not fit them all. It is split like the hybrid: the eval callback looks its
+    // experts up (hits, then misses uploaded into the slots the ubatch does not use) and writes one code per
+    // selection (lookup_split); the device computes the experts in slots, the CPU the others from RAM, and the
+    // two parts are summed. The codes' maps give each chain its ids; the device's rows of the CPU's experts read
+    // slot 0 and are zeroed by the mask
     if (!l.whole && !l.cpu_map && n_tokens * n_expert_used > l.n_slots) {
-        ggml_tensor * flat = ggml_reshape_1d(ctx0, ggml_is_contiguous(selected) ? selected : ggml_cont(ctx0, selected),
-                                             n_expert_used * n_tokens);
-        ggml_tensor * ids = ggml_get_rows(ctx0, l.refuse_map, flat); // [1, n_expert_used * n_tokens], the same ids
-        ggml_format_name(ids, "ffn_moe_refused-%d", l.il);
-        r.ids[0] = ggml_reshape_2d(ctx0, ids, n_expert_used, n_tokens);
+        const int64_t n = n_expert_used * n_tokens;
+        ggml_tensor * flat = ggml_reshape_1d(ctx0, ggml_is_contiguous(selected) ? selected : ggml_cont(ctx0, selected), n);
+        ggml_tensor * codes = ggml_get_rows(ctx0, l.split_ids, flat); // [1, n]: the ids, until the callback's codes
+        ggml_format_name(codes, "ffn_moe_split-%d", l.il);
+        codes = ggml_reshape_1d(ctx0, codes, n);
+        ggml_tensor * dev  = ggml_get_rows(ctx0, l.split_dev,  codes);
+        ggml_tensor * mask = ggml_get_rows(ctx0, l.split_mask, codes);
+        ggml_tensor * cpu  = ggml_get_rows(ctx0, l.split_cpu,  codes);
+        r.n = 2;
+        r.gate[0] = l.dst[0];
+        r.up  [0] = l.dst[1];
+        r.down[0] = l.dst[2];
+        r.ids [0] = ggml_reshape_2d(ctx0, dev, 1, n); // slot 0 repeats: one selected expert per row
+        r.one_id_per_row[0] = true;
+        r.mask[0] = ggml_reshape_3d(ctx0, mask, 1, n_expert_used, n_tokens);
+        r.bias_ids[0] = ggml_reshape_2d(ctx0, flat, 1, n); // the model's biases, by expert
+        r.gate[1] = l.src[0];
+        r.up  [1] = l.src[1];
+        r.down[1] = l.src[2];
+        r.ids [1] = ggml_reshape_2d(ctx0, cpu, n_expert_used, n_tokens);
+        r.cpu_only[1] = true;
+        r.gate_b[1] = model.gate_b[0];
+        r.up_b  [1] = model.up_b[0];
+        r.down_b[1] = model.down_b[0];
+        r.bias_ids[1] = r.ids[1];
         return r;
     }
-    GGML_ASSERT(gate == l.src[0] && up == l.src[1]);
     r.gate[0] = l.dst[0];
     r.up  [0] = l.dst[1];
     r.down[0] = l.dst[2];
@@ -660,6 +736,20 @@ llama_moe_cache_route llama_moe_cache::build(ggml_context * ctx0, int64_t n_toke
     return r;
 }
 
+// Upload mode's slot for a miss: a free one, else the least recently used one the ubatch (stamp now) does not
+// use; -1 when every slot serves the ubatch.
+static int32_t llama_moe_cache_lru_victim(const llama_moe_cache_layer & l, uint64_t now) {
+    int32_t victim = -1;
+    for (int32_t c = 0; c < l.n_slots && (victim < 0 || l.expert_in[victim] >= 0); ++c) {
+        if (l.expert_in[c] < 0) {
+            victim = c;
+        } else if (l.last_use[c] != now && (victim < 0 || l.last_use[c] < l.last_use[victim])) {
+            victim = c;
+        }
+    }
+    return victim;
+}
+
 void llama_moe_cache::lookup(llama_moe_cache_layer & l, ggml_tensor * remap) {
     const ggml_tensor * ids = remap->src[1];
     const int64_t n_used = ids->ne[0], n_tokens = ids->ne[1];
@@ -692,15 +782,7 @@ void llama_moe_cache::lookup(llama_moe_cache_layer & l, ggml_tensor * remap) {
                 if (s >= 0) {
                     continue;
                 }
-                // a free slot, else the least recently used one this ubatch does not use
-                int32_t victim = -1;
-                for (int32_t c = 0; c < l.n_slots && (victim < 0 || l.expert_in[victim] >= 0); ++c) {
-                    if (l.expert_in[c] < 0) {
-                        victim = c;
-                    } else if (l.last_use[c] != now && (victim < 0 || l.last_use[c] < l.last_use[victim])) {
-                        victim = c;
-                    }
-                }
+                const int32_t victim = llama_moe_cache_lru_victim(l, now);
                 GGML_ASSERT(victim >= 0 && "more distinct experts in a ubatch than slots");
                 upload(l, e, victim);
                 l.last_use[victim] = now;
@@ -733,7 +815,7 @@ bool llama_moe_cache::wants(const ggml_tensor * t) const {
     if (params.hybrid) {
         return layer_of_cpu_map.count(t->src[0]) > 0;
     }
-    return layer_of_slot_map.count(t->src[0]) > 0 || layer_of_refuse_map.count(t->src[0]) > 0;
+    return layer_of_slot_map.count(t->src[0]) > 0 || layer_of_split_map.count(t->src[0]) > 0;
 }
 
 void llama_moe_cache::on_computed(ggml_tensor * t) {
@@ -741,36 +823,68 @@ void llama_moe_cache::on_computed(ggml_tensor * t) {
         count_hybrid(layers[layer_of_cpu_map.at(t->src[0])], t->src[1]);
         return;
     }
-    const auto refused = layer_of_refuse_map.find(t->src[0]);
-    if (refused != layer_of_refuse_map.end()) {
-        count_refused(layers[refused->second], t);
+    const auto split = layer_of_split_map.find(t->src[0]);
+    if (split != layer_of_split_map.end()) {
+        lookup_split(layers[split->second], t);
     } else {
         lookup(layers[layer_of_slot_map.at(t->src[0])], t);
     }
 }
 
-void llama_moe_cache::count_refused(llama_moe_cache_layer & l, const ggml_tensor * ids) {
-    // the refusal map's output: the ubatch's ids, flat, in host memory
-    GGML_ASSERT(ggml_is_contiguous(ids) && ids->type == GGML_TYPE_I32);
-    const int64_t n = ggml_nelements(ids);
+void llama_moe_cache::lookup_split(llama_moe_cache_layer & l, ggml_tensor * codes) {
+    // the split's ids, flat, before the callback turns them into codes
+    GGML_ASSERT(ggml_is_contiguous(codes) && codes->type == GGML_TYPE_I32);
+    const int64_t n = ggml_nelements(codes);
     ids_host.resize(n);
-    ggml_backend_tensor_get(ids, ids_host.data(), 0, ggml_nbytes(ids));
+    ggml_backend_tensor_get(codes, ids_host.data(), 0, ggml_nbytes(codes));
     std::lock_guard<std::mutex> lock(mutex);
-    // its distinct experts, which a lookup would have counted as hits or misses; the slots are left as they are
-    std::vector<uint8_t> & seen = missed_host;
-    seen.assign(l.n_expert, 0);
-    uint64_t refused = 0;
+    const uint64_t now = ++stamp;
+    const uint64_t hit0 = l.n_hit, miss0 = l.n_miss;
+    bool changed = false;
+    std::vector<uint8_t> & on_cpu = missed_host;
+    on_cpu.assign(l.n_expert, 0);
+    // as lookup: hits first, then each distinct miss into a free slot or the least recently used one this ubatch
+    // does not use; once every slot serves the ubatch, the remaining misses go to the CPU
     for (int64_t i = 0; i < n; ++i) {
         const int32_t e = ids_host[i];
         GGML_ASSERT(e >= 0 && e < l.n_expert);
-        if (!seen[e]) { // per-request accounting: the flat ids are [n_expert_used, n_tokens]
-            acct.charge(i / std::max<int64_t>(l.n_used, 1), llama_moe_accounting::REFUSED, 0, 0);
+        const int32_t s = l.slot_of[e];
+        if (s >= 0 && l.last_use[s] != now) {
+            l.last_use[s] = now;
+            l.n_hit++;
+            l.n_hit_profile += l.from_profile[s];
+            acct.charge(i / std::max<int64_t>(l.n_used, 1), llama_moe_accounting::HIT, 0, 0); // per-request accounting
         }
-        refused += !seen[e];
-        seen[e] = 1;
     }
-    l.n_refused += refused;
-    count_by_size(n / std::max<int64_t>(l.n_used, 1), 0, 0, refused);
+    for (int64_t i = 0; i < n; ++i) {
+        const int32_t e = ids_host[i];
+        if (l.slot_of[e] >= 0 || on_cpu[e]) {
+            continue;
+        }
+        l.n_miss++;
+        const int32_t victim = llama_moe_cache_lru_victim(l, now);
+        if (victim < 0) {
+            on_cpu[e] = 1;
+            l.n_cpu++;
+            n_bytes_cpu += l.expert_bytes;
+            acct.charge(i / std::max<int64_t>(l.n_used, 1), llama_moe_accounting::MISS, 0, l.expert_bytes); // per-request accounting
+            continue;
+        }
+        upload(l, e, victim);
+        l.last_use[victim] = now;
+        n_bytes_upload += l.expert_bytes;
+        acct.charge(i / std::max<int64_t>(l.n_used, 1), llama_moe_accounting::MISS, l.expert_bytes, 0); // per-request accounting
+        changed = true;
+    }
+    count_by_size(n / std::max<int64_t>(l.n_used, 1), l.n_hit - hit0, l.n_miss - miss0, 0);
+    for (int64_t i = 0; i < n; ++i) {
+        const int32_t e = ids_host[i];
+        ids_host[i] = l.slot_of[e] >= 0 ? l.slot_of[e] : l.n_slots + e;
+    }
+    ggml_backend_tensor_set(codes, ids_host.data(), 0, ggml_nbytes(codes));
+    if (changed) {
+        push_slot_map(l);
+    }
 }
 
 void llama_moe_cache::count_hybrid(llama_moe_cache_layer & l, const ggml_tensor * ids) {
@@ -886,7 +1000,10 @@ void llama_moe_cache::get_stats(llama_moe_cache_stats * out) const {
         out->n_hit_profile += l.n_hit_profile;
         out->n_miss        += l.n_miss;
         out->n_refused     += l.n_refused;
-        out->n_resident    += std::count_if(l.expert_in.begin(), l.expert_in.end(), [](int32_t e) { return e >= 0; });
+        out->n_cpu         += l.n_cpu;
+        for (int32_t s = 0; s < l.n_slots; ++s) {
+            out->n_resident += l.expert_in[s] >= 0 && !l.in_flight[s];
+        }
     }
     out->n_bytes_upload = n_bytes_upload;
     out->n_bytes_cpu    = n_bytes_cpu;
@@ -905,7 +1022,7 @@ int32_t llama_moe_cache::get_layer_stats(llama_moe_cache_layer_stats * out, int3
     const int32_t n = (int32_t) layers.size();
     for (int32_t i = 0; out != nullptr && i < std::min(n, n_max); ++i) {
         const auto & l = layers[i];
-        out[i] = { l.il, l.n_slots, l.n_hit, l.n_hit_profile, l.n_miss, l.n_refused };
+        out[i] = { l.il, l.n_slots, l.n_hit, l.n_hit_profile, l.n_miss, l.n_refused, l.n_cpu };
     }
     return n;
 }
@@ -931,10 +1048,14 @@ int32_t llama_moe_cache::get_resident(int32_t il, int32_t * out, int32_t n_max) 
 }
 
 bool llama_moe_cache::between_decodes_due() const {
-    return rebalance_due() || admit_pending;
+    return rebalance_due() || admit_pending || round_in_flight;
 }
 
 void llama_moe_cache::between_decodes() {
+    {
+        std::lock_guard<std::mutex> lock(mutex);
+        finish_admission();
+    }
     if (rebalance_due()) {
         rebalance(-1);
     }
@@ -963,28 +1084,43 @@ static int32_t llama_moe_cache_admit_slot(const llama_moe_cache_layer & l) {
 // of a layer's misses are dropped: the next decode's misses are the fresher ones.
 int32_t llama_moe_cache::admit() {
     const auto t0 = std::chrono::steady_clock::now();
+    finish_admission();
     const uint64_t now = ++stamp; // newer than every hit of the decode before
     int32_t n = 0;
+    std::vector<llama_moe_upload_piece> pieces;
     for (auto & l : layers) {
         int32_t n_layer = 0;
         for (const int32_t e : l.admit_queue) {
             if (n_layer >= params.admit) {
                 break;
             }
-            if (l.slot_of[e] >= 0 || l.n_slots < 1) {
+            bool held = l.slot_of[e] >= 0 || l.n_slots < 1;
+            for (int32_t s = 0; s < l.n_slots && !held && uploader; ++s) {
+                held = l.in_flight[s] && l.expert_in[s] == e;
+            }
+            if (held) {
                 continue; // admitted earlier in this round
             }
             const int32_t s = llama_moe_cache_admit_slot(l);
-            upload(l, e, s);
+            if (uploader) {
+                place_later(l, e, s, pieces);
+            } else {
+                upload(l, e, s);
+            }
             l.last_use[s] = now;
             n_layer++;
         }
         l.admit_queue.clear();
         if (n_layer > 0) {
-            push_slot_map(l);
+            push_slot_map(l); // in the background: the evicted experts are misses from now, the new ones not yet hits
             n_bytes_upload += (uint64_t) n_layer * l.expert_bytes;
             n += n_layer;
         }
+    }
+    if (!pieces.empty()) {
+        uploader->submit(std::move(pieces));
+        round_in_flight = true;
+        n_admit_rounds++;
     }
     admit_pending = false;
     n_admit += n;
@@ -995,8 +1131,52 @@ int32_t llama_moe_cache::admit() {
     return n;
 }
 
+// An admission into slot s in the background: the slot's expert is evicted now (a miss from the next decode on,
+// so no decode reads the slot while it is written), the new one is only recorded as in flight until
+// finish_admission, and the copies go to the uploader.
+void llama_moe_cache::place_later(llama_moe_cache_layer & l, int32_t e, int32_t s, std::vector<llama_moe_upload_piece> & pieces) {
+    GGML_ASSERT(e >= 0 && e < l.n_expert && s >= 0 && s < l.n_slots);
+    const int32_t old = l.expert_in[s];
+    if (old >= 0 && !l.in_flight[s]) {
+        l.slot_of[old] = -1;
+    }
+    l.expert_in[s]    = e;
+    l.from_profile[s] = 0;
+    l.in_flight[s]    = 1;
+    for (int j = 0; j < 3; ++j) {
+        if (const ggml_tensor * src = l.src[j]) {
+            pieces.push_back({ (const char *) src->data + e * src->nb[2], l.dst[j], s * l.dst[j]->nb[2], src->nb[2] });
+        }
+        if (const ggml_tensor * src_b = l.src_b[j]) {
+            pieces.push_back({ (const char *) src_b->data + e * src_b->nb[1], l.dst_b[j], s * l.dst_b[j]->nb[1], src_b->nb[1] });
+        }
+    }
+}
+
+void llama_moe_cache::finish_admission() {
+    if (!round_in_flight) {
+        return;
+    }
+    admit_wait_us += uploader->wait(); // issued a whole decode ago: normally done
+    round_in_flight = false;
+    for (auto & l : layers) {
+        bool changed = false;
+        for (int32_t s = 0; s < l.n_slots; ++s) {
+            if (l.in_flight[s]) {
+                l.in_flight[s] = 0;
+                l.slot_of[l.expert_in[s]] = s;
+                changed = true;
+            }
+        }
+        if (changed) {
+            push_slot_map(l);
+        }
+    }
+}
+
 int32_t llama_moe_cache::admit_experts(int32_t il, const int32_t * experts, int32_t n) {
     std::lock_guard<std::mutex> lock(mutex);
+    finish_admission();
     const auto it = layer_of_il.find(il);
     if (it == layer_of_il.end()) {
         return 0;
@@ -1044,6 +1224,7 @@ int32_t llama_moe_cache::rebalance(int32_t max_swaps) {
         return -1;
     }
     std::lock_guard<std::mutex> lock(mutex);
+    finish_admission();
     int32_t fills = 0;
     if (max_swaps < 0) { // the automatic rounds
         fills = n_tokens_small >= next_fill ? LLAMA_MOE_ADAPT_MAX_FILLS : 0;
@@ -1052,14 +1233,16 @@ int32_t llama_moe_cache::rebalance(int32_t max_swaps) {
         if (swaps > 0) {
             next_swap = n_tokens_small + LLAMA_MOE_ADAPT_PERIOD;
         }
-        return do_rebalance(swaps, fills);
+        return do_rebalance(swaps, fills, fills + swaps);
     }
-    return do_rebalance(max_swaps, max_swaps);
+    // on request, max_swaps bounds the uploads in all: free slots first, then swaps with what is left
+    return do_rebalance(max_swaps, max_swaps, max_swaps);
 }
 
 // Fills free slots with the hottest experts the cache lacks (up to max_fills), then swaps the hottest missing
-// experts for the coldest resident ones of the same layer (up to max_swaps, best gains first).
-int32_t llama_moe_cache::do_rebalance(int32_t max_swaps, int32_t max_fills) {
+// experts for the coldest resident ones of the same layer (up to max_swaps, best gains first), at most max_total
+// uploads of the two together, fills first: a fill evicts nothing.
+int32_t llama_moe_cache::do_rebalance(int32_t max_swaps, int32_t max_fills, int32_t max_total) {
     const auto t0 = std::chrono::steady_clock::now();
     struct move { double gain; int li; int32_t expert; int32_t slot; };
     std::vector<move> fills, swaps;
@@ -1100,8 +1283,8 @@ int32_t llama_moe_cache::do_rebalance(int32_t max_swaps, int32_t max_fills) {
     auto by_gain = [](const move & a, const move & b) { return a.gain > b.gain; };
     std::sort(fills.begin(), fills.end(), by_gain);
     std::sort(swaps.begin(), swaps.end(), by_gain);
-    fills.resize(std::min<size_t>(fills.size(), std::max(max_fills, 0)));
-    swaps.resize(std::min<size_t>(swaps.size(), std::max(max_swaps, 0)));
+    fills.resize(std::min<size_t>(fills.size(), std::max(std::min(max_fills, max_total), 0)));
+    swaps.resize(std::min<size_t>(swaps.size(), std::max(std::min<int32_t>(max_swaps, max_total - (int32_t) fills.size()), 0)));
     std::vector<uint8_t> changed(layers.size(), 0);
     for (const auto * list : { &fills, &swaps }) {
         for (const auto & m : *list) {

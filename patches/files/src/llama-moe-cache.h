@@ -8,6 +8,7 @@
 #include "llama-moe-accounting.h"
 #include "llama-moe-config.h"
 #include "llama-moe-status.h"
+#include "llama-moe-upload.h"
 #include "ggml-backend.h"
 
 #include <cstdint>
@@ -57,6 +58,8 @@ struct llama_moe_cache_route {
     ggml_tensor * up_b  [2] = {nullptr, nullptr};
     ggml_tensor * down_b[2] = {nullptr, nullptr};
     ggml_tensor * bias_ids[2] = {nullptr, nullptr};
+    ggml_tensor * mask[2] = {nullptr, nullptr};   // [1, n_expert_used, n_tokens], 1 or 0: multiplies the chain's output,
+                                                  // zeroing the rows the other chain computes
     bool cpu_only[2] = {false, false};            // the chain must run on the CPU (its ids may be -1)
     bool one_id_per_row[2] = {false, false};      // ids are [1, n_expert_used * n_tokens]: the chain takes one
                                                   // activation row per selected expert
@@ -82,9 +85,15 @@ struct llama_moe_cache_layer {
     ggml_tensor * slot_map = nullptr;
     // hybrid: expert -> itself when the CPU computes it, -1 when the cache holds it (in host memory)
     ggml_tensor * cpu_map = nullptr;
-    // upload mode: expert -> itself (in host memory). A ubatch whose experts may not all fit the slots reads its
-    // ids through it, so that the eval callback sees what it selected and counts it refused
-    ggml_tensor * refuse_map = nullptr;
+    // upload mode, a ubatch whose experts may not all fit the slots (the split, llama_moe_cache::lookup_split):
+    // split_ids maps expert -> itself, and the eval callback rewrites its output in place to one code per
+    // selection: the slot s < n_slots that holds the expert, or n_slots + e for an expert e the CPU computes.
+    // Three fixed maps of [1, n_slots + n_expert] read the codes: the device's slot (0 for the CPU's), its mask
+    // (1 or 0) and the CPU's id (-1 for the device's). All in host memory
+    ggml_tensor * split_ids  = nullptr;
+    ggml_tensor * split_dev  = nullptr;
+    ggml_tensor * split_mask = nullptr;
+    ggml_tensor * split_cpu  = nullptr;
     bool has_bias = false;
 
     int     n_expert = 0;
@@ -97,9 +106,13 @@ struct llama_moe_cache_layer {
     std::vector<int32_t>  expert_in;    // slot -> expert, -1 when free
     std::vector<uint64_t> last_use;     // slot -> ubatch stamp, for LRU
     std::vector<uint8_t>  from_profile; // slot -> filled by the profile and not evicted since
+    std::vector<uint8_t>  in_flight;    // slot -> an admission's background upload, not yet known complete: the
+                                        //   slot holds expert_in for the LRU, but slot_of does not point to it
 
     uint64_t n_hit = 0, n_hit_profile = 0, n_miss = 0;
-    uint64_t n_refused = 0; // upload mode: distinct experts of the ubatches whose lookup was refused
+    uint64_t n_refused = 0; // no longer counted (nothing is refused); kept for the API
+    uint64_t n_cpu = 0;     // upload mode: of the misses, those the CPU computed (a split's experts that found
+                            //   no slot the ubatch does not use)
 
     std::vector<double> heat; // adaptive: expert -> faded count of ubatches that selected it
     std::vector<int32_t> admit_queue; // admission: the distinct experts missed since the last admission, first seen first
@@ -174,14 +187,16 @@ private:
 
     bool upload(llama_moe_cache_layer & layer, int32_t expert, int32_t slot);
     void lookup(llama_moe_cache_layer & layer, ggml_tensor * remap);
+    void lookup_split(llama_moe_cache_layer & layer, ggml_tensor * codes);
     void count_hybrid(llama_moe_cache_layer & layer, const ggml_tensor * ids);
-    void count_refused(llama_moe_cache_layer & layer, const ggml_tensor * ids);
     double adapt_prior(const llama_moe_cache_layer & layer) const; // the heat a profile's expert starts with
     void count_hybrid_locked(llama_moe_cache_layer & layer, const int32_t * ids, int64_t n_tokens); // the caller holds mutex
     void prefill(const std::string & path, uint32_t n_layer, llama_moe_cache_report & report);
     void push_slot_map(llama_moe_cache_layer & layer);
-    int32_t do_rebalance(int32_t max_swaps, int32_t max_fills);
+    int32_t do_rebalance(int32_t max_swaps, int32_t max_fills, int32_t max_total);
     int32_t admit(); // the caller holds mutex
+    void    finish_admission(); // the background round in flight, if any, becomes hits; the caller holds mutex
+    void    place_later(llama_moe_cache_layer & layer, int32_t expert, int32_t slot, std::vector<llama_moe_upload_piece> & pieces);
     void    count_by_size(int64_t n_tokens, uint64_t hits, uint64_t misses, uint64_t refused);
     void    log_summary() const;
 
@@ -201,9 +216,9 @@ private:
     bool copy_on = true;
     std::unordered_map<const ggml_tensor *, int> layer_of_slot_map; // a slot map tensor -> index in layers
     std::unordered_map<const ggml_tensor *, int> layer_of_cpu_map;  // a CPU map tensor -> index in layers
-    std::unordered_map<const ggml_tensor *, int> layer_of_refuse_map; // a refusal's map tensor -> index in layers
+    std::unordered_map<const ggml_tensor *, int> layer_of_split_map; // a split's ids map -> index in layers
     std::unordered_map<int, int> layer_of_il;                        // a model layer -> index in layers
-    std::vector<uint8_t> missed_host; // scratch of count_hybrid and count_refused (under the mutex)
+    std::vector<uint8_t> missed_host; // scratch of count_hybrid and lookup_split (under the mutex)
 
     std::vector<int32_t> ids_host;   // scratch: the selected experts of a ubatch
     std::vector<int32_t> remap_host; // scratch: their slots
@@ -215,6 +230,10 @@ private:
     uint64_t n_swap = 0;
     uint64_t n_admit = 0;
     bool     admit_pending = false; // an admission queue is not empty
+    std::unique_ptr<llama_moe_uploader> uploader; // admission in the background (a GPU device), else synchronous
+    bool     round_in_flight = false;
+    uint64_t n_admit_rounds  = 0;
+    int64_t  admit_wait_us   = 0;   // what decodes waited for background rounds to complete
     uint64_t n_hit_by[2]  = {0, 0}; // [0] ubatches of up to 8 tokens (generation), [1] larger ones, for the exit summary
     uint64_t n_miss_by[2] = {0, 0};
     uint64_t n_refused_by[2] = {0, 0};

@@ -1,0 +1,64 @@
+#pragma once
+
+// Background uploads of experts into the MoE cache's slots (the hybrid's admission on a GPU): the copies run
+// on a second backend instance of the cache's device, so on a stream of their own, while the next token
+// computes on the first. A worker thread stages each expert in page-locked host memory (the device's host
+// buffer type), from which the device copies asynchronously, and marks the end of a round with an event. The
+// cache reads a slot written this way only after wait() (llama-moe-cache.h).
+//
+// Only ggml's public backend API: nothing here is specific to one backend.
+
+#include "ggml-backend.h"
+
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+struct ggml_tensor;
+
+// one copy: size bytes from host memory src into dst at offset
+struct llama_moe_upload_piece {
+    const void  * src;
+    ggml_tensor * dst;
+    size_t        offset;
+    size_t        size;
+};
+
+struct llama_moe_uploader {
+    // staging_bytes: the most one round copies. Returns nullptr, after saying why, when the device cannot take
+    // copies in the background (no second backend instance, no events or no page-locked memory on a GPU).
+    // On the CPU device (tests) the worker copies synchronously into plain memory: the same rounds, in order.
+    static std::unique_ptr<llama_moe_uploader> create(ggml_backend_dev_t dev, size_t staging_bytes);
+
+    ~llama_moe_uploader();
+
+    // Hands a round's copies to the worker and returns at once. The caller has waited for the round before
+    // (wait()), and its pieces fit the staging memory.
+    void submit(std::vector<llama_moe_upload_piece> pieces);
+
+    // Waits until the round submitted last is on the device (normally long done); returns the microseconds waited.
+    int64_t wait();
+
+    size_t staging_size() const { return staging_bytes; }
+
+private:
+    llama_moe_uploader() = default;
+    void run();
+
+    ggml_backend_t        backend = nullptr;
+    ggml_backend_buffer_t staging = nullptr;
+    ggml_backend_event_t  event   = nullptr;
+    ggml_backend_buffer_t device_probe = nullptr; // a few bytes on the device, cleared by the worker at its start
+    uint8_t *             staging_base  = nullptr;
+    size_t                staging_bytes = 0;
+
+    std::thread             worker;
+    std::mutex              mutex;
+    std::condition_variable cv;
+    std::vector<llama_moe_upload_piece> job; // the round the worker has to copy
+    bool has_job = false;                    // a round submitted and not yet on its way (copies queued)
+    bool stop    = false;
+};
