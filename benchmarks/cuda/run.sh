@@ -144,7 +144,7 @@ step_trap() {
 }
 step_serve() {
   timeout $(cap 200) python3 $here/serve_parallel.py /tmp/q30.gguf --profile /tmp/q30.strp --cache-mib 7776 \
-      --parallel 1,2,4 --configs hybrid --rounds 3 -n 128 -t 16 --log-dir $R > $R/serve_parallel.md 2> $R/serve_parallel.err
+      --parallel 1,2,4 --configs ${SERVE_CONFIGS:-hybrid,upload} --rounds 3 -n 128 -t 16 --log-dir $R > $R/serve_parallel.md 2> $R/serve_parallel.err
   cut -c1-300 $R/serve_parallel.md
   grep -q "^| hybrid | 4" $R/serve_parallel.md && mark serve
 }
