@@ -813,7 +813,9 @@ def _step35(d: Dims) -> ArchModel:
     b.key(Keys.Attention.SLIDING_WINDOW, 64, U32)
     b.key(Keys.Attention.SLIDING_WINDOW_PATTERN, [i % 4 != 0 for i in range(d.n_layer)], GGUFValueType.ARRAY)
     b.key(Keys.Rope.FREQ_BASE_SWA, 10000.0, F32)
-    b.key(Keys.LLM.SWIGLU_CLAMP_EXP, [0.0] + [7.0] * (d.n_layer - 1), GGUFValueType.ARRAY)
+    # the released model clamps at 7; 1 bites on these unit-size activations, so a cache path without the clamp
+    # would show
+    b.key(Keys.LLM.SWIGLU_CLAMP_EXP, [0.0] + [1.0] * (d.n_layer - 1), GGUFValueType.ARRAY)
     b.embeddings()
     for i in range(d.n_layer):
         b.attention(i, qk_norm="head")
