@@ -189,11 +189,11 @@ def plan_cache(model: str, layout: ExpertLayout, cache_mib: float, hybrid: bool,
     Streamed trace files are read once to count the folds (the profile is their sum), once to replay every
     fold and the in-sample figure, and once more for the whole-layers alternative."""
     slots = engine_slots(layout, mib_to_bytes(cache_mib), hybrid)
-    per_layer = next(iter(slots.values()))
+    n_per_layer = next(iter(slots.values()))
     n_expert = layout.n_expert
     policy = "static" if hybrid else "lru"
     whole = {il for il, n in slots.items() if n >= n_expert}
-    head = (model, hybrid, budget, cache_mib, per_layer, len(slots), len(whole), n_expert, layout.n_expert_used,
+    head = (model, hybrid, budget, cache_mib, n_per_layer, len(slots), len(whole), n_expert, layout.n_expert_used,
             slot_row_bytes(layout, hybrid), engine_buffer_bytes(layout, slots, hybrid), policy)
     warnings = refusal_warnings(layout, slots, hybrid)
     if routes is None:
@@ -210,7 +210,7 @@ def plan_cache(model: str, layout: ExpertLayout, cache_mib: float, hybrid: bool,
     w_count, w_replay = n // 8 + 1, 2 * n  # progress: the counts, the folds and the in-sample replay
     meter = Meter(w_count + w_replay * (1 + bool(whole_layers) + bool(per_layer)) + (n if per_layer else 0), progress)
     counts = fold_counts(routes, bounds, n_expert, meter.part(w_count))
-    profile = Profile(layout.n_layer, layout.n_expert, per_layer, counts.profile())
+    profile = Profile(layout.n_layer, layout.n_expert, n_per_layer, counts.profile())
     prefilled = sum(len(v) for v in prefill_resident(profile.ranked, slots, n_expert).values())
     fold_profiles = counts.fold_profiles()
 

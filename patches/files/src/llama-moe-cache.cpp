@@ -421,8 +421,11 @@ std::unique_ptr<llama_moe_cache> llama_moe_cache::create(const llama_model & mod
             }
             cache->uploader = llama_moe_uploader::create(dev, staging);
             if (cache->uploader) {
-                LLAMA_LOG_INFO("llama_moe_cache: admission uploads in the background on a stream of its own, from %.2f MiB "
-                               "of staging memory; an expert becomes a hit from the decode after its upload\n", staging / MiB);
+                const bool pinned = cache->uploader->is_pinned(cache->layers[0].src[0] ? cache->layers[0].src[0] : cache->layers[0].src[2]);
+                LLAMA_LOG_INFO("llama_moe_cache: admission uploads in the background on a stream of its own, %s; an expert "
+                               "becomes a hit from the decode after its upload\n", pinned
+                               ? "straight from the experts' page-locked memory"
+                               : ("through " + std::to_string((int) (staging / MiB)) + " MiB of page-locked staging memory").c_str());
             }
         }
     }
@@ -1145,10 +1148,12 @@ void llama_moe_cache::place_later(llama_moe_cache_layer & l, int32_t e, int32_t 
     l.in_flight[s]    = 1;
     for (int j = 0; j < 3; ++j) {
         if (const ggml_tensor * src = l.src[j]) {
-            pieces.push_back({ (const char *) src->data + e * src->nb[2], l.dst[j], s * l.dst[j]->nb[2], src->nb[2] });
+            pieces.push_back({ (const char *) src->data + e * src->nb[2], l.dst[j], s * l.dst[j]->nb[2], src->nb[2],
+                               uploader->is_pinned(src) });
         }
         if (const ggml_tensor * src_b = l.src_b[j]) {
-            pieces.push_back({ (const char *) src_b->data + e * src_b->nb[1], l.dst_b[j], s * l.dst_b[j]->nb[1], src_b->nb[1] });
+            pieces.push_back({ (const char *) src_b->data + e * src_b->nb[1], l.dst_b[j], s * l.dst_b[j]->nb[1], src_b->nb[1],
+                               uploader->is_pinned(src_b) });
         }
     }
 }

@@ -27,6 +27,7 @@ std::unique_ptr<llama_moe_uploader> llama_moe_uploader::create(ggml_backend_dev_
                        ggml_backend_dev_name(dev), buft == nullptr ? "page-locked host memory" : "events");
         return nullptr;
     }
+    up->host_buft = buft;
     up->staging = ggml_backend_buft_alloc_buffer(buft, staging_bytes);
     if (up->staging == nullptr) {
         LLAMA_LOG_WARN("%s: cannot allocate %.2f MiB of page-locked staging memory; admission uploads between decodes, "
@@ -71,6 +72,10 @@ llama_moe_uploader::~llama_moe_uploader() {
     }
 }
 
+bool llama_moe_uploader::is_pinned(const ggml_tensor * t) const {
+    return t->buffer != nullptr && ggml_backend_buffer_get_type(t->buffer) == host_buft;
+}
+
 void llama_moe_uploader::submit(std::vector<llama_moe_upload_piece> pieces) {
     {
         std::lock_guard<std::mutex> lock(mutex);
@@ -108,6 +113,12 @@ void llama_moe_uploader::run() {
         // each piece in a region of its own: the copies before it may still be reading theirs
         size_t off = 0;
         for (const auto & p : pieces) {
+            if (p.pinned) {
+                // no staging: a memcpy of every admitted expert would take the memory bandwidth and a core the
+                // token's CPU part needs, for a copy the device's copy engine does by itself
+                ggml_backend_tensor_set_async(backend, p.dst, p.src, p.offset, p.size);
+                continue;
+            }
             GGML_ASSERT(off + p.size <= staging_bytes && "an admission round larger than its staging memory");
             memcpy(staging_base + off, p.src, p.size);
             ggml_backend_tensor_set_async(backend, p.dst, staging_base + off, p.offset, p.size);

@@ -2,8 +2,9 @@
 
 // Background uploads of experts into the MoE cache's slots (the hybrid's admission on a GPU): the copies run
 // on a second backend instance of the cache's device, so on a stream of their own, while the next token
-// computes on the first. A worker thread stages each expert in page-locked host memory (the device's host
-// buffer type), from which the device copies asynchronously, and marks the end of a round with an event. The
+// computes on the first. A worker thread queues each expert's copy, from where it is when that is the device's
+// page-locked memory, else from a staging copy in such memory (a copy from pageable memory is not asynchronous),
+// and marks the end of a round with an event. The
 // cache reads a slot written this way only after wait() (llama-moe-cache.h).
 //
 // Only ggml's public backend API: nothing here is specific to one backend.
@@ -19,12 +20,14 @@
 
 struct ggml_tensor;
 
-// one copy: size bytes from host memory src into dst at offset
+// one copy: size bytes from host memory src into dst at offset; pinned: src is in the device's page-locked
+// memory (a model loaded without mmap on a GPU build), from which the device copies asynchronously as it is
 struct llama_moe_upload_piece {
     const void  * src;
     ggml_tensor * dst;
     size_t        offset;
     size_t        size;
+    bool          pinned;
 };
 
 struct llama_moe_uploader {
@@ -44,12 +47,16 @@ struct llama_moe_uploader {
 
     size_t staging_size() const { return staging_bytes; }
 
+    // whether t's memory is the device's page-locked host memory, so its copies need no staging
+    bool is_pinned(const ggml_tensor * t) const;
+
 private:
     llama_moe_uploader() = default;
     void run();
 
     ggml_backend_t        backend = nullptr;
     ggml_backend_buffer_t staging = nullptr;
+    ggml_backend_buffer_type_t host_buft = nullptr; // the staging memory's type
     ggml_backend_event_t  event   = nullptr;
     ggml_backend_buffer_t device_probe = nullptr; // a few bytes on the device, cleared by the worker at its start
     uint8_t *             staging_base  = nullptr;
