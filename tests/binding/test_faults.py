@@ -132,11 +132,20 @@ def test_stats_says_the_cache_is_off_and_why(no_gpu, tiny_model_path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "LLAMA_MOE_CACHE_DEVICE"}
     proc = subprocess.run([sys.executable, "-m", "llama_moe", "stats", str(tiny_model_path), "--moe-cache-mib", "2",
                            "--no-repack", "-n", "4"], capture_output=True, text=True, timeout=120,
-                          env={**env, "CUDA_VISIBLE_DEVICES": ""})
+                          env={**env, "CUDA_VISIBLE_DEVICES": "", "LLAMA_MOE_CACHE_DEVICE": "CUDA7"})
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert ("MoE cache    OFF: asked for, but llama.cpp went on without it: no GPU to hold the cache; "
-            "it is off (LLAMA_MOE_CACHE_DEVICE=CPU runs it in RAM, for testing)") in proc.stdout
+    assert ("MoE cache    OFF: asked for, but llama.cpp went on without it: LLAMA_MOE_CACHE_DEVICE=CUDA7 names no "
+            "device; the cache is off") in proc.stdout, proc.stdout
     assert "Traceback" not in proc.stderr and "MoeCacheWarning" not in proc.stderr  # said once, in the report
+
+
+def test_stats_without_a_gpu_runs_the_cache_in_ram_and_says_so(no_gpu, tiny_model_path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "LLAMA_MOE_CACHE_DEVICE"}
+    proc = subprocess.run([sys.executable, "-m", "llama_moe", "stats", str(tiny_model_path), "--moe-cache-mib", "2",
+                           "-n", "4"], capture_output=True, text=True, timeout=120, env={**env, "CUDA_VISIBLE_DEVICES": ""})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "no GPU: the cache is in RAM (LLAMA_MOE_CACHE_DEVICE=CPU)" in proc.stdout
+    assert "MoE cache    upload mode" in proc.stdout and "OFF" not in proc.stdout
 
 
 # -- bad parameters: the Python API ---------------------------------------------------------------------------
@@ -194,8 +203,8 @@ CLI_CASES = [
     (["stats", "{model}", "--moe-cache-mib", "-1"], "--moe-cache-mib must be from 0 to 16777216 (MiB), got -1"),
     (["stats", "{model}", "--moe-cache-mib", "1e9"], "--moe-cache-mib must be from 0 to 16777216 (MiB), got 1e+09"),
     (["stats", "{model}", "--moe-cache-mib", "nan"], "--moe-cache-mib must be a finite number, got nan"),
-    (["stats", "{model}", "--moe-cache-hybrid"], "--moe-cache-hybrid needs a cache: give --moe-cache-mib N"),
-    (["stats", "{model}", "--moe-cache-profile", "{profile}", "--moe-cache-hybrid"],
+    (["stats", "{model}", "--moe-cache-mib", "0", "--moe-cache-hybrid"], "--moe-cache-hybrid needs a cache: give --moe-cache-mib N"),
+    (["stats", "{model}", "--moe-cache-mib", "0", "--moe-cache-profile", "{profile}", "--moe-cache-hybrid"],
      "--moe-cache-profile, --moe-cache-hybrid need a cache"),
     (["stats", "{model}", "--moe-cache-mib", "2", "--moe-cache-adaptive"],
      "--moe-cache-adaptive works with --moe-cache-hybrid only"),
