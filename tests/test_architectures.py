@@ -76,19 +76,19 @@ def test_the_tools_count_the_trunk_and_read_per_layer_experts_per_token(tmp_path
 
 def test_synth_cli_writes_an_architecture_and_refuses_what_it_cannot(tmp_path: Path, capsys) -> None:
     from llama_moe.gguf import read_gguf
-    from llama_moe.synth import cli as synth_cli
+    from llama_moe.cli import main as cli_main
 
-    assert synth_cli.main(["synth", str(tmp_path / "d.gguf"), "--arch", "deepseek2", "--shape", "tiny", "--quiet"]) == 0
+    assert cli_main(["synth", str(tmp_path / "d.gguf"), "--arch", "deepseek2", "--shape", "tiny", "--quiet"]) == 0
     g = read_gguf(tmp_path / "d.gguf")
     assert g.architecture == "deepseek2" and g.get("deepseek2.expert_group_count") == 4
-    assert synth_cli.main(["synth", str(tmp_path / "g.gguf"), "--arch", "gpt-oss", "--quiet"]) == 0
+    assert cli_main(["synth", str(tmp_path / "g.gguf"), "--arch", "gpt-oss", "--quiet"]) == 0
     assert read_gguf(tmp_path / "g.gguf").architecture == "gpt-oss"
     for argv, said in ((["--arch", "olmoe", "--shape", "small"], "has the tiny shape only"),
                        (["--arch", "olmoe", "--skew", "2"], "router knobs"),
                        (["--arch", "mamba"], "unknown architecture 'mamba'"),
                        (["--arch", "gpt-oss", "--shape", "small"], "is a qwen3moe shape, not gpt-oss")):
         capsys.readouterr()
-        assert synth_cli.main(["synth", str(tmp_path / "x.gguf"), *argv]) == 2
+        assert cli_main(["synth", str(tmp_path / "x.gguf"), *argv]) == 2
         err = capsys.readouterr().err
         assert said in err and err.count("\n") == 1, err
     assert not (tmp_path / "x.gguf").exists()

@@ -21,6 +21,7 @@ SCALARS = {
     "copies_total": "n_copy",
     "swaps_total": "n_swap",
     "admissions_total": "n_admit",
+    "cpu_total": "n_cpu",
     "hit_ratio": "hit_ratio",
     "slots": "n_slots",
     "resident": "n_resident",
@@ -30,7 +31,7 @@ SCALARS = {
 }
 PER_LAYER = ("layer_hits_total", "layer_hits_profile_total", "layer_misses_total", "layer_refused_total")
 # series later than the first llama-server with a cache: their absence means a server built from older patches
-LATER_SERIES = ("refused_total", "resident", "layer_refused_total", "admissions_total")
+LATER_SERIES = ("refused_total", "resident", "layer_refused_total", "admissions_total", "cpu_total")
 COUNTER_SERIES = tuple(PREFIX + s for s in SCALARS if s.endswith("_total")) + tuple(PREFIX + s for s in PER_LAYER)
 ALL_SERIES = tuple(PREFIX + s for s in SCALARS) + tuple(PREFIX + s for s in PER_LAYER)
 
@@ -119,6 +120,7 @@ class MoeCacheMetrics(HitRate):
     n_resident: int = 0
     layers_refused: dict[int, int] = field(default_factory=dict)
     n_admit: int = 0
+    n_cpu: int = 0
 
 
 @dataclass(frozen=True)

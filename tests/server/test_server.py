@@ -60,6 +60,8 @@ llamacpp:moe_cache_copies_total 7
 llamacpp:moe_cache_swaps_total 0
 # TYPE llamacpp:moe_cache_admissions_total counter
 llamacpp:moe_cache_admissions_total 0
+# TYPE llamacpp:moe_cache_cpu_total counter
+llamacpp:moe_cache_cpu_total 0
 # TYPE llamacpp:moe_cache_hit_ratio gauge
 llamacpp:moe_cache_hit_ratio 0.999595
 # TYPE llamacpp:moe_cache_slots gauge
@@ -276,9 +278,9 @@ def test_metrics_carry_every_series_of_the_reference(served: Served) -> None:
     assert sorted(c.layers) == [l.il for l in load.layers] and len(c.layers) == 6
     assert (c.n_slots, c.n_prefilled, c.n_bytes_cache, c.hybrid) == (load.cache.slots, 0, load.cache.bytes, False)
     assert c.n_miss > 0 and c.n_hit > 0, "a 2 MiB cache on the tiny model's 5 MiB of experts must hit and miss"
-    # its 13 slots a layer cannot take a prompt's ubatch (4 experts a token): refused, but in the last layer
-    assert c.n_refused > 0 and c.n_refused == sum(c.layers_refused.values())
-    assert all(c.layers_refused[il] > 0 for il in sorted(c.layers)[:-1])
+    # its 13 slots a layer cannot take a prompt's ubatch (4 experts a token) at once: split, never refused
+    assert c.n_refused == 0 and all(v == 0 for v in c.layers_refused.values())
+    assert 0 < c.n_cpu <= c.n_miss
     assert c.hit_ratio == pytest.approx(c.hit_rate, abs=1e-5)
     assert c.hit_ratio == pytest.approx(c.n_hit / (c.n_hit + c.n_miss + c.n_refused), abs=1e-5)
     assert 0 < c.n_resident <= c.n_slots
@@ -299,7 +301,7 @@ def test_metrics_agree_with_the_audit_log(served: Served) -> None:
                            ("n_swap", "swaps"), ("n_refused", "refused")):
         assert getattr(c, field) == getattr(last_request.counters, counter) == getattr(end.counters, counter), field
     assert c.layers == {l.il: (l.hits, l.hits_profile, l.misses) for l in end.layers}
-    assert c.layers_refused == {l.il: l.refused for l in end.layers} and end.counters.refused > 0
+    assert c.layers_refused == {l.il: l.refused for l in end.layers} and end.counters.refused == 0
     assert c.n_resident == sum(len(l.resident) for l in end.layers)
 
 
@@ -329,7 +331,7 @@ def test_stats_server_reports_the_running_server(served: Served) -> None:
     assert lines[0] == f"server       {served.url} (0 requests processing)"
     assert f"hit rate {c.hit_rate:.3f} ({c.n_hit} hits, {c.n_hit_profile} from the profile, {c.n_miss} misses)" in lines[4]
     assert lines[3].startswith(f"MoE cache    upload mode, {c.n_bytes_cache / 2**20:.2f} MiB, {c.n_slots} slots")
-    assert lines[5].strip() == (f"{c.n_hit} hits of {c.n_lookup} lookups = {c.n_hit / c.n_lookup:.4f} ({c.n_miss} admitted, "
+    assert lines[5].strip() == (f"{c.n_hit} hits of {c.n_lookup} lookups = {c.n_hit / c.n_lookup:.4f} ({c.n_miss - c.n_cpu} admitted, "
                                 f"{c.n_refused} refused, cache {100 * c.n_resident / c.n_slots:.2f}% full)")
     table = lines[lines.index("layer   hits  from profile  misses  refused  hit rate") + 1:]
     assert [int(l.split()[0]) for l in table] == sorted(c.layers)
@@ -346,7 +348,7 @@ def test_each_request_logs_its_cache_line(served: Served) -> None:
     for line, m, rec in zip(lines, raw, requests_):
         assert not line.hybrid
         assert (line.hits, line.hits_profile, line.misses) == (rec.req.hits, rec.req.hits_profile, rec.req.misses)
-        assert line.refused == rec.req.refused and rec.req.refused > 0   # each prompt is refused (too many experts)
+        assert line.refused == rec.req.refused == 0   # a prompt with too many experts is split, not refused
         n = rec.req.hits + rec.req.misses + rec.req.refused
         # the numbers printed are the request's counters, rounded to the digits shown
         assert m["mib"] == _as_printed(rec.req.bytes_upload / 2**20, m["mib"])

@@ -95,7 +95,7 @@ def test_the_requests_own_counters_add_up_exactly(soak) -> None:
         assert own == getattr(moved, name), (name, own, getattr(moved, name))
         # the context's deltas over each request's life count the others' lookups: more than happened
         assert sum(getattr(r.req, name) for r in reqs) >= getattr(moved, name)
-    assert moved.hits > 0 and moved.misses > 0 and moved.refused > 0
+    assert moved.hits > 0 and moved.misses > 0 and moved.refused == 0   # too many experts: split, never refused
     assert sum(r.req.hits for r in reqs) > moved.hits   # the slots really overlapped
     assert all(getattr(r.own, n) <= getattr(r.req, n) for r in reqs for n in ("hits", "misses", "refused"))
     cut = [r for r in reqs if r.n_gen < 400 and r.n_gen >= 3 and r.t_gen_ms > 0]

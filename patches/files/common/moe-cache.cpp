@@ -53,13 +53,15 @@ std::string common_moe_cache_metrics(const llama_context * ctx) {
         { "moe_cache_hits_total",         "MoE cache: selected experts the cache held (ubatches of up to 32 tokens)", (double) s.n_hit },
         { "moe_cache_hits_profile_total", "MoE cache: hits on experts the profile placed and that were never evicted", (double) s.n_hit_profile },
         { "moe_cache_misses_total",       "MoE cache: selected experts the cache did not hold", (double) s.n_miss },
-        { "moe_cache_refused_total",      "MoE cache: selected experts of the lookups refused (upload mode: a ubatch's tokens x experts "
-                                          "per token exceed a layer's slots, and its experts come from RAM)", (double) s.n_refused },
+        { "moe_cache_refused_total",      "MoE cache: selected experts of refused lookups (none: upload mode splits a ubatch its "
+                                          "slots cannot hold, moe_cache_cpu_total)", (double) s.n_refused },
         { "moe_cache_upload_bytes_total", "MoE cache: bytes uploaded for misses", (double) s.n_bytes_upload },
         { "moe_cache_cpu_bytes_total",    "MoE cache: bytes of the experts the CPU computed (hybrid)", (double) s.n_bytes_cpu },
         { "moe_cache_copies_total",       "MoE cache: experts large batches copied from the cache instead of from RAM", (double) s.n_copy },
         { "moe_cache_swaps_total",        "MoE cache: experts the adaptive cache swapped in", (double) s.n_swap },
         { "moe_cache_admissions_total",   "MoE cache: missed experts the hybrid uploaded between decodes (--moe-cache-admit)", (double) s.n_admit },
+        { "moe_cache_cpu_total",          "MoE cache: upload mode's misses the CPU computed (a ubatch that selects more experts "
+                                          "than a layer's slots: the slots serve what they can, the CPU the rest)", (double) s.n_cpu },
     };
     // a refused lookup counts against the ratio: a cache too small for its ubatches must not look like a good one
     const uint64_t n_lookup = s.n_hit + s.n_miss + s.n_refused;
