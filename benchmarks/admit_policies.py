@@ -178,9 +178,10 @@ def _arc(col: list[list[int]], c: int, filled: list[int], admit: int) -> tuple[i
     return hits, misses
 
 
-def cell(values: list[float]) -> str:
+def cell(values: list[float], digits: int = 3) -> str:
+    """A mean with its 95% t interval."""
     e = t_interval(values)
-    return f"{e.mean:.3f} [{e.low:.3f}, {e.high:.3f}]"
+    return f"{e.mean:.{digits}f} [{e.low:.{digits}f}, {e.high:.{digits}f}]"
 
 
 def main() -> int:

@@ -23,32 +23,12 @@ import time
 
 import numpy as np
 
-from llama_moe.routing.heldout import t_interval
 from llama_moe.routing.misscurves import lru_miss_curves, split_slots, static_curves
 from llama_moe.routing.policies import run_policy
 from llama_moe.routing.ranking import pair_counts, rank_pairs
-from llama_moe.routing.routes import Routes
 from llama_moe.synth import SHAPES, sample_routes
-from llama_moe.synth.corpus import load_corpus, paragraphs
 
-
-def routes_of(parts: list[np.ndarray], n_layer: int) -> Routes:
-    x = np.concatenate(parts)
-    return Routes(tuple(range(n_layer)), x, np.arange(len(x) + 1, dtype=np.int64))
-
-
-def documents(paras: list[np.ndarray]) -> list[list[np.ndarray]]:
-    out, at = [], 0
-    for text in load_corpus().values():
-        n = len(paragraphs(text))
-        out.append(paras[at:at + n])
-        at += n
-    return out
-
-
-def cell(values: list[float], digits: int = 3) -> str:
-    e = t_interval(values)
-    return f"{e.mean:.{digits}f} [{e.low:.{digits}f}, {e.high:.{digits}f}]"
+from admit_policies import cell, documents, routes_of  # the same corpus folds and cells as the admission tables
 
 
 def main() -> int:
