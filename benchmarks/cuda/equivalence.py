@@ -97,6 +97,8 @@ def main() -> int:
              # the admitting hybrid: misses uploaded into the least recently used slots between decodes
              "admit": Mode({**hybrid, "moe_cache_admit": 1}),
              "admit4": Mode({**hybrid, "moe_cache_admit": 4}),
+             # the uploads between decodes instead of in the background (the default on a GPU)
+             "admit-sync": Mode({**hybrid, "moe_cache_admit": 1}, {"LLAMA_MOE_CACHE_ADMIT_ASYNC": "0"}),
              "admit-split": Mode({**hybrid, "moe_cache_admit": 1}, {"LLAMA_MOE_CACHE_NO_MAILBOX": "1"})}
     if args.modes:
         modes = {name: modes[name] for name in args.modes.split(",")}
@@ -111,7 +113,8 @@ def main() -> int:
                 c = compare_mode(model, ref, modes[mode], mib_at(pct), prompt, DEVICE_TOLERANCE)
                 ok &= c.ok
                 s = c.stats
-                cache = (f"hit rate {s.hit_rate:.3f}, {s.n_miss} misses, {s.n_swap} swaps, {s.n_slots} slots" if s
+                cache = (f"hit rate {s.hit_rate:.3f}, {s.n_miss} misses ({s.n_cpu} split to the CPU), {s.n_swap} swaps, "
+                         f"{s.n_admit} admitted, {s.n_slots} slots" if s
                          else "no cache (the engine turned it off)")
                 print(f"{prompt[:30]!r:34} {mode:12} {pct:3d}%: {c.describe()} over {args.n} -> {'ok' if c.ok else 'WRONG'}; {cache}")
             # the mailbox with the CPU computing every miss changes where the CPU's experts are computed and how they

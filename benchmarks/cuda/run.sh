@@ -9,21 +9,24 @@
 #   STEPS="build speed memcheck equivalence" DEADLINE=540 bash benchmarks/cuda/run.sh
 #
 # Steps:
-#   build        the CUDA build (CUDA_ARCH, default 90-real) with the Qwen3-30B-A3B-shaped model (Q4_0 experts)
-#                synthesized beside it, then the hybrids' profile from a third of each topic's paragraphs
+#   build        the CUDA build (CUDA_ARCH, default 90-real) with the big model of BIG synthesized beside it, then
+#                the hybrids' profile from a third of each topic's paragraphs. BIG: qwen3-30b-a3b (the default, Q4_0
+#                experts, 16.8 GB) or gpt-oss-120b (MXFP4 experts, 61 GB); the disk holds one of them
 #   tiny         the tiny model (q8_0, seed 0) and its profile
-#   speed        python -m llama_moe bench on the Qwen3 shape: for each "PCT:MODES[:N]" of SPEED (default
+#   speed        python -m llama_moe bench on the big model: for each "PCT:MODES[:N]" of SPEED (default
 #                "50:hybrid,hybrid-admit,hybrid-adaptive,cpu-moe,vram 25:hybrid,hybrid-admit"), RUNS runs of 128
 #                tokens; N (default ADMIT, 1) the admitting hybrid's uploads per layer and decode (bench_admit.py)
 #   memcheck     compute-sanitizer memcheck over one short decode of each cache mode (sanitize_modes.py)
-#   racecheck    compute-sanitizer racecheck over the mailbox's modes
+#   racecheck    compute-sanitizer racecheck over the mailbox's modes, the mailbox's kernels and MMVQ's only (the
+#                other kernels run uninstrumented: racecheck over every kernel does not finish within a call)
 #   lifecycle    the lifecycle loop under memcheck with leak checking (lifecycle_sanitize.sh)
 #   equivalence  every cache mode against no cache on the tiny and gpt-oss-tiny models (equivalence.py)
 #   archs        the same on every architecture's tiny model (llama_moe.synth.archs), three at a time
 #   mailbox      the mailbox's device checks (mailbox_device.py; MAILBOX_CHECKS, default all)
 #   trap         llama-bench -p 4096 -ub 32 with CUDA graphs, a GPU core dump read by cuda-gdb (the faulting
 #                kernel), then the traced corpus with graphs off and blocking launches
-#   serve        llama-server with 1, 2 and 4 requests at once, the hybrid through the mailbox (serve_parallel.py)
+#   serve        llama-server with 1, 2 and 4 requests at once, the hybrid through the mailbox (serve_parallel.py;
+#                the Qwen3 shape's cache of half its experts)
 #   kernels      ncu's time of every kernel of one-token decoding, hybrid against all in VRAM (one_token_kernels.py)
 set -u
 here=benchmarks/cuda
@@ -33,6 +36,13 @@ RUNS=${RUNS:-8}
 ADMIT=${ADMIT:-1}
 SPEED=${SPEED:-"50:hybrid,hybrid-admit,hybrid-adaptive,cpu-moe,vram 25:hybrid,hybrid-admit"}
 STEPS=${STEPS:-"build speed memcheck equivalence"}
+BIG=${BIG:-qwen3-30b-a3b}
+case $BIG in
+  qwen3-30b-a3b) M=/tmp/q30.gguf; EXPERTS=q4_0 ;;
+  gpt-oss-120b) M=/tmp/g120.gguf; EXPERTS=mxfp4 ;;
+  *) echo "BIG is qwen3-30b-a3b or gpt-oss-120b, not $BIG"; exit 2 ;;
+esac
+P=${M%.gguf}.strp
 R=/tmp/cuda-run
 mkdir -p $R
 san=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
@@ -48,17 +58,18 @@ fits() {  # STEP SECONDS: not done yet, and SECONDS are left before DEADLINE
 cap() { local l=$(left $DEADLINE); echo $(( l < $1 ? l : $1 )); }
 
 step_build() {
-  if [ ! -f /tmp/q30.gguf ] && ! pgrep -f "llama_moe synth" > /dev/null; then
-    (setsid nohup nice python3 -m llama_moe synth /tmp/q30.gguf --shape qwen3-30b-a3b --experts q4_0 --quiet > $R/synth.log 2>&1 &)
+  if [ ! -f $M ] && ! pgrep -f "llama_moe synth" > /dev/null; then
+    rm -f /tmp/q30.gguf /tmp/g120.gguf  # the disk holds one big model
+    (setsid nohup nice python3 -m llama_moe synth $M --shape $BIG --experts $EXPERTS --quiet > $R/synth.log 2>&1 &)
   fi
   python3 build_native.py --source .bundle/llama.cpp-0c1e57098.tar.xz --cuda --cuda-arch ${CUDA_ARCH:-90-real} 2>&1 \
       | tail -2 | tee -a $R/build.log
   while pgrep -f "llama_moe synth" > /dev/null; do sleep 2; done
-  [ -f /tmp/q30.strp ] || timeout $(cap 150) python3 -c "
+  [ -f $P ] || timeout $(cap ${PROFILE_SECONDS:-150}) python3 -c "
 from pathlib import Path
 from llama_moe.bench.corpus_profile import train_profile
-train_profile(Path('/tmp/q30.gguf'), Path('/tmp/q30.strp'), stride=3)"
-  [ -f /tmp/q30.strp ] && grep -q "built:\|up to date" $R/build.log && mark build
+train_profile(Path('$M'), Path('$P'), stride=3)"
+  [ -f $P ] && grep -q "built:\|up to date" $R/build.log && mark build
 }
 step_tiny() {
   timeout $(cap 60) python3 -c "
@@ -76,8 +87,8 @@ step_speed() {
     admit=${admit:-$ADMIT}
     local name=speed_${pct}_a$admit
     [ -f $R/done_$name ] && continue
-    timeout $(left $DEADLINE) python3 $here/bench_admit.py --admit $admit -v bench /tmp/q30.gguf -t 16 --runs $RUNS \
-        -n 128 --cache-pct $pct --modes $modes --profile /tmp/q30.strp --json $R/$name.json --md $R/$name.md > $R/$name.log 2>&1 \
+    timeout $(left $DEADLINE) python3 $here/bench_admit.py --admit $admit -v bench $M -t 16 --runs $RUNS \
+        -n 128 --cache-pct $pct --modes $modes --profile $P --json $R/$name.json --md $R/$name.md > $R/$name.log 2>&1 \
         && mark $name || ok=0
     grep -E "tok/s, pp|hits of|admission|the CPU waited" $R/$name.log | sed -E 's/^ +//' | cut -c1-260
   done
@@ -90,8 +101,9 @@ step_memcheck() {
   grep -q "ERROR SUMMARY" $R/memcheck.txt && mark memcheck
 }
 step_racecheck() {
-  timeout $(cap 400) $san --tool racecheck --print-limit 10 python3 $here/sanitize_modes.py -n 4 --modes hybrid,admit \
-      --model /tmp/tiny.gguf --profile /tmp/tiny.strp > $R/racecheck.txt 2>&1
+  timeout $(cap 400) $san --tool racecheck --print-limit 10 --kernel-regex kns='mailbox|mul_mat_vec_q' python3 \
+      $here/sanitize_modes.py -n 4 --modes hybrid,gpu-reads-all,admit --model /tmp/tiny.gguf --profile /tmp/tiny.strp \
+      > $R/racecheck.txt 2>&1
   grep -E "MODES|RACECHECK SUMMARY|ERROR SUMMARY|hazard" $R/racecheck.txt | head -12
   grep -q "SUMMARY" $R/racecheck.txt && mark racecheck
 }
@@ -102,7 +114,7 @@ step_lifecycle() {
 step_equivalence() {
   for s in tiny gpt-oss-tiny; do
     timeout $(cap 150) python3 $here/equivalence.py --shape $s --experts q8_0 -n 128 --no-prompt --pcts 25,50 \
-        --modes upload,hybrid,adaptive,admit,admit4,admit-split > $R/eq_$s.txt 2>&1
+        --modes upload,hybrid,adaptive,admit,admit4,admit-sync,admit-split > $R/eq_$s.txt 2>&1
     echo "$s: $(grep -c -- '-> ok' $R/eq_$s.txt) ok, $(grep -c WRONG $R/eq_$s.txt) wrong; $(tail -1 $R/eq_$s.txt | cut -c1-160)"
   done
   grep -qE "^(EQUIVALENT|DIFFERENT)" $R/eq_gpt-oss-tiny.txt && mark equivalence
@@ -143,7 +155,7 @@ step_trap() {
   mark trap
 }
 step_serve() {
-  timeout $(cap 200) python3 $here/serve_parallel.py /tmp/q30.gguf --profile /tmp/q30.strp --cache-mib 7776 \
+  timeout $(cap 200) python3 $here/serve_parallel.py $M --profile $P --cache-mib 7776 \
       --parallel 1,2,4 --configs ${SERVE_CONFIGS:-hybrid,upload} --rounds 3 -n 128 -t 16 --log-dir $R > $R/serve_parallel.md 2> $R/serve_parallel.err
   cut -c1-300 $R/serve_parallel.md
   grep -q "^| hybrid | 4" $R/serve_parallel.md && mark serve
@@ -152,7 +164,7 @@ step_kernels() {
   for m in hybrid vram; do
     for n in 1 3; do
       GGML_CUDA_DISABLE_GRAPHS=1 timeout $(cap 120) $ncu --clock-control none --metrics gpu__time_duration.sum --csv \
-          python3 $here/one_token_kernels.py /tmp/q30.gguf --mode $m --profile /tmp/q30.strp -n $n > $R/ncu_${m}_$n.csv 2> $R/ncu_${m}_$n.err
+          python3 $here/one_token_kernels.py $M --mode $m --profile $P -n $n > $R/ncu_${m}_$n.csv 2> $R/ncu_${m}_$n.err
     done
     python3 $here/ncu_diff.py $R/ncu_${m}_1.csv $R/ncu_${m}_3.csv 2 | tail -12
   done

@@ -4,6 +4,8 @@
 
 Each mode decodes a prompt of over 32 tokens (llama.cpp's path, the cache's experts copied from their slots)
 and then n one-token steps (the cache's path); the adaptive mode rebalances once in between. Modes: upload,
+upload-split (a quarter of the experts, the prompt in ubatches of 16 tokens, each needing more experts than a
+layer's slots: the slots serve what they hold and the CPU computes the rest),
 hybrid (through the mailbox on CUDA), hybrid-split (through the scheduler), gpu-reads-all (the device reads
 every miss from the host copy: MMVQ on host memory), adaptive, admit (the admitting hybrid, one miss a layer
 uploaded between decodes, through the mailbox) and admit-split (the same through the scheduler). --model and
@@ -22,7 +24,7 @@ from llama_moe._native.env import environment
 from llama_moe.equivalence import PROMPTS
 from llama_moe.experts import expert_layout
 
-MODES = ("upload", "hybrid", "hybrid-split", "gpu-reads-all", "adaptive", "admit", "admit-split")
+MODES = ("upload", "upload-split", "hybrid", "hybrid-split", "gpu-reads-all", "adaptive", "admit", "admit-split")
 
 
 def main() -> int:
@@ -43,7 +45,7 @@ def main() -> int:
         profile = train_profile(path, tmp / "p.strp", log=lambda s: None, n_ctx=512)
     mib = expert_layout(path).total_expert_bytes / 2**20 * 0.5 + 1
     hybrid = dict(moe_cache_hybrid=True, moe_cache_profile=str(profile))
-    setups = {"upload": ({"moe_cache_profile": str(profile)}, {}), "hybrid": (hybrid, {}),
+    setups = {"upload": ({"moe_cache_profile": str(profile)}, {}), "upload-split": ({}, {}), "hybrid": (hybrid, {}),
               "hybrid-split": (hybrid, {"LLAMA_MOE_CACHE_NO_MAILBOX": "1"}),
               "gpu-reads-all": (hybrid, {"LLAMA_MOE_MAILBOX_GPU_SHARE": "1"}),
               "adaptive": ({"moe_cache_hybrid": True, "moe_cache_adaptive": True}, {}),
@@ -54,15 +56,17 @@ def main() -> int:
         for name in a.modes.split(","):
             cache, env = setups[name]
             with environment(**env):
-                with Context(model, ContextParams(n_ctx=512, moe_cache_mib=mib, **cache)) as ctx:
-                    ctx.decode(prompt)
+                split = name == "upload-split"
+                with Context(model, ContextParams(n_ctx=512, moe_cache_mib=mib / 2 if split else mib, **cache)) as ctx:
+                    for i in range(0, len(prompt), 16 if split else len(prompt)):
+                        ctx.decode(prompt[i:i + 16] if split else prompt)
                     out = list(ctx.generate([], max_tokens=a.n // 2, stop_at_eog=False))
                     if name == "adaptive":
                         ctx.rebalance()
                     out += list(ctx.generate([], max_tokens=a.n - a.n // 2, stop_at_eog=False))
                     s = ctx.moe_cache_stats()
             print(f"{name}: prompt of {len(prompt)} tokens, {len(out)} tokens; {s.n_hit} hits, {s.n_miss} misses, "
-                  f"{s.n_copy} prompt copies, {s.n_swap} swaps, {s.n_admit} admitted", flush=True)
+                  f"{s.n_copy} prompt copies, {s.n_cpu} split to the CPU, {s.n_swap} swaps, {s.n_admit} admitted", flush=True)
     print("MODES: DONE")
     return 0
 
