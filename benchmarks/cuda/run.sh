@@ -9,9 +9,9 @@
 #   STEPS="build speed memcheck equivalence" DEADLINE=540 bash benchmarks/cuda/run.sh
 #
 # Steps:
-#   build        the CUDA build (CUDA_ARCH, default 90-real) with the big model of BIG synthesized beside it, then
-#                the hybrids' profile from a third of each topic's paragraphs. BIG: qwen3-30b-a3b (the default, Q4_0
-#                experts, 16.8 GB) or gpt-oss-120b (MXFP4 experts, 61 GB); the disk holds one of them
+#   build        the CUDA build (CUDA_ARCH, default 90-real), the big model of BIG synthesized beside it: qwen3-30b-a3b
+#                (the default, Q4_0 experts, 16.8 GB) or gpt-oss-120b (MXFP4 experts, 61 GB); the disk holds one
+#   big          waits for the big model, then the hybrids' profile from a third of each topic's paragraphs
 #   tiny         the tiny model (q8_0, seed 0) and its profile
 #   speed        python -m llama_moe bench on the big model: for each "PCT:MODES[:N]" of SPEED (default
 #                "50:hybrid,hybrid-admit,hybrid-adaptive,cpu-moe,vram 25:hybrid,hybrid-admit"), RUNS runs of 128
@@ -64,12 +64,16 @@ step_build() {
   fi
   python3 build_native.py --source .bundle/llama.cpp-0c1e57098.tar.xz --cuda --cuda-arch ${CUDA_ARCH:-90-real} 2>&1 \
       | tail -2 | tee -a $R/build.log
-  while pgrep -f "llama_moe synth" > /dev/null; do sleep 2; done
+  grep -q "built:\|up to date" $R/build.log && mark build
+}
+step_big() {
+  while pgrep -f "llama_moe synth" > /dev/null && [ $(left $DEADLINE) -gt 30 ]; do sleep 2; done
+  [ -f $M ] || { echo "the big model is still being written ($(du -sh /tmp/.*.tmp-* 2>/dev/null | cut -f1))"; return; }
   [ -f $P ] || timeout $(cap ${PROFILE_SECONDS:-150}) python3 -c "
 from pathlib import Path
 from llama_moe.bench.corpus_profile import train_profile
 train_profile(Path('$M'), Path('$P'), stride=3)"
-  [ -f $P ] && grep -q "built:\|up to date" $R/build.log && mark build
+  [ -f $P ] && mark big
 }
 step_tiny() {
   timeout $(cap 60) python3 -c "
@@ -171,12 +175,13 @@ step_kernels() {
   mark kernels
 }
 
-declare -A NEED=([build]=330 [tiny]=30 [speed]=150 [memcheck]=100 [racecheck]=200 [lifecycle]=150 [equivalence]=120
+declare -A NEED=([build]=240 [big]=60 [tiny]=30 [speed]=150 [memcheck]=100 [racecheck]=200 [lifecycle]=150 [equivalence]=120
                  [archs]=200 [mailbox]=200 [trap]=60 [serve]=90 [kernels]=240)
 echo "$(date -u +%FT%TZ), deadline $DEADLINE s, steps: $STEPS; $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
 for s in $STEPS; do
   [ -z "${NEED[$s]:-}" ] && { echo "unknown step $s (steps: ${!NEED[*]})"; exit 2; }
   case $s in memcheck|racecheck|trap|equivalence) [ -f $R/done_tiny ] || { fits tiny 30 && step_tiny; } ;; esac
+  case $s in speed|serve|kernels) [ -f $R/done_big ] || { fits big 60 && step_big; } ;; esac
   if fits $s ${NEED[$s]}; then step_$s; fi
 done
 echo "== table ($(( $(date +%s) - T0 )) s)"
