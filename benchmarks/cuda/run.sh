@@ -105,7 +105,7 @@ step_memcheck() {
   grep -q "ERROR SUMMARY" $R/memcheck.txt && mark memcheck
 }
 step_racecheck() {
-  timeout $(cap 400) $san --tool racecheck --print-limit 10 --kernel-regex kns='mailbox|mul_mat_vec_q' python3 \
+  timeout $(cap ${RACECHECK_SECONDS:-400}) $san --tool racecheck --print-limit 10 --kernel-regex kns='mailbox|mul_mat_vec_q' python3 \
       $here/sanitize_modes.py -n 4 --modes hybrid,gpu-reads-all,admit --model /tmp/tiny.gguf --profile /tmp/tiny.strp \
       > $R/racecheck.txt 2>&1
   grep -E "MODES|RACECHECK SUMMARY|ERROR SUMMARY|hazard" $R/racecheck.txt | head -12
@@ -136,7 +136,7 @@ step_archs() {
   mark archs
 }
 step_mailbox() {
-  timeout $(cap 400) python3 $here/mailbox_device.py --checks ${MAILBOX_CHECKS:-stall,ring,graphs-pdl,no-pinned,two-contexts,share,litmus} \
+  timeout $(cap ${MAILBOX_SECONDS:-400}) python3 $here/mailbox_device.py --checks ${MAILBOX_CHECKS:-stall,ring,graphs-pdl,no-pinned,two-contexts,share,litmus} \
       -n 128 --timeout 120 > $R/mailbox_device.md 2>&1
   grep -E "ok$|WRONG|MAILBOX DEVICE" $R/mailbox_device.md | cut -c1-200
   grep -q "MAILBOX DEVICE" $R/mailbox_device.md && mark mailbox
