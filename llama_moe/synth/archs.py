@@ -100,6 +100,20 @@ class _Builder:
         self.key(L.EXPERT_COUNT, d.n_expert, U32)
         self.key(L.EXPERT_USED_COUNT, d.n_expert_used, U32)
 
+    def moe_keys(self, lead: int | None = None, shared: int | None = None, shared_ff: int | None = None,
+                 gating: int | None = None, norm: bool | None = None, scale: float | None = None,
+                 groups: int | None = None, groups_used: int | None = None) -> None:
+        """The routing keys many architectures share, each written only when given: leading dense blocks,
+        shared experts (count, width), the gating function, weight normalisation and scale, expert groups."""
+        L = Keys.LLM
+        for template, value, vtype in ((L.LEADING_DENSE_BLOCK_COUNT, lead, U32), (L.EXPERT_SHARED_COUNT, shared, U32),
+                                       (L.EXPERT_SHARED_FEED_FORWARD_LENGTH, shared_ff, U32),
+                                       (L.EXPERT_GATING_FUNC, gating, U32), (L.EXPERT_WEIGHTS_NORM, norm, BOOL),
+                                       (L.EXPERT_WEIGHTS_SCALE, scale, F32), (L.EXPERT_GROUP_COUNT, groups, U32),
+                                       (L.EXPERT_GROUP_USED_COUNT, groups_used, U32)):
+            if value is not None:
+                self.key(template, value, vtype)
+
     def embeddings(self, tied: bool = False) -> None:
         d = self.d
         self.t(tn(MODEL_TENSOR.TOKEN_EMBD), (d.n_embd, -1), "embd")
@@ -168,6 +182,14 @@ class _Builder:
         else:
             self.moe(i, norm=norm, **moe)
 
+    def layers(self, attention: dict[str, Any] | None = None, lead: int = 0, **moe: Any) -> None:
+        """The embeddings, then n_layer blocks of attention and FFN: the first ``lead`` dense, the others MoE
+        (``moe``: the keywords of :meth:`moe`)."""
+        self.embeddings()
+        for i in range(self.d.n_layer):
+            self.attention(i, **(attention or {}))
+            self.ffn(i, dense_lead=lead, **moe)
+
     def mla(self, i: int, q_lora: int, kv_lora: int, rope: int, nope: int, v: int) -> None:
         """DeepSeek's multi-head latent attention, its K and V up-projections split (k_b, v_b) as converted
         for the MLA KV cache."""
@@ -202,10 +224,7 @@ def _qwen2moe(d: Dims) -> ArchModel:
     b = _Builder("qwen2moe", d)
     b.base_keys()
     b.key(Keys.LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH, d.n_ff_exp * 2, U32)
-    b.embeddings()
-    for i in range(d.n_layer):
-        b.attention(i, qk_norm=None, bias=True)
-        b.moe(i, shexp=2 * d.n_ff_exp, shexp_gate_inp=True)
+    b.layers(attention=dict(qk_norm=None, bias=True), shexp=2 * d.n_ff_exp, shexp_gate_inp=True)
     return b.model("qwen2moe", list(range(d.n_layer)), notes="a shared expert with its own sigmoid gate; q/k/v biases")
 
 
@@ -213,20 +232,14 @@ def _olmoe(d: Dims) -> ArchModel:
     d = replace(d, n_head_kv=d.n_head)  # its k norm spans n_embd: no grouped-query attention
     b = _Builder("olmoe", d)
     b.base_keys(n_ff=d.n_ff_exp)  # OLMoE's experts take feed_forward_length
-    b.embeddings()
-    for i in range(d.n_layer):
-        b.attention(i, qk_norm="full")
-        b.moe(i)
+    b.layers(attention=dict(qk_norm="full"))
     return b.model("olmoe", list(range(d.n_layer)), notes="q/k norms over all heads; experts sized by feed_forward_length")
 
 
 def _mixtral(d: Dims) -> ArchModel:
     b = _Builder("llama", d)
     b.base_keys(n_ff=d.n_ff_exp)
-    b.embeddings()
-    for i in range(d.n_layer):
-        b.attention(i, qk_norm=None)
-        b.moe(i)
+    b.layers(attention=dict(qk_norm=None))
     return b.model("llama", list(range(d.n_layer)), notes="Mixtral: llama with experts, no shared expert")
 
 
@@ -239,10 +252,7 @@ def _granitemoe(d: Dims, shared: bool) -> ArchModel:
     b.key(Keys.Attention.SCALE, 1.0 / d.head_dim, F32)
     if shared:
         b.key(Keys.LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH, 2 * d.n_ff_exp, U32)
-    b.embeddings()
-    for i in range(d.n_layer):
-        b.attention(i, qk_norm=None)
-        b.moe(i, shexp=2 * d.n_ff_exp if shared else 0)
+    b.layers(attention=dict(qk_norm=None), shexp=2 * d.n_ff_exp if shared else 0)
     return b.model("granitemoe-shared" if shared else "granitemoe", list(range(d.n_layer)),
                    notes=("a shared expert, " if shared else "") + "residual, embedding, attention and logit scales")
 
@@ -253,10 +263,7 @@ def _ernie(d: Dims) -> ArchModel:
     b.key(Keys.LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH, 2 * d.n_ff_exp, U32)
     b.key(Keys.LLM.INTERLEAVE_MOE_LAYER_STEP, 1, U32)
     b.key(Keys.LLM.LEADING_DENSE_BLOCK_COUNT, 1, U32)
-    b.embeddings()
-    for i in range(d.n_layer):
-        b.attention(i, qk_norm=None)
-        b.ffn(i, probs_b=True, shexp=2 * d.n_ff_exp)
+    b.layers(attention=dict(qk_norm=None), lead=1, probs_b=True, shexp=2 * d.n_ff_exp)
     return b.model("ernie4_5-moe", list(range(1, d.n_layer)),
                    notes="a dense first layer, a shared expert, a selection bias")
 
@@ -265,15 +272,8 @@ def _dots1(d: Dims) -> ArchModel:
     d = replace(d, n_head_kv=d.n_head)  # its k and v take n_head heads
     b = _Builder("dots1", d)
     b.base_keys()
-    b.key(Keys.LLM.LEADING_DENSE_BLOCK_COUNT, 1, U32)
-    b.key(Keys.LLM.EXPERT_SHARED_COUNT, 2, U32)
-    b.key(Keys.LLM.EXPERT_WEIGHTS_SCALE, 2.5, F32)
-    b.key(Keys.LLM.EXPERT_WEIGHTS_NORM, True, BOOL)
-    b.key(Keys.LLM.EXPERT_GATING_FUNC, GATING_SIGMOID, U32)
-    b.embeddings()
-    for i in range(d.n_layer):
-        b.attention(i, qk_norm="head")
-        b.ffn(i, probs_b=True, shexp=2 * d.n_ff_exp)
+    b.moe_keys(lead=1, shared=2, scale=2.5, norm=True, gating=GATING_SIGMOID)
+    b.layers(attention=dict(qk_norm="head"), lead=1, probs_b=True, shexp=2 * d.n_ff_exp)
     return b.model("dots1", list(range(1, d.n_layer)),
                    notes="sigmoid gating with a selection bias, normalised and scaled weights, two shared experts, "
                    "a dense first layer")
@@ -283,10 +283,7 @@ def _hunyuan(d: Dims) -> ArchModel:
     b = _Builder("hunyuan-moe", d)
     b.base_keys(n_ff=d.n_ff_exp)
     b.key(Keys.LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH, 2 * d.n_ff_exp, U32)
-    b.embeddings()
-    for i in range(d.n_layer):
-        b.attention(i, qk_norm="head")
-        b.moe(i, shexp=2 * d.n_ff_exp)
+    b.layers(attention=dict(qk_norm="head"), shexp=2 * d.n_ff_exp)
     return b.model("hunyuan-moe", list(range(d.n_layer)), notes="a shared expert; q/k norms after RoPE")
 
 
@@ -296,17 +293,8 @@ def _bailingmoe2(d: Dims, mtp: bool = False) -> ArchModel:
     b.base_keys(n_block=d.n_layer + nextn)
     if nextn:
         b.key(Keys.LLM.NEXTN_PREDICT_LAYERS, nextn, U32)
-    b.key(Keys.LLM.LEADING_DENSE_BLOCK_COUNT, 1, U32)
-    b.key(Keys.LLM.EXPERT_SHARED_COUNT, 1, U32)
-    b.key(Keys.LLM.EXPERT_WEIGHTS_SCALE, 2.5, F32)
-    b.key(Keys.LLM.EXPERT_WEIGHTS_NORM, True, BOOL)
-    b.key(Keys.LLM.EXPERT_GATING_FUNC, GATING_SIGMOID, U32)
-    b.key(Keys.LLM.EXPERT_GROUP_COUNT, 4, U32)
-    b.key(Keys.LLM.EXPERT_GROUP_USED_COUNT, 2, U32)
-    b.embeddings()
-    for i in range(d.n_layer):
-        b.attention(i, qk_norm="head", merged=True)
-        b.ffn(i, probs_b=True, shexp=d.n_ff_exp)
+    b.moe_keys(lead=1, shared=1, scale=2.5, norm=True, gating=GATING_SIGMOID, groups=4, groups_used=2)
+    b.layers(attention=dict(qk_norm="head", merged=True), lead=1, probs_b=True, shexp=d.n_ff_exp)
     return b.model("bailingmoe2", list(range(1, d.n_layer)),
                    notes="sigmoid gating in expert groups with a selection bias, a shared expert, a merged QKV, "
                    "a dense first layer")
@@ -317,10 +305,7 @@ def _minimax_m2(d: Dims) -> ArchModel:
     b.base_keys(n_ff=d.n_ff_exp)
     b.key(Keys.LLM.EXPERT_GATING_FUNC, GATING_SIGMOID, U32)
     b.key(Keys.Rope.DIMENSION_COUNT, d.head_dim // 2, U32)
-    b.embeddings()
-    for i in range(d.n_layer):
-        b.attention(i, qk_norm="full")
-        b.moe(i, probs_b=True)
+    b.layers(attention=dict(qk_norm="full"), probs_b=True)
     return b.model("minimax-m2", list(range(d.n_layer)),
                    notes="sigmoid gating with a selection bias, no shared expert, partial RoPE")
 
@@ -331,11 +316,7 @@ def _glm4moe(d: Dims, mtp: bool) -> ArchModel:
     b.base_keys(n_block=d.n_layer + nextn)
     if nextn:
         b.key(Keys.LLM.NEXTN_PREDICT_LAYERS, nextn, U32)
-    b.key(Keys.LLM.EXPERT_SHARED_COUNT, 1, U32)
-    b.key(Keys.LLM.LEADING_DENSE_BLOCK_COUNT, 1, U32)
-    b.key(Keys.LLM.EXPERT_WEIGHTS_SCALE, 2.5, F32)
-    b.key(Keys.LLM.EXPERT_WEIGHTS_NORM, True, BOOL)
-    b.key(Keys.LLM.EXPERT_GATING_FUNC, GATING_SIGMOID, U32)
+    b.moe_keys(shared=1, lead=1, scale=2.5, norm=True, gating=GATING_SIGMOID)
     b.key(Keys.Rope.DIMENSION_COUNT, d.head_dim // 2, U32)
     b.embeddings()
     for i in range(d.n_layer + nextn):
@@ -367,11 +348,8 @@ def _deepseek2(d: Dims, style: str) -> ArchModel:
     b.key(Keys.Attention.KEY_LENGTH, kv_lora + rope, U32)
     b.key(Keys.Attention.VALUE_LENGTH, kv_lora, U32)
     b.key(Keys.Attention.HEAD_COUNT_KV, 1, U32)
-    b.key(Keys.LLM.LEADING_DENSE_BLOCK_COUNT, 1, U32)
-    b.key(Keys.LLM.EXPERT_SHARED_COUNT, 1, U32)
-    b.key(Keys.LLM.EXPERT_WEIGHTS_SCALE, 2.5 if style != "lite" else 1.0, F32)
-    b.key(Keys.LLM.EXPERT_WEIGHTS_NORM, style != "lite", BOOL)
-    b.key(Keys.LLM.EXPERT_GATING_FUNC, GATING_SIGMOID if style != "lite" else GATING_SOFTMAX, U32)
+    lite = style == "lite"
+    b.moe_keys(lead=1, shared=1, scale=1.0 if lite else 2.5, norm=not lite, gating=GATING_SOFTMAX if lite else GATING_SIGMOID)
     if style == "v3":
         b.key(Keys.LLM.EXPERT_GROUP_COUNT, 4, U32)
         b.key(Keys.LLM.EXPERT_GROUP_USED_COUNT, 2, U32)
@@ -522,10 +500,7 @@ def _nemotron_h_moe(d: Dims, per_layer_k: bool) -> ArchModel:
     else:
         b.key(Keys.LLM.EXPERT_USED_COUNT, d.n_expert_used, U32)
     b.key(Keys.Attention.LAYERNORM_EPS, 1e-5, F32)
-    b.key(Keys.LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH, 2 * d.n_ff_exp, U32)
-    b.key(Keys.LLM.EXPERT_GATING_FUNC, GATING_SIGMOID, U32)
-    b.key(Keys.LLM.EXPERT_WEIGHTS_NORM, True, BOOL)
-    b.key(Keys.LLM.EXPERT_WEIGHTS_SCALE, 2.5, F32)
+    b.moe_keys(shared_ff=2 * d.n_ff_exp, gating=GATING_SIGMOID, norm=True, scale=2.5)
     b.key(Keys.SSM.CONV_KERNEL, 4, U32)
     b.key(Keys.SSM.INNER_SIZE, d_inner, U32)
     b.key(Keys.SSM.STATE_SIZE, d_state, U32)
@@ -535,15 +510,7 @@ def _nemotron_h_moe(d: Dims, per_layer_k: bool) -> ArchModel:
     for i, kind in enumerate(kinds):
         b.t(tn(MODEL_TENSOR.ATTN_NORM, i), (d.n_embd,), "norm")
         if kind == "ssm":
-            b.t(tn(MODEL_TENSOR.SSM_IN, i), (d.n_embd, 2 * d_inner + 2 * n_group * d_state + n_ssm_head), "mat")
-            b.t(tn(MODEL_TENSOR.SSM_CONV1D, i), (4, d_inner + 2 * n_group * d_state), "mat_f32")
-            # optional to the loader, but llama.cpp's Mamba-2 layer adds it
-            b.t(tn(MODEL_TENSOR.SSM_CONV1D, i, "bias"), (d_inner + 2 * n_group * d_state,), "bias")
-            b.t(tn(MODEL_TENSOR.SSM_DT, i, "bias"), (n_ssm_head,), "bias")
-            b.t(tn(MODEL_TENSOR.SSM_A, i, None), (1, n_ssm_head), "neg_ones")
-            b.t(tn(MODEL_TENSOR.SSM_D, i, None), (1, n_ssm_head), "norm")
-            b.t(tn(MODEL_TENSOR.SSM_NORM, i), (d_inner // n_group, n_group), "norm")
-            b.t(tn(MODEL_TENSOR.SSM_OUT, i), (d_inner, d.n_embd), "mat")
+            _mamba2(b, i, d_inner, d_state, n_group, n_ssm_head)
         elif kind == "attn":
             n_q, n_kv = d.n_head * d.head_dim, d.n_head_kv * d.head_dim
             b.t(tn(MODEL_TENSOR.ATTN_Q, i), (d.n_embd, n_q), "mat")
@@ -581,10 +548,7 @@ def _kimi_linear(d: Dims) -> ArchModel:
     b.key(Keys.Rope.DIMENSION_COUNT, rope, U32)
     b.key(Keys.SSM.CONV_KERNEL, 4, U32)
     b.key("{arch}.kda.head_dim", kda, U32)  # the base's key; the published gguf-py 0.19.0 has no constant for it
-    b.key(Keys.LLM.LEADING_DENSE_BLOCK_COUNT, 1, U32)
-    b.key(Keys.LLM.EXPERT_SHARED_COUNT, 1, U32)
-    b.key(Keys.LLM.EXPERT_WEIGHTS_SCALE, 2.5, F32)
-    b.key(Keys.LLM.EXPERT_GATING_FUNC, GATING_SIGMOID, U32)
+    b.moe_keys(lead=1, shared=1, scale=2.5, gating=GATING_SIGMOID)
     b.embeddings()
     proj = kda * d.n_head
     for i, kind in enumerate(kinds):
@@ -645,13 +609,8 @@ def _dbrx(d: Dims) -> ArchModel:
 def _deepseek(d: Dims) -> ArchModel:
     b = _Builder("deepseek", d)
     b.base_keys()
-    b.key(Keys.LLM.LEADING_DENSE_BLOCK_COUNT, 1, U32)
-    b.key(Keys.LLM.EXPERT_SHARED_COUNT, 2, U32)
-    b.key(Keys.LLM.EXPERT_WEIGHTS_SCALE, 1.0, F32)
-    b.embeddings()
-    for i in range(d.n_layer):
-        b.attention(i, qk_norm=None)
-        b.ffn(i, shexp=2 * d.n_ff_exp)
+    b.moe_keys(lead=1, shared=2, scale=1.0)
+    b.layers(attention=dict(qk_norm=None), lead=1, shexp=2 * d.n_ff_exp)
     return b.model("deepseek", list(range(1, d.n_layer)),
                    notes="DeepSeek-MoE (V1): softmax gating, two shared experts, a dense first layer")
 
@@ -696,10 +655,7 @@ def _qwen3vlmoe(d: Dims) -> ArchModel:
     b = _Builder("qwen3vlmoe", d)
     b.base_keys()
     b.key(Keys.Rope.DIMENSION_SECTIONS, [6, 5, 5, 0], GGUFValueType.ARRAY)
-    b.embeddings()
-    for i in range(d.n_layer):
-        b.attention(i, qk_norm="head")
-        b.moe(i)
+    b.layers(attention=dict(qk_norm="head"))
     return b.model("qwen3vlmoe", list(range(d.n_layer)),
                    notes="the text model of Qwen3-VL MoE: Qwen3 MoE layers with multi-section RoPE")
 
@@ -707,8 +663,7 @@ def _qwen3vlmoe(d: Dims) -> ArchModel:
 def _bailingmoe(d: Dims) -> ArchModel:
     b = _Builder("bailingmoe", d)
     b.base_keys()
-    b.key(Keys.LLM.EXPERT_SHARED_COUNT, 1, U32)
-    b.key(Keys.LLM.EXPERT_WEIGHTS_NORM, True, BOOL)
+    b.moe_keys(shared=1, norm=True)
     b.embeddings()
     for i in range(d.n_layer):
         b.attention(i, qk_norm=None)  # the converter splits Ling's merged QKV
@@ -720,10 +675,7 @@ def _bailingmoe(d: Dims) -> ArchModel:
 def _mistral3(d: Dims) -> ArchModel:
     b = _Builder("mistral3", d)
     b.base_keys(n_ff=d.n_ff_exp)  # its experts take feed_forward_length
-    b.embeddings()
-    for i in range(d.n_layer):
-        b.attention(i, qk_norm=None)
-        b.moe(i)
+    b.layers(attention=dict(qk_norm=None))
     return b.model("mistral3", list(range(d.n_layer)),
                    notes="the MoE branch of Mistral 3's loader: the layout of `llama` (Mixtral), its own graph")
 
@@ -734,10 +686,7 @@ def _smallthinker(d: Dims) -> ArchModel:
     b = _Builder("smallthinker", d)
     b.base_keys()
     b.key(Keys.LLM.EXPERT_GATING_FUNC, GATING_SOFTMAX, U32)
-    b.embeddings()
-    for i in range(d.n_layer):
-        b.attention(i, qk_norm=None)
-        b.moe(i)
+    b.layers(attention=dict(qk_norm=None))
     return b.model("smallthinker", list(range(d.n_layer)),
                    notes="routing computed before attention from the layer's input; ReLU experts")
 
@@ -746,16 +695,8 @@ def _exaone_moe(d: Dims) -> ArchModel:
     b = _Builder("exaone-moe", d)
     b.base_keys()
     b.key(Keys.Attention.SLIDING_WINDOW, 64, U32)
-    b.key(Keys.LLM.LEADING_DENSE_BLOCK_COUNT, 1, U32)
-    b.key(Keys.LLM.EXPERT_SHARED_COUNT, 1, U32)
-    b.key(Keys.LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH, d.n_ff_exp, U32)
-    b.key(Keys.LLM.EXPERT_GATING_FUNC, GATING_SIGMOID, U32)
-    b.key(Keys.LLM.EXPERT_WEIGHTS_NORM, True, BOOL)
-    b.key(Keys.LLM.EXPERT_WEIGHTS_SCALE, 2.5, F32)
-    b.embeddings()
-    for i in range(d.n_layer):
-        b.attention(i, qk_norm="head")
-        b.ffn(i, probs_b=True, shexp=d.n_ff_exp)
+    b.moe_keys(lead=1, shared=1, shared_ff=d.n_ff_exp, gating=GATING_SIGMOID, norm=True, scale=2.5)
+    b.layers(attention=dict(qk_norm="head"), lead=1, probs_b=True, shexp=d.n_ff_exp)
     return b.model("exaone-moe", list(range(1, d.n_layer)),
                    notes="sigmoid gating with a selection bias, a shared expert, a dense first layer; sliding-window "
                    "attention in three layers of four")
@@ -765,11 +706,7 @@ def _afmoe(d: Dims) -> ArchModel:
     b = _Builder("afmoe", d)
     b.base_keys()
     b.key(Keys.Attention.SLIDING_WINDOW, 64, U32)
-    b.key(Keys.LLM.LEADING_DENSE_BLOCK_COUNT, 1, U32)
-    b.key(Keys.LLM.EXPERT_SHARED_COUNT, 1, U32)
-    b.key(Keys.LLM.EXPERT_GATING_FUNC, GATING_SIGMOID, U32)
-    b.key(Keys.LLM.EXPERT_WEIGHTS_NORM, True, BOOL)
-    b.key(Keys.LLM.EXPERT_WEIGHTS_SCALE, 2.5, F32)
+    b.moe_keys(lead=1, shared=1, gating=GATING_SIGMOID, norm=True, scale=2.5)
     b.embeddings()
     for i in range(d.n_layer):
         b.attention(i, qk_norm="head")
@@ -806,10 +743,7 @@ def _step35(d: Dims) -> ArchModel:
     full-attention layers."""
     b = _Builder("step35", d)
     b.base_keys()
-    b.key(Keys.LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH, d.n_ff_exp, U32)
-    b.key(Keys.LLM.EXPERT_GATING_FUNC, GATING_SIGMOID, U32)
-    b.key(Keys.LLM.EXPERT_WEIGHTS_NORM, True, BOOL)
-    b.key(Keys.LLM.EXPERT_WEIGHTS_SCALE, 2.5, F32)
+    b.moe_keys(shared_ff=d.n_ff_exp, gating=GATING_SIGMOID, norm=True, scale=2.5)
     b.key(Keys.Attention.SLIDING_WINDOW, 64, U32)
     b.key(Keys.Attention.SLIDING_WINDOW_PATTERN, [i % 4 != 0 for i in range(d.n_layer)], GGUFValueType.ARRAY)
     b.key(Keys.Rope.FREQ_BASE_SWA, 10000.0, F32)
@@ -846,11 +780,7 @@ def _glm_dsa(d: Dims) -> ArchModel:
     b.key(Keys.Attention.Indexer.HEAD_COUNT, idx_heads, U32)
     b.key(Keys.Attention.Indexer.KEY_LENGTH, idx_dim, U32)
     b.key(Keys.Attention.Indexer.TOP_K, 32, U32)
-    b.key(Keys.LLM.LEADING_DENSE_BLOCK_COUNT, 1, U32)
-    b.key(Keys.LLM.EXPERT_SHARED_COUNT, 1, U32)
-    b.key(Keys.LLM.EXPERT_WEIGHTS_SCALE, 2.5, F32)
-    b.key(Keys.LLM.EXPERT_WEIGHTS_NORM, True, BOOL)
-    b.key(Keys.LLM.EXPERT_GATING_FUNC, GATING_SIGMOID, U32)
+    b.moe_keys(lead=1, shared=1, scale=2.5, norm=True, gating=GATING_SIGMOID)
     b.embeddings()
     for i in range(d.n_layer):
         b.t(tn(MODEL_TENSOR.ATTN_NORM, i), (d.n_embd,), "norm")
@@ -870,6 +800,7 @@ def _mamba2(b: _Builder, i: int, d_inner: int, d_state: int, n_group: int, n_ssm
     d = b.d
     b.t(tn(MODEL_TENSOR.SSM_IN, i), (d.n_embd, 2 * d_inner + 2 * n_group * d_state + n_ssm_head), "mat")
     b.t(tn(MODEL_TENSOR.SSM_CONV1D, i), (4, d_inner + 2 * n_group * d_state), "mat_f32")
+    # optional to the loader, but llama.cpp's Mamba-2 layer adds it
     b.t(tn(MODEL_TENSOR.SSM_CONV1D, i, "bias"), (d_inner + 2 * n_group * d_state,), "bias")
     b.t(tn(MODEL_TENSOR.SSM_DT, i, "bias"), (n_ssm_head,), "bias")
     b.t(tn(MODEL_TENSOR.SSM_A, i, None), (1, n_ssm_head), "neg_ones")
@@ -970,8 +901,7 @@ def _lfm2moe(d: Dims) -> ArchModel:
     b.keys = [k for k in b.keys if k[0] != Keys.Attention.HEAD_COUNT_KV.format(arch="lfm2moe")]
     b.key(Keys.Attention.HEAD_COUNT_KV, [d.n_head_kv if k == "attn" else 0 for k in kinds], GGUFValueType.ARRAY)
     b.key(Keys.ShortConv.L_CACHE, l_cache, U32)
-    b.key(Keys.LLM.LEADING_DENSE_BLOCK_COUNT, 1, U32)
-    b.key(Keys.LLM.EXPERT_GATING_FUNC, GATING_SIGMOID, U32)
+    b.moe_keys(lead=1, gating=GATING_SIGMOID)
     b.t(tn(MODEL_TENSOR.TOKEN_EMBD), (d.n_embd, -1), "embd")
     b.t(tn(MODEL_TENSOR.TOKEN_EMBD_NORM), (d.n_embd,), "norm")  # LFM2's final norm, under this name
     n_kv = d.n_head_kv * d.head_dim
