@@ -6,25 +6,13 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
-import pytest
-
-from llama_moe.experts import expert_layout
-from llama_moe.formats.profile import Profile, write_profile
 from llama_moe.server.check_api import KEY_WANTED, check_api, serve_and_check
 from support.llama_server import find_server_binary, start_server, stop_server
 
 NAMES = ["api key", "openai chat.completions", "openai completions", "openai chat.completions stream",
          "anthropic messages", "openai with a wrong key", "anthropic with a wrong key", "moe cache"]
 
-
-@pytest.fixture()
-def profile(tiny_model_path, tmp_path) -> Path:
-    layout = expert_layout(tiny_model_path)
-    ranked = [(l.il, (5 * l.il + 3 * i) % layout.n_expert) for i in range(layout.n_expert) for l in layout.layers]
-    write_profile(tmp_path / "p.strp", Profile(layout.n_layer, layout.n_expert, 12, tuple(ranked)))
-    return tmp_path / "p.strp"
 
 
 def test_the_contract_form_starts_checks_and_stops_a_server(lib, tiny_model_path, profile, tmp_path) -> None:

@@ -5,22 +5,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from llama_moe.server.check_audit import PROMPTS, CheckAuditError, check_audit_run
-from llama_moe.experts import expert_layout
-from llama_moe.formats.profile import Profile, write_profile
 from support.llama_server import find_server_binary
 
-
-@pytest.fixture()
-def profile(tiny_model_path, tmp_path) -> Path:
-    layout = expert_layout(tiny_model_path)
-    ranked = [(l.il, (5 * l.il + 3 * i) % layout.n_expert) for i in range(layout.n_expert) for l in layout.layers]
-    write_profile(tmp_path / "p.strp", Profile(layout.n_layer, layout.n_expert, 12, tuple(ranked)))
-    return tmp_path / "p.strp"
 
 
 def test_the_mailbox_changes_no_text_and_both_logs_pass(lib, tiny_model_path, profile, tmp_path) -> None:
