@@ -36,3 +36,11 @@ def tiny_q4_model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("models") / "tiny-q4_0.gguf"
     synthesize(path, shape="tiny", expert_type="q4_0", seed=1)
     return path
+
+
+@pytest.fixture
+def cache_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The MoE cache on the CPU device (LLAMA_MOE_CACHE_DEVICE=CPU): without a GPU the engine turns the cache
+    off, and the tests of what the cache does need it on. Modules take it with
+    ``pytestmark = pytest.mark.usefixtures("cache_on_cpu")``."""
+    monkeypatch.setenv("LLAMA_MOE_CACHE_DEVICE", "CPU")

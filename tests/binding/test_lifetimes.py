@@ -19,9 +19,7 @@ PROMPT = "The ship left the harbour at dawn"
 N_GEN = 16
 
 
-@pytest.fixture(autouse=True)
-def cache_on_cpu(monkeypatch) -> None:
-    monkeypatch.setenv("LLAMA_MOE_CACHE_DEVICE", "CPU")
+pytestmark = pytest.mark.usefixtures("cache_on_cpu")
 
 
 def _params(tiny_model_path) -> ContextParams:

@@ -14,9 +14,7 @@ PROMPT = "The ship left the harbour at dawn, and the crew"
 RAM = ModelParams(cpu_moe=True, repack=False)
 
 
-@pytest.fixture(autouse=True)
-def cache_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("LLAMA_MOE_CACHE_DEVICE", "CPU")
+pytestmark = pytest.mark.usefixtures("cache_on_cpu")
 
 
 @pytest.fixture(scope="module")

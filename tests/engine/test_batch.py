@@ -23,9 +23,7 @@ RAM = ModelParams(cpu_moe=True, repack=False)
 MODES = ("none", "upload", "hybrid", "adaptive")
 
 
-@pytest.fixture(autouse=True)
-def cache_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("LLAMA_MOE_CACHE_DEVICE", "CPU")
+pytestmark = pytest.mark.usefixtures("cache_on_cpu")
 
 
 @pytest.fixture(scope="module")

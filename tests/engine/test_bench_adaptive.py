@@ -14,9 +14,7 @@ from llama_moe.synth.corpus import TOPICS, split_paragraphs
 from llama_moe.errors import ToolInputError
 
 
-@pytest.fixture(autouse=True)
-def cache_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("LLAMA_MOE_CACHE_DEVICE", "CPU")
+pytestmark = pytest.mark.usefixtures("cache_on_cpu")
 
 
 def test_five_configurations_side_by_side(lib, tiny_model_path, tmp_path) -> None:

@@ -20,9 +20,7 @@ N_GEN = 40
 RAM = ModelParams(cpu_moe=True, repack=False)
 
 
-@pytest.fixture(autouse=True)
-def cache_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("LLAMA_MOE_CACHE_DEVICE", "CPU")
+pytestmark = pytest.mark.usefixtures("cache_on_cpu")
 
 
 def _run(path: Path, mp: ModelParams, cp: ContextParams, trace: bool = False):

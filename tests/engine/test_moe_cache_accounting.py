@@ -14,9 +14,7 @@ FIELDS = (("n_hit", "n_hit"), ("n_miss", "n_miss"), ("n_refused", "n_refused"), 
           ("n_bytes_cpu", "n_bytes_cpu"))
 
 
-@pytest.fixture(autouse=True)
-def cache_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("LLAMA_MOE_CACHE_DEVICE", "CPU")
+pytestmark = pytest.mark.usefixtures("cache_on_cpu")
 
 
 @pytest.fixture(scope="module")

@@ -25,9 +25,7 @@ SLOTS = 8
 RAM = ModelParams(cpu_moe=True, repack=False)
 
 
-@pytest.fixture(autouse=True)
-def cache_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("LLAMA_MOE_CACHE_DEVICE", "CPU")
+pytestmark = pytest.mark.usefixtures("cache_on_cpu")
 
 
 def _admitting(path: Path, n: int, **kw) -> ContextParams:

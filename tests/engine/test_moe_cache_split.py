@@ -32,9 +32,7 @@ N_STEPS = 64  # four sequences: 256 tokens decoded four at a time
 SAMPLINGS = [Sampling(temperature=0.8, seed=s) for s in (11, 12, 13, 14)]  # greedy text of a tiny model loops
 
 
-@pytest.fixture(autouse=True)
-def cache_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("LLAMA_MOE_CACHE_DEVICE", "CPU")
+pytestmark = pytest.mark.usefixtures("cache_on_cpu")
 
 
 def _batch(model: Model, cp: ContextParams, trace: bool):
