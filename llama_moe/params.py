@@ -6,7 +6,7 @@ import numbers
 import os
 import warnings
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from ._native.ffi import ffi
 from .errors import MoeCacheWarning, ParameterError
@@ -158,8 +158,9 @@ class ContextParams:
     moe_cache_profile: str | os.PathLike[str] | None = None
     moe_cache_hybrid: bool = False
     moe_cache_adaptive: bool = False
-    # the hybrid uploads at most this many of each layer's missed experts between two decodes (0 = none)
-    moe_cache_admit: int = 0
+    # the hybrid uploads at most this many of each layer's missed experts between two decodes (0 = none; "auto":
+    # as many as the engine measures its copies to fit in half a decode, up to 4)
+    moe_cache_admit: int | Literal["auto"] = 0
     # sequences decoded together (generate_batch); each has n_ctx // n_seq_max positions of its own
     n_seq_max: int = 1
 
@@ -186,7 +187,9 @@ class ContextParams:
             raw = os.fsencode(profile)
             if not raw or b"\0" in raw:
                 raise ParameterError(f"moe_cache_profile must be a non-empty path without NUL, got {profile!r}")
-        check_whole("moe_cache_admit", self.moe_cache_admit, 0, 9999, "a whole number of experts (0: no admission)")
+        if self.moe_cache_admit != "auto":
+            check_whole("moe_cache_admit", self.moe_cache_admit, 0, 9999,
+                        "\"auto\" or a whole number of experts (0: no admission)")
         if self.moe_cache_admit and not self.moe_cache_hybrid:
             raise ParameterError(f"moe_cache_admit={self.moe_cache_admit} needs moe_cache_hybrid=True: the upload cache "
                                  f"already uploads every miss")
@@ -227,5 +230,5 @@ class ContextParams:
             p.moe_cache_profile = profile
         p.moe_cache_hybrid = self.moe_cache_hybrid
         p.moe_cache_adaptive = self.moe_cache_adaptive
-        p.moe_cache_admit = int(self.moe_cache_admit)
+        p.moe_cache_admit = -1 if self.moe_cache_admit == "auto" else int(self.moe_cache_admit)  # -1: the engine chooses
         return p, keep

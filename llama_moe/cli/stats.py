@@ -51,9 +51,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--moe-cache-hybrid", action="store_true", help="the CPU computes the experts the cache lacks (no uploads)")
     p.add_argument("--moe-cache-adaptive", action="store_true",
                    help="with --moe-cache-hybrid: swap the experts the router picks most into the cache while generating")
-    p.add_argument("--moe-cache-admit", type=int, default=0, metavar="N",
+    p.add_argument("--moe-cache-admit", type=admit_count, default=0, metavar="N|auto",
                    help="with --moe-cache-hybrid: upload at most N of each layer's missed experts between two decodes, "
-                        "into its least recently used slots (default 0: none)")
+                        "into its least recently used slots; auto: as many as the measured copies fit in half a "
+                        "decode (default 0: none)")
     p.add_argument("--no-repack", action="store_true", help="keep CPU weights in their file layout (the cache needs it on a CPU-only build)")
     p.add_argument("--temp", type=float, default=0.8,
                    help="sampling temperature (default 0.8, seeded; 0 is greedy, which loops on the synthetic models)")
@@ -65,7 +66,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def check_cache_options(mib: float, profile: str | None, hybrid: bool, adaptive: bool, admit: int = 0) -> None:
+def admit_count(value: str) -> int | str:
+    """--moe-cache-admit's value: "auto" or a count of experts (argparse reports a ValueError as a bad value)."""
+    return "auto" if value == "auto" else int(value)
+
+
+def check_cache_options(mib: float, profile: str | None, hybrid: bool, adaptive: bool, admit: int | str = 0) -> None:
     """The --moe-cache-* options of a command line, refused with their own names when they contradict each other
     (llama-server only warns and goes on without the cache)."""
     if not mib >= 0 or mib > 1 << 24:  # also NaN
@@ -78,7 +84,7 @@ def check_cache_options(mib: float, profile: str | None, hybrid: bool, adaptive:
     if adaptive and not hybrid:
         raise ParameterError("--moe-cache-adaptive works with --moe-cache-hybrid only (the upload cache is an LRU, "
                              "which already follows the text)")
-    if not 0 <= admit <= 9999:
+    if admit != "auto" and not 0 <= int(admit) <= 9999:
         raise ParameterError(f"--moe-cache-admit must be a count of experts from 0 to 9999, got {admit}")
     if admit and not hybrid:
         raise ParameterError("--moe-cache-admit works with --moe-cache-hybrid only (the upload cache already uploads "

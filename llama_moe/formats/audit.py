@@ -94,7 +94,7 @@ class LoadParams:
     n_batch: int
     n_ubatch: int
     tensor_overrides: tuple[str, ...]
-    moe_cache_admit: int = 0  # later builds: the hybrid's admissions per layer between decodes
+    moe_cache_admit: int = 0  # later builds: the hybrid's admissions per layer between decodes (-1: auto)
 
 
 @dataclass(frozen=True)
@@ -307,7 +307,7 @@ def _load(f: _Fields, base: dict) -> LoadRecord:
         params = LoadParams("" if build is None else str(build), p.num("moe_cache_mib"), p.bool("moe_cache_hybrid"),
                             p.bool("moe_cache_adaptive"), p.int("n_gpu_layers", minimum=None), p.int("n_threads"),
                             p.int("n_threads_batch"), p.int("n_ctx"), p.int("n_batch"), p.int("n_ubatch"), patterns,
-                            p.int("moe_cache_admit"))
+                            p.int("moe_cache_admit", minimum=-1))  # -1: auto, the engine chooses
         p.done()
     c = f.obj_("cache")
     cache = CacheInfo(c.int("slots"), c.int("prefilled"), c.int("bytes")) if c else CacheInfo(0, 0, 0)

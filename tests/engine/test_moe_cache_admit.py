@@ -6,6 +6,7 @@ routing trace."""
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -163,10 +164,39 @@ def test_admission_through_the_mailbox_is_the_schedulers(lib, tiny_model_path, m
     assert out["mailbox"][3] > 0
 
 
+@pytest.mark.parametrize("background", [False, True])
+def test_admission_chosen_by_the_engine(lib, tiny_model_path, caplog, monkeypatch, background: bool) -> None:
+    """moe_cache_admit="auto": the engine sizes each round from its measured copy and decode times, between 0
+    and 4 a layer, and says what it chose; nothing a token computes changes."""
+    monkeypatch.setenv("LLAMA_MOE_CACHE_ADMIT_ASYNC", "1" if background else "0")
+    caplog.set_level(logging.INFO, logger="llama_moe.native")
+    with Model(tiny_model_path, RAM) as model:
+        with Context(model, ContextParams(n_ctx=1024)) as ctx:
+            plain = list(ctx.generate(PROMPT, N_GEN, SAMPLING, stop_at_eog=False))
+            plain_logits = ctx.logits().copy()
+        with Context(model, _admitting(tiny_model_path, "auto")) as ctx:
+            got = list(ctx.generate(PROMPT, N_GEN, SAMPLING, stop_at_eog=False))
+            logits = ctx.logits().copy()
+            stats = ctx.moe_cache_stats()
+            n_layers = len(ctx.layer_stats())
+    assert got == plain and np.array_equal(logits, plain_logits)
+    assert "as many per layer (up to 4) as the measured copies fit in half a decode" in caplog.text
+    m = re.search(r"admission's budget, chosen by the engine: (\d+) per layer and decode at the end \(from (\d+) to "
+                  r"(\d+)\); an expert's copy took ([\d.]+) us, a decode ([\d.]+) ms", caplog.text)
+    assert m, caplog.text[-2000:]
+    n, lo, hi = (int(m.group(i)) for i in (1, 2, 3))
+    assert 0 <= lo <= n <= hi <= 4 and hi >= 1
+    assert float(m.group(4)) > 0 and float(m.group(5)) > 0
+    # at most the budget's ceiling a layer and decode
+    assert 0 < stats.n_admit <= 4 * n_layers * N_GEN
+
+
 @pytest.mark.parametrize("kw, why", [
-    ({"moe_cache_admit": -1}, "moe_cache_admit must be a whole number of experts"),
-    ({"moe_cache_admit": 2.5}, "moe_cache_admit must be a whole number of experts"),
-    ({"moe_cache_admit": True}, "moe_cache_admit must be a whole number of experts"),
+    ({"moe_cache_admit": -1}, "moe_cache_admit must be \"auto\" or a whole number of experts"),
+    ({"moe_cache_admit": "fast"}, "moe_cache_admit must be \"auto\" or a whole number of experts"),
+    ({"moe_cache_admit": 2.5}, "moe_cache_admit must be \"auto\" or a whole number of experts"),
+    ({"moe_cache_admit": True}, "moe_cache_admit must be \"auto\" or a whole number of experts"),
+    ({"moe_cache_admit": "auto", "moe_cache_hybrid": False}, "needs moe_cache_hybrid=True"),
     ({"moe_cache_admit": 2, "moe_cache_hybrid": False}, "needs moe_cache_hybrid=True"),
 ])
 def test_bad_admission_settings_are_refused(kw, why) -> None:

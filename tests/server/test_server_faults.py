@@ -142,7 +142,7 @@ def test_four_slots_and_two_hundred_requests(server_binary, tiny_model_path, tmp
     assert check.returncode == 0, check.stdout + check.stderr
 
 
-@pytest.mark.parametrize("bad", ["2junk", "-1", "", "12345", "1.5"])
+@pytest.mark.parametrize("bad", ["2junk", "-1", "", "12345", "1.5", "AUTO"])
 def test_a_bad_admission_count_is_refused_at_start(server_binary, tiny_model_path, tmp_path, bad) -> None:
     proc = subprocess.run([str(server_binary), *_args(tiny_model_path, tmp_path / "a.jsonl"), "--moe-cache-hybrid",
                            "--moe-cache-admit", bad, "--port", "1"], capture_output=True, text=True, timeout=60)
@@ -150,11 +150,13 @@ def test_a_bad_admission_count_is_refused_at_start(server_binary, tiny_model_pat
     assert f"--moe-cache-admit {bad}: not a count of experts from 0 to 9999" in proc.stderr
 
 
-def test_admission_in_the_server_counts_and_is_audited(server_binary, tiny_model_path, tmp_path) -> None:
-    """The hybrid admitting its misses behind llama-server: the audit's load record names the setting, the
-    exit summary counts the admissions, and the audit log passes its check."""
+@pytest.mark.parametrize("admit", ["2", "auto"])
+def test_admission_in_the_server_counts_and_is_audited(server_binary, tiny_model_path, tmp_path, admit) -> None:
+    """The hybrid admitting its misses behind llama-server: the audit's load record names the setting (-1 for
+    auto), the exit summary counts the admissions (and, chosen by the engine, the budget it chose), and the
+    audit log passes its check."""
     audit, log = tmp_path / "audit.jsonl", tmp_path / "server.log"
-    proc, url = start_server(server_binary, _args(tiny_model_path, audit, "--moe-cache-hybrid", "--moe-cache-admit", "2", "-v"),
+    proc, url = start_server(server_binary, _args(tiny_model_path, audit, "--moe-cache-hybrid", "--moe-cache-admit", admit, "-v"),
                              log)
     try:
         r = requests.post(f"{url}/completion", json={"prompt": "The ship left the harbour", "n_predict": 48,
@@ -166,9 +168,14 @@ def test_admission_in_the_server_counts_and_is_audited(server_binary, tiny_model
         stop_server(proc)
     assert metrics is not None and metrics.hybrid and metrics.n_admit > 0 and metrics.n_hit > 0
     records = [json.loads(line) for line in audit.read_text().splitlines()]
-    assert records[0]["params"]["moe_cache_admit"] == 2 and records[0]["params"]["moe_cache_hybrid"] is True
+    assert records[0]["params"]["moe_cache_admit"] == (-1 if admit == "auto" else 2)
+    assert records[0]["params"]["moe_cache_hybrid"] is True
     text = log.read_text()
-    assert "hybrid MoE cache admits up to 2 missed experts per layer between two decodes" in text
+    if admit == "auto":
+        assert "as many per layer (up to 4) as the measured copies fit in half a decode" in text
+        assert "admission's budget, chosen by the engine: " in text
+    else:
+        assert "hybrid MoE cache admits up to 2 missed experts per layer between two decodes" in text
     admitted = [line for line in text.splitlines() if "llama_moe_cache: admission:" in line]
     assert admitted and int(admitted[-1].split("admission: ")[1].split()[0]) > 0, admitted
     check = _audit_check(audit)

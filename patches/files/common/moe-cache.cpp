@@ -239,7 +239,7 @@ static void log_load(const llama_context * ctx, const common_params & params) {
         return;
     }
     const char * mode = !s.hybrid ? "upload mode" : params.moe_cache_adaptive ? "hybrid, adaptive" :
-                        params.moe_cache_admit > 0 ? "hybrid, admitting" : "hybrid";
+                        params.moe_cache_admit != 0 ? "hybrid, admitting" : "hybrid";
     std::string profile = "no profile";
     if (!params.moe_cache_profile.empty()) {
         profile = info.profile_refused

@@ -391,7 +391,7 @@ std::unique_ptr<llama_moe_cache> llama_moe_cache::create(const llama_model & mod
     if (params.hybrid) {
         // the reference's wording: these lines are what users grep for
         LLAMA_LOG_INFO("impl: hybrid MoE cache: %d layers held whole (GPU only), the others split between GPU and CPU\n", n_whole);
-        if (params.profile.empty() && !params.adaptive && params.admit <= 0 && n_whole < (int) cache->layers.size()) {
+        if (params.profile.empty() && !params.adaptive && (params.admit == 0 || params.admit < -1) && n_whole < (int) cache->layers.size()) {
             report.warn(LLAMA_MOE_CACHE_REASON_STAYS_EMPTY, "hybrid MoE cache without a profile starts empty and stays empty: the CPU computes "
                         "every expert of the layers not held whole (give --moe-cache-profile, or --moe-cache-adaptive)");
         }
@@ -399,24 +399,38 @@ std::unique_ptr<llama_moe_cache> llama_moe_cache::create(const llama_model & mod
     if (params.adaptive && params.hybrid && params.profile.empty()) {
         LLAMA_LOG_INFO("impl: adaptive hybrid MoE cache without a profile starts empty and fills itself while generating\n");
     }
-    if (params.admit > 0 && params.hybrid) {
+    const int32_t admit = params.admit < -1 ? 0 : params.admit; // -1: the engine chooses
+    if (params.admit < -1) {
+        report.warn(LLAMA_MOE_CACHE_REASON_OPTION_IGNORED, "--moe-cache-admit %d is not a count of experts; admission is off", params.admit);
+        cache->params.admit = 0;
+    }
+    if (admit == -1 && params.hybrid) {
+        LLAMA_LOG_INFO("llama_moe_cache: the hybrid admits missed experts between two decodes, into the least recently "
+                       "used slots, as many per layer (up to %d) as the measured copies fit in half a decode\n",
+                       llama_moe_admit_budget::n_auto_max);
+    }
+    if (admit > 0 && params.hybrid) {
         LLAMA_LOG_INFO("impl: hybrid MoE cache admits up to %d missed experts per layer between two decodes, into the "
-                       "least recently used slots\n", params.admit);
+                       "least recently used slots\n", admit);
+    }
+    if (admit != 0 && params.hybrid) {
         if (params.adaptive) {
             LLAMA_LOG_WARN("llama_moe_cache: --moe-cache-adaptive with --moe-cache-admit: the adaptive rounds swap by heat, "
                            "admission by recency; both run\n");
         }
     }
-    if (params.admit > 0 && params.hybrid && n_whole < (int) cache->layers.size()) {
+    if (admit != 0 && params.hybrid && n_whole < (int) cache->layers.size()) {
+        cache->admit_budget = llama_moe_admit_budget(admit, (int32_t) cache->layers.size() - n_whole);
         // on a GPU the uploads go in the background by default; LLAMA_MOE_CACHE_ADMIT_ASYNC=0 makes them
         // synchronous between decodes, =1 runs the background path on the CPU device too (tests)
         const bool gpu = ggml_backend_dev_type(dev) != GGML_BACKEND_DEVICE_TYPE_CPU;
         if (llama_moe_env_flag("LLAMA_MOE_CACHE_ADMIT_ASYNC", gpu)) {
-            size_t staging = 0; // a round uploads at most params.admit experts per layer
+            const size_t n_max = (size_t) cache->admit_budget.n_max; // a round uploads at most this many per layer
+            size_t staging = 0;
             for (const auto & l : cache->layers) {
                 for (int j = 0; j < 3 && !l.whole; ++j) {
-                    staging += l.src[j]   ? (size_t) params.admit * GGML_PAD(l.src[j]->nb[2], 64) : 0;
-                    staging += l.src_b[j] ? (size_t) params.admit * GGML_PAD(l.src_b[j]->nb[1], 64) : 0;
+                    staging += l.src[j]   ? n_max * GGML_PAD(l.src[j]->nb[2], 64) : 0;
+                    staging += l.src_b[j] ? n_max * GGML_PAD(l.src_b[j]->nb[1], 64) : 0;
                 }
             }
             cache->uploader = llama_moe_uploader::create(dev, staging);
@@ -429,12 +443,9 @@ std::unique_ptr<llama_moe_cache> llama_moe_cache::create(const llama_model & mod
             }
         }
     }
-    if (params.admit > 0 && !params.hybrid) {
+    if (admit != 0 && !params.hybrid) {
         report.warn(LLAMA_MOE_CACHE_REASON_OPTION_IGNORED, "--moe-cache-admit without --moe-cache-hybrid is ignored: the upload cache "
                     "already uploads every miss");
-    }
-    if (params.admit < 0) {
-        report.warn(LLAMA_MOE_CACHE_REASON_OPTION_IGNORED, "--moe-cache-admit %d is not a count of experts; admission is off", params.admit);
     }
     if (params.adaptive && !params.hybrid) {
         report.warn(LLAMA_MOE_CACHE_REASON_OPTION_IGNORED, "--moe-cache-adaptive without --moe-cache-hybrid is ignored: the upload cache is an LRU, "
@@ -538,6 +549,11 @@ llama_moe_cache::~llama_moe_cache() {
     }
     if (admitting()) {
         LLAMA_LOG_INFO("llama_moe_cache: admission: %" PRIu64 " missed experts uploaded between decodes\n", n_admit);
+    }
+    if (admitting() && admit_budget.chosen) {
+        LLAMA_LOG_INFO("llama_moe_cache: admission's budget, chosen by the engine: %d per layer and decode at the end "
+                       "(from %d to %d); an expert's copy took %.1f us, a decode %.2f ms (averages)\n", admit_budget.n,
+                       admit_budget.n_lo, admit_budget.n_hi, admit_budget.expert_us, admit_budget.decode_us / 1000.0);
     }
     if (n_admit_rounds > 0) {
         LLAMA_LOG_INFO("llama_moe_cache: admission in the background: %" PRIu64 " rounds; decodes waited %.3f ms in all "
@@ -1082,19 +1098,20 @@ static int32_t llama_moe_cache_admit_slot(const llama_moe_cache_layer & l) {
     return s;
 }
 
-// Uploads at most params.admit of each layer's missed experts, first missed first, each into a free slot or
+// Uploads at most the budget's count (admit_budget) of each layer's missed experts, first missed first, each into a free slot or
 // else the least recently used one (the lowest of equals); an admitted expert counts as just used. The rest
 // of a layer's misses are dropped: the next decode's misses are the fresher ones.
 int32_t llama_moe_cache::admit() {
     const auto t0 = std::chrono::steady_clock::now();
     finish_admission();
     const uint64_t now = ++stamp; // newer than every hit of the decode before
+    const int32_t budget = admit_budget.next_round();
     int32_t n = 0;
     std::vector<llama_moe_upload_piece> pieces;
     for (auto & l : layers) {
         int32_t n_layer = 0;
         for (const int32_t e : l.admit_queue) {
-            if (n_layer >= params.admit) {
+            if (n_layer >= budget) {
                 break;
             }
             bool held = l.slot_of[e] >= 0 || l.n_slots < 1;
@@ -1123,13 +1140,17 @@ int32_t llama_moe_cache::admit() {
     if (!pieces.empty()) {
         uploader->submit(std::move(pieces));
         round_in_flight = true;
+        round_n = n;
         n_admit_rounds++;
     }
     admit_pending = false;
     n_admit += n;
     if (n > 0) {
-        const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-        LLAMA_LOG_DEBUG("%s: %d experts admitted in %.1f ms\n", __func__, n, ms);
+        const auto us = std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count();
+        if (!uploader) {
+            admit_budget.round_done(n, us); // the synchronous uploads: their time is this call's
+        }
+        LLAMA_LOG_DEBUG("%s: %d experts admitted in %.1f ms\n", __func__, n, us / 1000.0);
     }
     return n;
 }
@@ -1164,6 +1185,7 @@ void llama_moe_cache::finish_admission() {
     }
     admit_wait_us += uploader->wait(); // issued a whole decode ago: normally done
     round_in_flight = false;
+    admit_budget.round_done(round_n, uploader->last_round_us());
     for (auto & l : layers) {
         bool changed = false;
         for (int32_t s = 0; s < l.n_slots; ++s) {

@@ -42,7 +42,8 @@ struct llama_moe_cache_params {
     std::string profile;     // STRP file, empty = start empty
     bool        hybrid   = false;
     bool        adaptive = false;
-    int32_t     admit    = 0;     // hybrid: missed experts uploaded per layer between two decodes (0 = none)
+    int32_t     admit    = 0;     // hybrid: missed experts uploaded per layer between two decodes (0 = none,
+                                  // -1 = as many as the engine measures to fit: llama_moe_admit_budget)
 };
 
 // The expert chains a layer's MoE FFN runs for one ubatch: one (the model's experts, or the cache's copies
@@ -157,7 +158,7 @@ struct llama_moe_cache {
     // the work itself; the caller makes sure the device is idle.
     bool    between_decodes_due() const;
     void    between_decodes();
-    bool    admitting() const { return params.admit > 0 && params.hybrid; }
+    bool    admitting() const { return params.admit != 0 && params.hybrid; }
 
     // Uploads the given experts of layer il that the cache lacks, first given first, into free or least recently
     // used slots, now (at most the layer's slots; the caller makes sure the device is idle). Counted as
@@ -232,6 +233,8 @@ private:
     bool     admit_pending = false; // an admission queue is not empty
     std::unique_ptr<llama_moe_uploader> uploader; // admission in the background (a GPU device), else synchronous
     bool     round_in_flight = false;
+    int32_t  round_n         = 0;   // experts of the round in flight
+    llama_moe_admit_budget admit_budget; // how many a round may upload per layer
     uint64_t n_admit_rounds  = 0;
     int64_t  admit_wait_us   = 0;   // what decodes waited for background rounds to complete
     uint64_t n_hit_by[2]  = {0, 0}; // [0] ubatches of up to 8 tokens (generation), [1] larger ones, for the exit summary

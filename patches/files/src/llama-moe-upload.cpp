@@ -5,7 +5,9 @@
 #include "ggml.h"
 #include "ggml-cpu.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 
 std::unique_ptr<llama_moe_uploader> llama_moe_uploader::create(ggml_backend_dev_t dev, size_t staging_bytes) {
@@ -80,8 +82,9 @@ void llama_moe_uploader::submit(std::vector<llama_moe_upload_piece> pieces) {
     {
         std::lock_guard<std::mutex> lock(mutex);
         GGML_ASSERT(!has_job && "a round submitted before the previous one was waited for");
-        job     = std::move(pieces);
-        has_job = true;
+        job       = std::move(pieces);
+        has_job   = true;
+        submitted = std::chrono::steady_clock::now();
     }
     cv.notify_all();
 }
@@ -126,13 +129,55 @@ void llama_moe_uploader::run() {
         }
         if (event) {
             ggml_backend_event_record(event, backend);
+            ggml_backend_event_synchronize(event); // here, off the token's path: the round's time is then known
         } else {
             ggml_backend_synchronize(backend);
         }
         {
             std::lock_guard<std::mutex> lock(mutex);
-            has_job = false;
+            round_us = std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - submitted).count();
+            has_job  = false;
         }
         cv.notify_all();
     }
+}
+
+llama_moe_admit_budget::llama_moe_admit_budget(int32_t admit, int32_t n_layers) : n_layers(std::max(1, n_layers)) {
+    chosen = admit < 0;
+    n      = chosen ? 1 : admit;
+    n_max  = chosen ? n_auto_max : admit;
+    n_lo   = n_hi = n;
+}
+
+int32_t llama_moe_admit_budget::next_round() {
+    const auto now = std::chrono::steady_clock::now();
+    if (last.time_since_epoch().count() != 0) {
+        const double us = std::chrono::duration<double, std::micro>(now - last).count();
+        decode_us = decode_us == 0.0 ? us : 0.8 * decode_us + 0.2 * us;
+    }
+    last = now;
+    if (!chosen) {
+        return n;
+    }
+    if (n == 0 && ++probe_in >= probe_every) {
+        probe_in = 0;
+        return 1; // a round of one a layer, to measure again
+    }
+    return n;
+}
+
+void llama_moe_admit_budget::round_done(int32_t n_round, int64_t us) {
+    if (!chosen || n_round <= 0) {
+        return;
+    }
+    const double per_expert = (double) us / n_round;
+    expert_us = expert_us == 0.0 ? per_expert : 0.8 * expert_us + 0.2 * per_expert;
+    if (decode_us <= 0.0) {
+        return; // no interval measured yet: keep the budget
+    }
+    // a full round copies up to n experts in each of the layers: it must fit in half a decode's interval
+    const double fit = 0.5 * decode_us / (expert_us * n_layers);
+    n    = (int32_t) std::clamp(std::floor(fit), 0.0, (double) n_max);
+    n_lo = std::min(n_lo, n);
+    n_hi = std::max(n_hi, n);
 }

@@ -11,6 +11,8 @@
 
 #include "ggml-backend.h"
 
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <memory>
@@ -45,6 +47,10 @@ struct llama_moe_uploader {
     // Waits until the round submitted last is on the device (normally long done); returns the microseconds waited.
     int64_t wait();
 
+    // The microseconds the round waited for last took, from its submission to its last byte on the device
+    // (the worker waits for the copies itself to know), for choosing how many experts a round may copy.
+    int64_t last_round_us() const { return round_us.load(); }
+
     size_t staging_size() const { return staging_bytes; }
 
     // whether t's memory is the device's page-locked host memory, so its copies need no staging
@@ -66,6 +72,38 @@ private:
     std::mutex              mutex;
     std::condition_variable cv;
     std::vector<llama_moe_upload_piece> job; // the round the worker has to copy
-    bool has_job = false;                    // a round submitted and not yet on its way (copies queued)
+    bool has_job = false;                    // a round submitted and not yet on the device
+    std::chrono::steady_clock::time_point submitted;
+    std::atomic<int64_t> round_us{0};
     bool stop    = false;
+};
+
+// How many missed experts per layer an admission round may upload (--moe-cache-admit N, or "auto": chosen by
+// the engine). With a fixed N it is N. Chosen, it is the most whose copies fit in half the time between two
+// decodes, from the measured copy time of an expert and the measured decode interval (both averaged), at most
+// n_max; 0 when even one a layer would not fit, and then a round of one a layer every probe_every decodes
+// measures again. Starts at 1.
+struct llama_moe_admit_budget {
+    static constexpr int32_t n_auto_max  = 4;
+    static constexpr int32_t probe_every = 32;
+
+    llama_moe_admit_budget() = default;
+    llama_moe_admit_budget(int32_t admit, int32_t n_layers); // admit > 0: fixed; -1: chosen
+
+    // at each admission: the budget of this round (the decode interval is measured from call to call)
+    int32_t next_round();
+    // a round uploaded n experts in us microseconds (its copies, in the background or not)
+    void    round_done(int32_t n, int64_t us);
+
+    bool    chosen = false;
+    int32_t n      = 0;
+    int32_t n_max  = 0;
+    int32_t n_lo   = 0, n_hi = 0; // the range the chosen budget took
+    double  expert_us = 0.0;      // averaged copy time of one expert
+    double  decode_us = 0.0;      // averaged time from one admission to the next
+
+private:
+    int32_t n_layers = 0;
+    int32_t probe_in = 0;
+    std::chrono::steady_clock::time_point last{};
 };
