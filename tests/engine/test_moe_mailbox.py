@@ -15,7 +15,9 @@ from llama_moe import Context, ContextParams, Model
 from llama_moe.experts import expert_layout
 from llama_moe.formats.profile import Profile, write_profile
 from support.cache_sizes import mib_for_slots
-from test_moe_cache_hybrid import PROMPTS, RAM, cache_on_cpu  # noqa: F401 (cache_on_cpu: an autouse fixture)
+from test_moe_cache_hybrid import PROMPTS, RAM
+
+pytestmark = pytest.mark.usefixtures("cache_on_cpu")
 
 N_GEN = 48
 
