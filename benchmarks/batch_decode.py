@@ -7,8 +7,10 @@ For each number of sequences, ``Context.generate_batch`` decodes that many corpu
 sequence, greedy, ``-n`` tokens each, no early end) together: one llama_batch a step, so the MoE layers see
 ubatches of as many tokens as sequences. Each run is timed twice (``--repeat``) in a fresh context and the
 best kept; tok/s is the tokens decoded in the steps after the prompts over the time of those steps, over all
-the sequences together; "refused" is the share of the cache's lookups it refused (a ubatch whose tokens x
-experts per token exceed a layer's slots runs from RAM, upload mode). "cache" is the upload cache (or ``--hybrid``) at ``--slots`` slots per layer; on a
+the sequences together; "on the CPU" is the share of the cache's lookups upload mode's split computed on the
+CPU (n_cpu: a ubatch that selects more distinct experts of a layer than its slots takes what the slots serve
+and leaves the rest to the CPU; 0 with ``--hybrid``, whose misses all run there). "cache" is the upload cache
+(or ``--hybrid``) at ``--slots`` slots per layer; on a
 machine without a GPU the cache device is the CPU (LLAMA_MOE_CACHE_DEVICE=CPU is set when unset), which
 exercises the cache's path without making anything faster. Without MODEL: the embedded tiny synthetic model.
 Prints a Markdown table.
@@ -71,7 +73,7 @@ def main() -> None:
           f"(top-{layout.n_expert_used}), {args.n} tokens a sequence, greedy")
     print(f"{datetime.date.today()}, {platform.machine()}, {os.cpu_count()} CPUs, threads {args.threads or 'default'}, "
           f"cache: {cache}, {args.slots} slots a layer ({mib:.1f} MiB) on {os.environ['LLAMA_MOE_CACHE_DEVICE']}\n")
-    print("| sequences | no cache tok/s | cache tok/s | hit rate | refused | speed-up vs 1 sequence (no cache / cache) |")
+    print("| sequences | no cache tok/s | cache tok/s | hit rate | on the CPU | speed-up vs 1 sequence (no cache / cache) |")
     print("|---:|---:|---:|---:|---:|---:|")
     base: tuple[float, float] | None = None
     with Model(path, ModelParams(cpu_moe=True, repack=False)) as model:
@@ -82,9 +84,9 @@ def main() -> None:
             cached, stats = run(model, ContextParams(**common, moe_cache_mib=mib, moe_cache_hybrid=args.hybrid),
                                n_seq, args.n, args.repeat)
             base = base or (plain, cached)
-            hit, refused = ((f"{stats.hit_rate:.3f}", f"{stats.n_refused / max(stats.n_lookup, 1):.3f}")
-                            if stats is not None else ("off", "-"))
-            print(f"| {n_seq} | {plain:.1f} | {cached:.1f} | {hit} | {refused} | "
+            hit, on_cpu = ((f"{stats.hit_rate:.3f}", f"{stats.n_cpu / max(stats.n_lookup, 1):.3f}")
+                           if stats is not None else ("off", "-"))
+            print(f"| {n_seq} | {plain:.1f} | {cached:.1f} | {hit} | {on_cpu} | "
                   f"{plain / base[0]:.2f}x / {cached / base[1]:.2f}x |", flush=True)
 
 

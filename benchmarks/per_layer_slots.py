@@ -10,8 +10,8 @@ then the held-out document is replayed with the equal and the split slots:
 - admit2: the hybrid admitting 2 experts per layer and decode, split by the LRU curves;
 - static: the hybrid from the profile, split by the static curves.
 
-Misses per token count refused selections too (hits / (hits + misses + refused) for the hit rates); the
-intervals are 95% t intervals over the held-out documents.
+Misses per token count those upload mode's split computes on the CPU too (hits / (hits + misses) for the hit
+rates); the intervals are 95% t intervals over the held-out documents.
 
     python benchmarks/per_layer_slots.py [--shapes qwen3-30b-a3b,gpt-oss-120b] [--pcts 25,50]
 """
@@ -66,8 +66,8 @@ def main() -> int:
                     split = static_split if pol == "static" else lru_split
                     eq = run_policy(pol, test, equal, n_e, profile)
                     sp = run_policy(pol, test, split, n_e, profile)
-                    lost_eq = (eq.n_miss + eq.n_refused) / test.n_tokens
-                    lost_sp = (sp.n_miss + sp.n_refused) / test.n_tokens
+                    lost_eq = eq.n_miss / test.n_tokens
+                    lost_sp = sp.n_miss / test.n_tokens
                     r = res[pol]
                     r["me"].append(lost_eq)
                     r["ms"].append(lost_sp)

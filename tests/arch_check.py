@@ -169,9 +169,9 @@ def check(model_path: Path, config: str, moe_layers: list[int], out: Path) -> di
         if up["stats"] is not None:
             sim = simulate_lru(recs, {il: planned[il] for il in moe_layers}, layout.n_expert)
             s = up["stats"]
-            checks.add("upload: counters match a replay of the trace", (s.n_hit, s.n_miss, s.n_refused) ==
-                       (sim.n_hit, sim.n_miss, sim.n_refused),
-                       f"engine {(s.n_hit, s.n_miss, s.n_refused)}, replay {(sim.n_hit, sim.n_miss, sim.n_refused)}")
+            checks.add("upload: counters match a replay of the trace", (s.n_hit, s.n_miss, s.n_cpu, s.n_refused) ==
+                       (sim.n_hit, sim.n_miss, sim.n_cpu, 0),
+                       f"engine {(s.n_hit, s.n_miss, s.n_cpu, s.n_refused)}, replay {(sim.n_hit, sim.n_miss, sim.n_cpu, 0)}")
 
         profile, resident = _coldest_first(layout, recs, out.parent / "p.strp", slots - 2)
         hybrid = dict(moe_cache_mib=hmib, moe_cache_profile=profile, moe_cache_hybrid=True)

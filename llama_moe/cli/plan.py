@@ -117,7 +117,7 @@ def format_plan(p: Plan, profile_path: str | None) -> str:
             f"held out   hit rate {p.hit_rate.mean:.4f} [{p.hit_rate.low:.4f}, {p.hit_rate.high:.4f}], "
             f"h_layer {p.h_layer.mean:.4f} [{p.h_layer.low:.4f}, {p.h_layer.high:.4f}]  "
             f"({p.held_out or f'{p.folds} folds'}; {p.trace_tokens} tokens, {p.policy} policy, {p.hit_rate.method}; "
-            f"hit rate = hits / (hits + misses + refused))",
+            f"hit rate = hits / (hits + misses))",
             f"in-sample  hit rate {rate(p.in_sample_hit_rate).strip()} (the profile scored on the text it was ranked "
             f"on: optimistic, for contrast only)",
         ]
@@ -126,13 +126,13 @@ def format_plan(p: Plan, profile_path: str | None) -> str:
     else:
         lines.append("held out   no traces: give --trace T.bin to rank a profile and estimate the hit rate")
     lines += [f"warning    {w}" for w in p.warnings]
-    refusing = any(l.refused_per_token for l in p.layers)
-    lines += ["", "layer  slots  hit rate (held out)  misses/token" + ("  refused/token" if refusing else "")]
+    splitting = any(l.cpu_per_token for l in p.layers)  # upload mode's split: misses computed on the CPU
+    lines += ["", "layer  slots  hit rate (held out)  misses/token" + ("  of them on the CPU" if splitting else "")]
     for l in p.layers:
         miss = "-" if l.misses_per_token is None else f"{l.misses_per_token:.3f}"
         line = f"{l.il:5d}  {l.slots:5d}  {'whole' if l.whole else rate(l.hit_rate):>19s}  {miss:>12s}"
-        if refusing:
-            line += f"  {l.refused_per_token or 0:13.3f}"
+        if splitting:
+            line += f"  {l.cpu_per_token or 0:19.3f}"
         lines.append(line)
     s = p.per_layer
     if s is not None:

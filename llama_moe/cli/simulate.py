@@ -64,8 +64,9 @@ def _notes(r: PolicyResult) -> str:
     notes = []
     if r.n_slots and r.n_resident < r.n_slots:
         notes.append(f"{r.n_resident}/{r.n_slots} slots filled")
-    if r.n_refused:
-        notes.append(f"{r.n_refused} selections refused in {r.n_refused_lookups} lookups (more experts than slots)")
+    if r.n_cpu:
+        notes.append(f"{r.n_cpu} misses computed on the CPU in {r.n_split_lookups} lookups (more distinct experts "
+                     f"than slots: the split)")
     if r.policy == "adaptive":
         notes.append(f"{r.n_swap} swaps, {r.n_fill} fills")
     return "; ".join(notes)
@@ -78,9 +79,9 @@ def format_report(r: SimulateReport) -> str:
              *([f"held out   test: {r.held_out_test}"] if r.test_tokens else []),
              *([f"held out   k-fold: {r.held_out_kfold or f'{r.folds} folds'}; mean [95% Student t interval over the folds]"]
                if r.folds else []),
-             "           each token is its own ubatch, as in generation; hit rate = hits / (hits + misses + refused) of "
-             "the distinct experts looked up (n/a: nothing looked up); h_layer = share of (layer, token) with all its "
-             "experts resident", ""]
+             "           each token is its own ubatch, as in generation; hit rate = hits / (hits + misses) of "
+             "the distinct experts looked up, the misses upload mode computes on the CPU included (n/a: nothing "
+             "looked up); h_layer = share of (layer, token) with all its experts resident", ""]
     head = f"{'MiB':>8s} {'slots':>5s}  {'policy':8s}"
     if r.test_tokens:
         head += f"  {'hit rate':>8s}  {'h_layer':>7s}"

@@ -4,11 +4,12 @@ A layer's miss curve is its misses at every cache size 0..n_expert, from one pas
 
 - ``lru``: Mattson's stack distances. Per layer, each looked-up expert's distance is the number of distinct
   experts used since its last use (a ubatch's experts are used together, ordered by their place in the
-  ubatch's list, and never evict each other); an LRU of C slots hits it iff the distance is under C and the
-  ubatch fits the slots (tokens x k <= C: upload mode refuses a larger one, and its selections count as
-  misses here). For one-token ubatches (trace files) it is an LRU of every size at once, ties among a
-  token's experts going by their place in its list (the engine's go by slot: a few percent apart); for
-  larger ubatches the stack also moves on the ubatches a small cache would refuse.
+  ubatch's list, and never evict each other); an LRU of C slots hits it iff the distance is under C. For
+  one-token ubatches (trace files) it is an LRU of every size at once, ties among a token's experts going
+  by their place in its list (the engine's go by slot: a few percent apart). A ubatch with more distinct
+  experts than C slots (several tokens, or fewer slots than k) hits what is resident and misses the rest, as
+  upload mode's split counts it; the stack then puts all its experts on top, where the engine keeps its hits
+  and uploads its first misses into the slots left (the others run on the CPU): close, not exact.
   Counted per block of tokens (the folds of a held-out estimate), so that a fold's train side is the whole
   less the fold, from one pass.
 - ``static`` (``static_curves``): the hybrid from a profile: at C slots a layer holds its C most selected
@@ -58,7 +59,7 @@ def lru_miss_curves(routes: Routes | TraceRoutes, n_expert: int, bounds: Sequenc
                     progress: Callable[[int, int], None] | None = None) -> MissCurves:
     """LRU miss curves of every layer by stack distance, per block ``bounds`` (default: one block)."""
     bounds = tuple(bounds) if bounds else ((0, routes.n_tokens),)
-    n_l, k = len(routes.layers), routes.k
+    n_l = len(routes.layers)
     edges = np.array([a for a, _ in bounds] + [bounds[-1][1]], dtype=np.int64)
     # thresholds: a selection hits at C slots iff C >= its threshold; counted per (block, layer, threshold)
     hist = np.zeros((len(bounds), n_l, n_expert + 2), dtype=np.int64)  # the last column: never (first use)
@@ -68,7 +69,6 @@ def lru_miss_curves(routes: Routes | TraceRoutes, n_expert: int, bounds: Sequenc
     for chunk in _chunks(routes, _CHUNK_TOKENS, progress):
         d_all = chunk.distinct.astype(np.int64)      # [ubatches, n_layers, w], -1 padded
         counted = chunk.counted                       # [ubatches, n_layers]
-        need = chunk.layer_tokens * k                 # the slots a ubatch needs to be looked up at all
         starts = chunk.starts[:-1]
         for u in range(d_all.shape[0]):
             block = int(np.searchsorted(edges, clock + starts[u], side="right") - 1)
@@ -79,7 +79,7 @@ def lru_miss_curves(routes: Routes | TraceRoutes, n_expert: int, bounds: Sequenc
                 continue
             mine = stamp[rows, d]
             dist = (stamp[:, None, :n_expert] > mine[:, :, None]).sum(axis=2)  # distinct experts used since
-            thr = np.where(mine >= 0, np.maximum(dist + 1, need[u][:, None]), n_expert + 1)
+            thr = np.where(mine >= 0, dist + 1, n_expert + 1)
             thr = np.minimum(thr, n_expert + 1)
             r, c = np.nonzero(valid)
             np.add.at(hist[block], (r, thr[r, c]), 1)

@@ -15,7 +15,7 @@ from .budget import (MAX_UBATCH, MiB, cache_mib_for_vram, engine_buffer_bytes, e
 from ..errors import CacheBudgetError, ToolInputError
 from .heldout import Estimate, FoldCounts, Folds, KFoldResult, choose_folds, fold_counts, kfold_result, t_interval
 from .misscurves import lru_miss_curves, split_slots, static_curves
-from .policies import Job, Meter, replay_jobs
+from .policies import Job, Meter, PolicyResult, replay_jobs
 from .ranking import prefill_resident
 from .routes import Routes
 from .tracefiles import TraceRoutes
@@ -26,10 +26,11 @@ class LayerPlan:
     il: int
     slots: int
     whole: bool
-    hit_rate: float | None          # held out, the folds pooled, hits / (hits + misses + refused); None without
+    hit_rate: float | None          # held out, the folds pooled, hits / (hits + misses); None without
                                     # routing, or with nothing looked up
     misses_per_token: float | None  # held out: what the layer leaves to the CPU or to uploads
-    refused_per_token: float | None = None  # held out (upload mode): selections refused, computed from RAM
+    cpu_per_token: float | None = None  # held out (upload mode): of the misses, those its split computes on the
+                                        # CPU (no slot left in their ubatch)
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,7 @@ class PerLayerSlots:
     slots: dict[int, int]          # il -> slots, split on the curves of all the routing
     min_slots: int                 # each layer's least
     hit_rate: Estimate | None      # held out, with each fold's own split
-    misses_per_token: float        # held out, the folds pooled: misses and refused selections
+    misses_per_token: float        # held out, the folds pooled: misses (the CPU's included)
     uniform_hit_rate: Estimate | None  # the same folds with the equal slots (the plan's estimate)
     uniform_misses_per_token: float
     note: str = ("the engine gives every cached layer the same number of slots today; these counts are for an "
@@ -91,16 +92,20 @@ class Plan:
     in_sample_hit_rate: float | None  # the profile on its own routing: optimistic, for contrast only
     layers: tuple[LayerPlan, ...]
     whole_layers: WholeLayersReport | None
-    warnings: tuple[str, ...] = ()  # what the budget cannot do (upload mode: ubatches it refuses)
+    warnings: tuple[str, ...] = ()  # what the budget cannot do (upload mode: ubatches it splits with the CPU)
     held_out: str = ""              # how the estimates were held out: "leave one of 4 traces out", ...
     per_layer: PerLayerSlots | None = None  # --per-layer: slots per layer from miss curves
 
 
-def refusal_warnings(layout: ExpertLayout, slots: dict[int, int], hybrid: bool) -> tuple[str, ...]:
-    """Upload mode gives every selected expert of a ubatch a slot at once, and refuses (computes from RAM, as
-    without a cache) a ubatch whose tokens x k exceed a layer's slots. A warning when the slots are fewer than
-    one token needs (k: every lookup refused), or than a ubatch of up to 32 tokens can need (k x 32, at most
-    n_expert). The hybrid refuses nothing: no warning."""
+def split_warnings(layout: ExpertLayout, slots: dict[int, int], hybrid: bool,
+                   held_out: PolicyResult | None = None, test_tokens: int = 0) -> tuple[str, ...]:
+    """Upload mode serves a ubatch's experts from its slots, uploading misses into the slots the ubatch does not
+    use, and splits a ubatch that selects more distinct experts of a layer than its slots: the experts left
+    without a slot are computed on the CPU (n_cpu). A warning when the slots are fewer than one token selects
+    (k: every token computes some experts on the CPU), or than a ubatch of up to 32 tokens can select (k x 32,
+    at most n_expert: short prompts and several sequences decoded together); with ``held_out`` (the pooled
+    held-out replay of ``test_tokens`` tokens) the share of the lookups it computed on the CPU. The hybrid
+    computes every miss on the CPU by design: no warning."""
     short = [l for l in layout.layers if slots[l.il] < l.n_expert]
     if hybrid or not short:
         return ()
@@ -108,18 +113,21 @@ def refusal_warnings(layout: ExpertLayout, slots: dict[int, int], hybrid: bool) 
     def mib(n: int) -> str:
         return f"{mib_for_slots(layout, n, False):g}"
 
+    held = ""
+    if held_out is not None and held_out.n_lookup and test_tokens:
+        held = (f"; the held-out replay of the routing computed {held_out.n_cpu / held_out.n_lookup:.2%} of its "
+                f"lookups on the CPU ({held_out.n_cpu / test_tokens:.3f} experts per token)")
     k, per_layer = layout.n_expert_used, min(slots[l.il] for l in short)
     if per_layer < k:
-        return (f"{per_layer} slots per layer are fewer than the {k} experts one token selects: upload mode refuses "
-                f"every lookup of the {len(short)} layers not held whole, which compute their experts from RAM as "
-                f"without a cache (hit rate 0); --moe-cache-mib {mib(k)} gives {k} slots, and the hybrid "
-                f"(--hybrid) refuses nothing",)
+        return (f"{per_layer} slots per layer are fewer than the {k} experts one token selects: upload mode computes "
+                f"at least {k - per_layer} of every token's experts on the CPU in each of the {len(short)} layers not "
+                f"held whole{held}; --moe-cache-mib {mib(k)} gives {k} slots",)
     need = min(k * MAX_UBATCH, min(l.n_expert for l in short))
     if per_layer < need:
-        return (f"{per_layer} slots per layer take ubatches of up to {per_layer // k} tokens: upload mode refuses "
-                f"larger ones of up to {MAX_UBATCH} tokens (short prompts, several sequences at once), which compute "
-                f"their experts from RAM; {need} slots (--moe-cache-mib {mib(need)}) take them all, and the hybrid "
-                f"(--hybrid) refuses nothing",)
+        return (f"{per_layer} slots per layer serve ubatches of up to {per_layer // k} tokens whole: larger ones of up "
+                f"to {MAX_UBATCH} tokens (short prompts, several sequences decoded together) that select more "
+                f"distinct experts than the slots compute the rest on the CPU{held}; {need} slots (--moe-cache-mib "
+                f"{mib(need)}) serve them all",)
     return ()
 
 
@@ -152,8 +160,8 @@ def split_budget(layout: ExpertLayout, slots: dict[int, int], curves: np.ndarray
 
 
 def default_min_slots(layout: ExpertLayout, hybrid: bool) -> int:
-    """A layer's least slots in a per-layer split: one decode's experts (k) in upload mode, which refuses a
-    token whose experts do not all fit; one in the hybrid, which refuses nothing."""
+    """A layer's least slots in a per-layer split: one decode's experts (k) in upload mode, below which every
+    token computes some of its experts on the CPU; one in the hybrid, whose misses all run on the CPU."""
     return 1 if hybrid else layout.n_expert_used
 
 
@@ -195,14 +203,13 @@ def plan_cache(model: str, layout: ExpertLayout, cache_mib: float, hybrid: bool,
     whole = {il for il, n in slots.items() if n >= n_expert}
     head = (model, hybrid, budget, cache_mib, n_per_layer, len(slots), len(whole), n_expert, layout.n_expert_used,
             slot_row_bytes(layout, hybrid), engine_buffer_bytes(layout, slots, hybrid), policy)
-    warnings = refusal_warnings(layout, slots, hybrid)
     if routes is None:
         if whole_layers:
             raise ToolInputError("--whole-layers needs routing (--trace T.bin) to know which layers miss most")
         if per_layer:
             raise ToolInputError("--per-layer needs routing (--trace T.bin) for the layers' miss curves")
         layers = tuple(LayerPlan(il, n, il in whole, None, None) for il, n in slots.items())
-        return Plan(*head, 0, 0, None, None, None, None, None, layers, None, warnings), None
+        return Plan(*head, 0, 0, None, None, None, None, None, layers, None, split_warnings(layout, slots, hybrid)), None
 
     n = routes.n_tokens
     scheme = choose_folds(routes, folds)
@@ -224,8 +231,9 @@ def plan_cache(model: str, layout: ExpertLayout, cache_mib: float, hybrid: bool,
     pooled = scored.pooled
     layers = tuple(LayerPlan(il, n_slots, il in whole, 1.0 if il in whole else pooled.layer_hit_rate(il),
                              pooled.per_layer.get(il, (0, 0))[1] / test_tokens,
-                             pooled.per_layer_refused.get(il, 0) / test_tokens)
+                             pooled.per_layer_cpu.get(il, 0) / test_tokens)
                    for il, n_slots in slots.items())
+    warnings = split_warnings(layout, slots, hybrid, pooled, test_tokens)
 
     def replay(slot_map: dict[int, int]) -> KFoldResult:
         return kfold_result(replay_jobs(routes, fold_jobs(slot_map), n_expert, meter.part(w_replay)))
@@ -263,7 +271,7 @@ def _per_layer(layout: ExpertLayout, routes: Routes | TraceRoutes, counts: FoldC
 
     def lost(r: KFoldResult) -> float:
         p = r.pooled
-        return (p.n_miss + p.n_refused) / test_tokens if p is not None else 0.0
+        return p.n_miss / test_tokens if p is not None else 0.0
 
     return PerLayerSlots(policy, split, min_slots, result.hit_rate, lost(result), scored.hit_rate, lost(scored))
 
@@ -304,8 +312,7 @@ def _whole_layers(layout: ExpertLayout, route_layers: Sequence[int], lookups: np
     for l in layout.layers:
         if slots[l.il] < l.n_expert:
             extra = (l.n_expert - slots[l.il]) * l.bytes_per_expert / MiB
-            # a layer held whole serves its refused selections too
-            left = scored.pooled.per_layer.get(l.il, (0, 0))[1] + scored.pooled.per_layer_refused.get(l.il, 0)
+            left = scored.pooled.per_layer.get(l.il, (0, 0))[1]  # the CPU's included: a whole layer serves them too
             options.append(WholeLayer(l.il, left / test_tokens, extra))
     options.sort(key=lambda w: (-w.misses_per_token / w.extra_mib, w.il))  # most misses removed per MiB
     chosen = tuple(options[:n])

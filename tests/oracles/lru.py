@@ -30,29 +30,25 @@ class SimResult:
     n_hit_profile: int
     n_miss: int
     per_layer: dict[int, tuple[int, int]]  # il -> (hits, misses)
-    n_refused: int = 0  # distinct experts of the refused lookups (``refuse=True`` only)
-    per_layer_refused: dict[int, int] = field(default_factory=dict)
     n_cpu: int = 0  # of the misses, those no slot was left for: the CPU computes them
     per_layer_cpu: dict[int, int] = field(default_factory=dict)
 
     @property
     def n_lookup(self) -> int:
-        return self.n_hit + self.n_miss + self.n_refused
+        return self.n_hit + self.n_miss
 
     @property
     def hit_rate(self) -> float | None:
-        """hits / (hits + misses + refused); None when nothing was looked up."""
+        """hits / (hits + misses); None when nothing was looked up."""
         return self.n_hit / self.n_lookup if self.n_lookup else None
 
 
 def simulate_lru(records: Iterable[RoutingRecord], slots: dict[int, int], n_expert: int,
-                 prefill: Sequence[tuple[int, int]] = (), refuse: bool = False) -> SimResult:
+                 prefill: Sequence[tuple[int, int]] = ()) -> SimResult:
     """The upload mode: per layer and ubatch, each distinct selected expert a slot holds is a hit; each other one
     a miss, uploaded into a free slot or else the least recently used slot the ubatch does not use, or, once
     every slot serves the ubatch, computed on the CPU (a miss counted in ``n_cpu``; the slots stay).
-    ``slots`` maps each cached layer to its slot count; ``prefill`` is a profile's ranked pairs.
-    ``refuse=True`` is the earlier rule, which the package's simulator may still follow: a ubatch of up to 32
-    tokens whose tokens x k exceed a layer's slots is refused there, its distinct experts counted as refused."""
+    ``slots`` maps each cached layer to its slot count; ``prefill`` is a profile's ranked pairs."""
     layers = {il: _LruLayer(n) for il, n in slots.items() if n < n_expert}  # whole layers need no lookups
     for il, e in prefill:
         layer = layers.get(il)
@@ -61,17 +57,11 @@ def simulate_lru(records: Iterable[RoutingRecord], slots: dict[int, int], n_expe
         s = layer.expert_in.index(-1)
         layer.expert_in[s], layer.slot_of[e], layer.from_profile[s] = e, s, True
     stamp = 0
-    hits = hits_profile = misses = refused = cpu = 0
-    per_layer: dict[int, list[int]] = {il: [0, 0, 0, 0] for il in layers}
+    hits = hits_profile = misses = cpu = 0
+    per_layer: dict[int, list[int]] = {il: [0, 0, 0] for il in layers}
     for rec in records:
         layer = layers.get(rec.il)
-        n_tokens, k = rec.experts.shape
-        if layer is None or n_tokens > MAX_UBATCH:
-            continue
-        if refuse and n_tokens * k > layer.n_slots:
-            n = len(set(rec.experts.ravel().tolist()))
-            refused += n
-            per_layer[rec.il][2] += n
+        if layer is None or rec.experts.shape[0] > MAX_UBATCH:
             continue
         stamp += 1
         for e in rec.experts.ravel().tolist():  # hits first, distinct per ubatch
@@ -97,7 +87,7 @@ def simulate_lru(records: Iterable[RoutingRecord], slots: dict[int, int], n_expe
             if victim < 0:
                 on_cpu.add(e)
                 cpu += 1
-                per_layer[rec.il][3] += 1
+                per_layer[rec.il][2] += 1
                 continue
             old = layer.expert_in[victim]
             if old >= 0:
@@ -105,5 +95,5 @@ def simulate_lru(records: Iterable[RoutingRecord], slots: dict[int, int], n_expe
             layer.expert_in[victim], layer.slot_of[e] = e, victim
             layer.from_profile[victim] = False
             layer.last_use[victim] = stamp
-    return SimResult(hits, hits_profile, misses, {il: (h, m) for il, (h, m, _, _) in per_layer.items()}, refused,
-                     {il: r for il, (_, _, r, _) in per_layer.items()}, cpu, {il: c for il, (_, _, _, c) in per_layer.items()})
+    return SimResult(hits, hits_profile, misses, {il: (h, m) for il, (h, m, _) in per_layer.items()}, cpu,
+                     {il: c for il, (_, _, c) in per_layer.items()})

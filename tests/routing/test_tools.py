@@ -4,6 +4,7 @@ the static policy counts exactly like the engine's hybrid, and bad input is refu
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -127,7 +128,7 @@ def test_the_static_policy_counts_like_the_engines_hybrid(lib, tiny_model_path, 
 
 def test_the_lru_policy_counts_like_simulate_lru(lib, tiny_model_path, traces) -> None:
     """lru adds h_layer to simulate_lru's replay (which CI checks against the engine): the same counts, on
-    ubatches of 32 tokens (some refused: more experts than slots) and on single tokens."""
+    ubatches of 32 tokens (split: more distinct experts than slots, the rest on the CPU) and on single tokens."""
     layout = expert_layout(tiny_model_path)
     text = "\n\n".join(split_paragraphs().test_paragraphs()[5:7])
     records = trace_text(tiny_model_path, text, n_ctx=256)
@@ -138,16 +139,17 @@ def test_the_lru_policy_counts_like_simulate_lru(lib, tiny_model_path, traces) -
     for slots_per_layer in (4, 9, 20):
         slots = {l.il: slots_per_layer for l in layout.layers}
         for recs, r in ((records, routes_from_records(records)), (per_token, routes)):
-            want = simulate_lru(recs, slots, layout.n_expert, prefill=profile, refuse=True)  # lru's rule
+            want = simulate_lru(recs, slots, layout.n_expert, prefill=profile)
             got = lru(r, slots, layout.n_expert, profile)
             assert (got.n_hit, got.n_hit_profile, got.n_miss) == (want.n_hit, want.n_hit_profile, want.n_miss)
             assert got.per_layer == want.per_layer
-            assert (got.n_refused, got.per_layer_refused) == (want.n_refused, want.per_layer_refused)
+            assert (got.n_cpu, got.per_layer_cpu) == (want.n_cpu, want.per_layer_cpu)
             assert got.hit_rate == want.hit_rate
-    # the text's ubatches of 32 tokens need more than 20 slots: refused; single tokens fit 4 slots and more
+    # the text's ubatches of 32 tokens select more than 20 experts: split; single tokens fit 4 slots and more
     every = {l.il: 20 for l in layout.layers}
-    assert lru(routes_from_records(records), every, layout.n_expert, profile).n_refused_lookups > 0
-    assert lru(routes, {l.il: 4 for l in layout.layers}, layout.n_expert, profile).n_refused == 0
+    split = lru(routes_from_records(records), every, layout.n_expert, profile)
+    assert split.n_split_lookups > 0 and split.n_miss > split.n_cpu > 0
+    assert lru(routes, {l.il: 4 for l in layout.layers}, layout.n_expert, profile).n_cpu == 0
 
 
 # -- the trace command ----------------------------------------------------------------------------------------
@@ -306,28 +308,16 @@ def test_bad_input_is_refused_clearly(lib, tiny_model_path, traces, tmp_path, ca
         read_routes(tmp_path / "zero.bin")
 
 
-# -- refused lookups: no perfect cache out of nothing ----------------------------------------------------------
+# -- no perfect cache out of nothing -------------------------------------------------------------------------
 
-def test_a_cache_that_refuses_every_lookup_is_no_perfect_cache() -> None:
-    """Fewer slots than a token's k experts: upload mode refuses every lookup. Refused selections are in the
-    denominator, so the hit rate is 0, not 1; with nothing looked up at all (a layer held whole) there is no
-    hit rate (None), never 1.0 made out of zero lookups."""
+def test_nothing_looked_up_gives_no_hit_rate() -> None:
+    """A layer held whole looks nothing up: no hit rate (None), never 1.0 made out of zero lookups (a cache
+    smaller than a token's experts: tests/routing/test_lru_split.py)."""
     r = _routes([[0, 1, 2, 3], [4, 5, 6, 7], [0, 1, 2, 3]])
-    for slots in (1, 2, 3):
-        res = lru(r, {0: slots}, 8)
-        assert (res.n_hit, res.n_miss, res.n_refused, res.n_refused_lookups) == (0, 0, 12, 3)
-        assert res.n_lookup == 12 and res.hit_rate == 0.0 and res.h_layer == 0.0
-        assert res.layer_hit_rate(0) == 0.0 and res.per_layer_refused == {0: 12}
-    fits = lru(r, {0: 4}, 8)
-    assert (fits.n_refused, fits.n_hit, fits.n_miss) == (0, 0, 12) and fits.hit_rate == 0.0
     held = lru(r, {0: 8}, 8)   # held whole: nothing to look up, no rate at all
     assert held.n_lookup == 0 and held.hit_rate is None and held.h_layer is None and held.layer_hit_rate(0) is None
     for policy in (static(r, {0: 8}, 8, []), belady(r, {0: 8}, 8), adaptive(r, {0: 8}, 8)):
         assert policy.hit_rate is None, policy.policy
-    # a ubatch of two tokens on 6 slots (2 x 4 > 6) is refused as a whole: its 6 distinct experts
-    two = Routes((0,), np.array([[0, 1, 2, 3], [2, 3, 4, 5]], dtype=np.int32)[:, None, :], np.array([0, 2]))
-    res = lru(two, {0: 6}, 8)
-    assert (res.n_refused, res.n_refused_lookups, res.n_token_layers, res.hit_rate) == (6, 1, 2, 0.0)
 
 
 def _plan_text(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
@@ -336,31 +326,47 @@ def _plan_text(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
     return capsys.readouterr().out
 
 
-def test_plan_warns_when_upload_mode_refuses_lookups(lib, tiny_model_path, traces, capsys) -> None:
+def test_plan_warns_when_upload_mode_splits_ubatches(lib, tiny_model_path, traces, capsys) -> None:
     layout = expert_layout(tiny_model_path)
     k, model = layout.n_expert_used, str(tiny_model_path)
 
     def mib(slots: int, hybrid: bool = False) -> str:
         return f"{cache_bytes_for_slots(layout, slots, hybrid) / MiB + 0.001:.3f}"
 
-    # fewer slots than k: every lookup refused, and the held-out hit rate is 0, not a perfect 1
+    # fewer slots than k: every token computes some of its experts on the CPU, held out as a share and per token
     for slots in (1, k - 1):
-        out = _plan_text(capsys, "plan", model, "--cache-mib", mib(slots), "--trace", str(traces["train"]), "--kfold", "3")
+        argv = ("plan", model, "--cache-mib", mib(slots), "--trace", str(traces["train"]), "--kfold", "3")
+        out = _plan_text(capsys, *argv)
         assert (f"warning    {slots} slots per layer are fewer than the {k} experts one token selects: upload mode "
-                f"refuses every lookup of the {layout.n_moe_layers} layers") in out
-        assert "held out   hit rate 0.0000 [0.0000, 0.0000]" in out and "refused/token" in out
-        plan = _run_json(capsys, "plan", model, "--cache-mib", mib(slots), "--trace", str(traces["train"]), "--kfold", "3")
-        assert plan["hit_rate"]["mean"] == 0.0 and all(l["hit_rate"] == 0.0 for l in plan["layers"])
-        assert all(l["refused_per_token"] > 0 for l in plan["layers"]) and len(plan["warnings"]) == 1
-    # enough for a token, not for a ubatch of 32: the largest ubatch that fits is named
+                f"computes at least {k - slots} of every token's experts on the CPU in each of the "
+                f"{layout.n_moe_layers} layers not held whole; the held-out replay of the routing computed ") in out
+        assert "of them on the CPU" in out and "refus" not in out
+        plan = _run_json(capsys, *argv)
+        # every layer computes every token of a trace: the slots serve `slots` of its experts, the CPU the others
+        assert all(l["cpu_per_token"] == k - slots for l in plan["layers"]) and len(plan["warnings"]) == 1
+        assert all(l["misses_per_token"] >= l["cpu_per_token"] for l in plan["layers"])
+        per_token = sum(l["cpu_per_token"] for l in plan["layers"])
+        m = re.search(r"computed (\d+\.\d+)% of its lookups on the CPU \((\d+\.\d+) experts per token\)",
+                      plan["warnings"][0])
+        assert m and abs(float(m[2]) - per_token) < 1e-3
+        looked = sum(l["misses_per_token"] / (1 - l["hit_rate"]) for l in plan["layers"])  # lookups per token
+        assert abs(float(m[1]) / 100 - per_token / looked) < 1e-4
+        assert plan["hit_rate"]["mean"] < 0.5  # the CPU's selections are in the denominator
+    # enough for a token, not for a ubatch of 32: the largest ubatch served whole is named
     out = _plan_text(capsys, "plan", model, "--cache-mib", mib(9))
-    assert "warning    9 slots per layer take ubatches of up to 2 tokens: upload mode refuses larger ones" in out
-    assert f"{layout.n_expert} slots (--moe-cache-mib" in out
+    assert ("warning    9 slots per layer serve ubatches of up to 2 tokens whole: larger ones of up to 32 tokens "
+            "(short prompts, several sequences decoded together) that select more distinct experts than the slots "
+            "compute the rest on the CPU; ") in out
+    assert f"{layout.n_expert} slots (--moe-cache-mib" in out and "refus" not in out
     capsys.readouterr()
     assert main(["plan", model, "--cache-mib", mib(9), "--json", "-q"]) == 0
     printed = capsys.readouterr()
-    assert json.loads(printed.out)["warnings"] and "warning: 9 slots per layer take ubatches" in printed.err
-    # the hybrid refuses nothing; a cache that holds every layer whole looks nothing up
+    assert json.loads(printed.out)["warnings"] and "warning: 9 slots per layer serve ubatches" in printed.err
+    # with the trace (one token a ubatch), the held-out share of the CPU is none
+    out = _plan_text(capsys, "plan", model, "--cache-mib", mib(9), "--trace", str(traces["train"]), "--kfold", "3")
+    assert "the held-out replay of the routing computed 0.00% of its lookups on the CPU (0.000 experts per token)" in out
+    assert "of them on the CPU" not in out
+    # the hybrid computes its misses on the CPU by design; a cache that holds every layer whole looks nothing up
     for argv in (("--cache-mib", mib(2, True), "--hybrid"), ("--cache-mib", mib(layout.n_expert))):
         out = _plan_text(capsys, "plan", model, *argv)
         assert "warning" not in out, argv
@@ -369,16 +375,20 @@ def test_plan_warns_when_upload_mode_refuses_lookups(lib, tiny_model_path, trace
     assert "held out   hit rate n/a: nothing is looked up (every layer held whole)" in out
 
 
-def test_simulate_prints_refused_lookups_and_no_rate_for_nothing_looked_up(lib, tiny_model_path, traces,
-                                                                          capsys) -> None:
+def test_simulate_prints_the_cpus_misses_and_no_rate_for_nothing_looked_up(lib, tiny_model_path, traces,
+                                                                           capsys) -> None:
     layout = expert_layout(tiny_model_path)
     small = f"{cache_bytes_for_slots(layout, 2, False) / MiB + 0.001:.3f}"
     report = _run_json(capsys, "simulate", str(tiny_model_path), "--cache-mib", small, "--train",
                        str(traces["train"]), "--test", str(traces["test"]), "--kfold", "3", "--policies", "lru,static")
     held = report["sizes"][0]["heldout"]
-    assert held["lru"]["hit_rate"] == 0.0 and held["lru"]["n_refused"] == held["lru"]["n_lookup"] > 0
-    assert 0 < held["static"]["hit_rate"] < 1 and held["static"]["n_refused"] == 0   # the hybrid refuses nothing
+    lru_, static_ = held["lru"], held["static"]
+    assert "n_refused" not in lru_ and lru_["n_lookup"] == lru_["n_hit"] + lru_["n_miss"] > 0
+    # 2 slots, k experts a token: the slots serve 2 of them (hits, then uploads), the CPU the other k - 2
+    assert lru_["n_cpu"] == (layout.n_expert_used - 2) * lru_["n_token_layers"] == sum(lru_["per_layer_cpu"].values())
+    assert lru_["n_split_lookups"] == lru_["n_token_layers"] and 0 < lru_["hit_rate"] < 2 / layout.n_expert_used
+    assert 0 < static_["hit_rate"] < 1 and static_["n_cpu"] == 0   # the hybrid uploads nothing: no split
     out = _plan_text(capsys, "simulate", str(tiny_model_path), "--cache-mib", small, "--train", str(traces["train"]),
                      "--test", str(traces["test"]), "--policies", "lru")
-    assert f"{held['lru']['n_refused']} selections refused in" in out
-    assert "hit rate = hits / (hits + misses + refused)" in out
+    assert f"{lru_['n_cpu']} misses computed on the CPU in {lru_['n_split_lookups']} lookups" in out
+    assert "hit rate = hits / (hits + misses) of" in out and "refus" not in out

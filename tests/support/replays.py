@@ -11,6 +11,6 @@ from llama_moe.routing.routes import Routes
 
 def lru_slot_by_slot(routes: Routes, slots: dict[int, int], n_expert: int,
                      profile: Sequence[tuple[int, int]]) -> PolicyResult:
-    """``lru`` slot by slot, layer by layer, ubatch by ubatch (llama_moe_cache::lookup in Python), whatever the
+    """``lru`` slot by slot, layer by layer, ubatch by ubatch (llama_moe_cache::lookup_split in Python), whatever the
     ubatches: what the fast one-token replay must count alike."""
     return drive(LruLoopReplay(routes.layers, routes.k, slots, n_expert, profile), routes, CHUNK_TOKENS, None)

@@ -1,11 +1,11 @@
-"""Cache policies replayed over routing, counting like the engine: per layer, hits, misses and refused of the
-distinct experts of each ubatch of up to 32 tokens; layers held whole need no lookups and are not counted.
+"""Cache policies replayed over routing, counting like the engine: per layer, hits and misses of the distinct
+experts of each ubatch of up to 32 tokens; layers held whole need no lookups and are not counted.
 
-- ``lru``: the upload mode (llama_moe_cache::lookup): a miss is uploaded into a free slot, else the least
-  recently used slot the ubatch does not use; a ubatch whose tokens x k exceed the layer's slots is refused,
-  as the engine refuses it (its graph is built before the router picks): its distinct experts count as
-  refused and the slots stay as they were. It counts like the engine (tested against its counters) and adds
-  h_layer.
+- ``lru``: the upload mode (llama_moe_cache::lookup and lookup_split): a miss is uploaded into a free slot,
+  else the least recently used slot the ubatch does not use; once every slot serves the ubatch (more distinct
+  experts than slots: several tokens at once, or fewer slots than k), its remaining misses are computed on the
+  CPU, counted in ``n_cpu`` as the engine's split counts them. It counts like the engine (tested against its
+  counters) and adds h_layer.
 - ``static``: the hybrid without adaptation (count_hybrid): the profile's experts stay, the others run on
   the CPU.
 - ``adaptive``: the hybrid that swaps hot experts in (the reference's "adaptive cache" and its constants).
@@ -15,14 +15,14 @@ distinct experts of each ubatch of up to 32 tokens; layers held whole need no lo
 - ``admit1-lrfu`` ... ``admit8-lrfu``: the same admission with victims by recency and frequency together
   (``admit.LRFU_HALF_LIFE``), a simulator variant the engine does not run; not in the default set.
 
-Every policy also reports h_layer: the share of looked-up or refused (layer, token) pairs whose k experts were
-all resident when the ubatch was looked up (the tokens that need no CPU or upload work in that layer; a refused
-pair never is).
+Every policy also reports h_layer: the share of looked-up (layer, token) pairs whose k experts were all
+resident when the ubatch was looked up (the tokens that need no CPU or upload work in that layer).
 
-The hit rate is hits / (hits + misses + refused): a refused lookup is in the denominator, so that a cache too
-small for its ubatches (upload mode at fewer slots than k) scores 0, not 1. With nothing looked up at all
-(every layer held whole) there is no hit rate: ``hit_rate``, ``h_layer`` and ``layer_hit_rate`` are None, and
-the reports print "n/a".
+The hit rate is hits / (hits + misses), every distinct selection counted: the misses the CPU computes (upload
+mode's split, the hybrid's misses) are in the denominator, so that a cache too small for its ubatches (upload
+mode at fewer slots than k) never reads as a good one. Nothing is refused: no policy has a refused count.
+With nothing looked up at all (every layer held whole) there is no hit rate: ``hit_rate``, ``h_layer`` and
+``layer_hit_rate`` are None, and the reports print "n/a".
 
 Every policy but belady is a ``Replay``: a state fed the routing a chunk of whole ubatches at a time, in
 order, from a ``Routes`` in memory or from trace files as they are read (``TraceRoutes``); its memory is

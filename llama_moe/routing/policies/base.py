@@ -17,31 +17,36 @@ Progress = Callable[[int, int], None]
 
 @dataclass(frozen=True)
 class PolicyResult:
+    """A policy's counts, as the engine counts them: per layer and ubatch of up to 32 tokens, each distinct
+    selected expert is a hit or a miss (nothing is refused: upload mode splits a ubatch its slots cannot
+    serve whole, the hybrid computes every miss on the CPU)."""
+
     policy: str
     n_hit: int
     n_hit_profile: int      # hits on experts the profile put there and that stayed since
-    n_miss: int
-    n_token_layers: int     # (layer, token) pairs looked up or refused: h_layer's denominator
+    n_miss: int             # the CPU's (n_cpu) included
+    n_token_layers: int     # (layer, token) pairs looked up: h_layer's denominator
     n_token_layers_all: int  # of them, with all k experts resident: h_layer's numerator
-    n_refused: int          # (upload) selections of the lookups refused: distinct experts of a ubatch whose
-                            # tokens x k exceed the layer's slots, as the engine's n_refused
+    n_cpu: int              # (lru) of the misses, those computed on the CPU: the distinct experts of a ubatch
+                            # beyond what the layer's slots can serve once every slot serves it, as the engine's
+                            # n_cpu (upload mode's split); 0 for the hybrid's policies, which upload no miss
     n_slots: int            # slots of the layers looked up
     n_resident: int         # of them, holding an expert at the end: a cache that never fills caps the hit rate
     per_layer: dict[int, tuple[int, int]] = field(default_factory=dict)  # il -> (hits, misses)
     n_swap: int = 0         # adaptive: experts swapped in for colder ones
     n_fill: int = 0         # adaptive: free slots filled
-    per_layer_refused: dict[int, int] = field(default_factory=dict)  # il -> refused selections
-    n_refused_lookups: int = 0  # (ubatch, layer) lookups refused
-    n_large: int = 0        # (ubatch, layer) pairs of over 32 tokens: llama.cpp's path, neither looked up nor refused
+    per_layer_cpu: dict[int, int] = field(default_factory=dict)  # (lru) il -> misses computed on the CPU
+    n_split_lookups: int = 0  # (lru) (ubatch, layer) lookups that left some of their experts to the CPU
+    n_large: int = 0        # (ubatch, layer) pairs of over 32 tokens: llama.cpp's path, not looked up
 
     @property
     def n_lookup(self) -> int:
-        """hits + misses + refused: the selections the cache was asked for."""
-        return self.n_hit + self.n_miss + self.n_refused
+        """hits + misses: the distinct selections the cache was asked for."""
+        return self.n_hit + self.n_miss
 
     @property
     def hit_rate(self) -> float | None:
-        """hits / (hits + misses + refused); None when nothing was looked up (every layer held whole)."""
+        """hits / (hits + misses); None when nothing was looked up (every layer held whole)."""
         return self.n_hit / self.n_lookup if self.n_lookup else None
 
     @property
@@ -50,24 +55,23 @@ class PolicyResult:
 
     def layer_hit_rate(self, il: int) -> float | None:
         h, m = self.per_layer.get(il, (0, 0))
-        n = h + m + self.per_layer_refused.get(il, 0)
-        return h / n if n else None
+        return h / (h + m) if h + m else None
 
 
 def merge_results(results: Sequence[PolicyResult]) -> PolicyResult:
     """Pools the counts of several replays (the folds of a k-fold): hits over lookups of all of them."""
     per_layer: dict[int, tuple[int, int]] = {}
-    per_layer_refused: dict[int, int] = {}
+    per_layer_cpu: dict[int, int] = {}
     for r in results:
         for il, (h, m) in r.per_layer.items():
             ph, pm = per_layer.get(il, (0, 0))
             per_layer[il] = (ph + h, pm + m)
-        for il, n in r.per_layer_refused.items():
-            per_layer_refused[il] = per_layer_refused.get(il, 0) + n
+        for il, n in r.per_layer_cpu.items():
+            per_layer_cpu[il] = per_layer_cpu.get(il, 0) + n
     sums = {name: sum(getattr(r, name) for r in results) for name in
-            ("n_hit", "n_hit_profile", "n_miss", "n_token_layers", "n_token_layers_all", "n_refused", "n_slots",
-             "n_resident", "n_swap", "n_fill", "n_refused_lookups", "n_large")}
-    return PolicyResult(results[0].policy, per_layer=per_layer, per_layer_refused=per_layer_refused, **sums)
+            ("n_hit", "n_hit_profile", "n_miss", "n_token_layers", "n_token_layers_all", "n_cpu", "n_slots",
+             "n_resident", "n_swap", "n_fill", "n_split_lookups", "n_large")}
+    return PolicyResult(results[0].policy, per_layer=per_layer, per_layer_cpu=per_layer_cpu, **sums)
 
 
 def _looked_up(layers: Sequence[int], slots: dict[int, int], n_expert: int) -> list[int]:
