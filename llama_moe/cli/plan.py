@@ -39,7 +39,8 @@ def add_plan_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--whole-layers", type=int, default=0, metavar="N", help="report the N layers that gain most from being held whole")
     p.add_argument("--per-layer", action="store_true",
                    help="split the same bytes across the layers by the routing's miss curves (plan: needs --trace): the slots per "
-                   "layer in the report and its JSON (per_layer.slots), held out; the engine takes equal slots today")
+                   "layer in the report and its JSON (per_layer.slots), held out; the profile written (--out / -o) carries them, "
+                   "and the engine sizes each layer from it")
     p.add_argument("--min-slots", type=int, default=None, metavar="N",
                    help="with --per-layer: each layer's least slots (default: k in upload mode, 1 with --hybrid)")
 

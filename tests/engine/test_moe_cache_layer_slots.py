@@ -148,9 +148,36 @@ def test_hybrid_takes_each_layers_slots(lib, tiny_model_path, tmp_path, monkeypa
     assert stats.n_hit > 0 and stats.n_miss > 0 and stats.n_bytes_upload == 0
 
 
-@pytest.mark.parametrize("with_profile_ranks", [True, False])
-def test_admitting_hybrid_takes_each_layers_slots(lib, tiny_model_path, tmp_path, monkeypatch, with_profile_ranks) -> None:
-    """Admission with its own slots per layer: synchronous, as on the CPU device by default."""
+def test_adaptive_hybrid_keeps_each_layers_slots(lib, tiny_model_path, tmp_path) -> None:
+    """The adaptive rounds swap within a layer's own slots: no layer holds more than its count."""
+    layout = expert_layout(tiny_model_path)
+    counts = _counts(tiny_model_path)
+    profile = _profile(tiny_model_path, tmp_path, counts)
+    out = {}
+    with Model(tiny_model_path, RAM) as model:
+        for name, cp in (("plain", ContextParams(n_ctx=1024, n_threads=2)),
+                         ("cache", ContextParams(n_ctx=1024, n_threads=2, moe_cache_hybrid=True, moe_cache_adaptive=True,
+                                                 moe_cache_profile=profile,
+                                                 moe_cache_mib=_mib(tiny_model_path, counts, True)))):
+            with Context(model, cp) as ctx:
+                if name == "cache":
+                    _check_slots(tiny_model_path, ctx, counts)
+                toks = list(ctx.generate(PROMPTS[2], N_GEN, SAMPLING, stop_at_eog=False))
+                resident = {l.il: len(ctx.resident(l.il)) for l in layout.layers}
+                out[name] = (toks, ctx.logits().copy(), ctx.moe_cache_stats(), resident,
+                             {l.il: l.n_slots for l in ctx.layer_stats()})
+    (plain, plain_logits, *_), (got, logits, stats, resident, slots) = out["plain"], out["cache"]
+    assert got == plain and np.array_equal(logits, plain_logits)
+    assert stats.n_swap > 0 and stats.n_hit > 0
+    assert slots == {il: min(n, layout.n_expert) for il, n in counts.items()}
+    assert all(resident[il] <= slots[il] for il in slots) and resident == slots  # the profile filled every slot
+
+
+@pytest.mark.parametrize("with_profile_ranks, background", [(True, False), (False, False), (True, True)])
+def test_admitting_hybrid_takes_each_layers_slots(lib, tiny_model_path, tmp_path, monkeypatch, with_profile_ranks,
+                                                  background) -> None:
+    """Admission with its own slots per layer: synchronous, as on the CPU device by default, or in the
+    background, as on a GPU."""
     layout = expert_layout(tiny_model_path)
     counts = _counts(tiny_model_path)
     profile = _profile(tiny_model_path, tmp_path, counts)
@@ -158,7 +185,7 @@ def test_admitting_hybrid_takes_each_layers_slots(lib, tiny_model_path, tmp_path
         profile = tmp_path / "counts_only.strp"
         write_profile(profile, Profile(layout.n_layer, layout.n_expert, 0, (),
                                        tuple(counts.get(il, 0) for il in range(layout.n_layer))))
-    monkeypatch.setenv("LLAMA_MOE_CACHE_ADMIT_ASYNC", "0")
+    monkeypatch.setenv("LLAMA_MOE_CACHE_ADMIT_ASYNC", "1" if background else "0")
     admit = 2
     out = {}
     with Model(tiny_model_path, RAM) as model:
@@ -177,7 +204,8 @@ def test_admitting_hybrid_takes_each_layers_slots(lib, tiny_model_path, tmp_path
     (plain, plain_logits, *_), (got, logits, stats, layers, records, resident) = out["plain"], out["cache"]
     assert got == plain and np.array_equal(logits, plain_logits)
     ranked = _ranked(tiny_model_path) if with_profile_ranks else ()
-    sim, slots, admitted = simulate_hybrid(records, counts, layout.n_expert, admit=admit, prefill=ranked)
+    sim, slots, admitted = simulate_hybrid(records, counts, layout.n_expert, admit=admit, prefill=ranked,
+                                           background=background)
     assert (stats.n_hit, stats.n_hit_profile, stats.n_miss, stats.n_admit) == (sim.n_hit, sim.n_hit_profile, sim.n_miss,
                                                                                admitted)
     assert {l.il: (l.n_hit, l.n_miss) for l in layers if l.il in sim.per_layer} == sim.per_layer
