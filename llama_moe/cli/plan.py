@@ -106,7 +106,8 @@ def format_plan(p: Plan, profile_path: str | None) -> str:
         f"model      {p.model}: {p.n_layers} MoE layers x {p.n_expert} experts, {p.n_expert_used} per token; "
         f"one slot in every layer is {p.slot_row_bytes / 2**20:.3f} MiB",
         f"budget     {p.budget + ' -> ' if p.budget else ''}--moe-cache-mib {p.cache_mib:g} ({mode} mode)",
-        f"slots      {p.slots} per layer, {p.slots * p.n_layers} in all (the engine gives every cached layer the same); "
+        f"slots      {p.slots} per layer, {p.slots * p.n_layers} in all ("
+        f"{'equal slots; the profile carries the per-layer split below' if p.per_layer else 'the engine gives every cached layer the same'}); "
         f"{p.n_whole} layers held whole; the engine allocates {p.buffer_bytes / 2**20:.2f} MiB",
     ]
     if p.profile_pairs is not None:
