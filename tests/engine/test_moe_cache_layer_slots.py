@@ -298,3 +298,31 @@ def test_bad_slot_sections_are_refused_with_the_reason(lib, tiny_model_path, tmp
         with Context(model, ContextParams(n_ctx=512, moe_cache_mib=mib, moe_cache_profile=old)) as ctx:
             assert {l.n_slots for l in ctx.layer_stats()} == {equal} and ctx.cache_status().as_asked
             assert ctx.moe_cache_stats().n_prefilled == equal * layout.n_moe_layers
+
+
+def test_the_devices_free_memory_scales_the_counts_by_the_same_rule(lib, tiny_model_path, tmp_path, monkeypatch) -> None:
+    layout = expert_layout(tiny_model_path)
+    counts = _counts(tiny_model_path)
+    profile = _profile(tiny_model_path, tmp_path, counts)
+    free_kib = int(_mib(tiny_model_path, {il: max(1, n // 3) for il, n in counts.items()}, True) * 1024)
+    monkeypatch.setenv("LLAMA_MOE_TEST_DEVICE_FREE_KIB", str(free_kib))
+    want = engine_layer_slots(layout, free_kib * 1024, counts, True)
+    asked = {il: min(n, layout.n_expert) for il, n in counts.items()}
+    assert want != asked
+    with Model(tiny_model_path, RAM) as model:
+        with pytest.warns(MoeCacheWarning, match="MiB free: the per-layer slots scaled down"):
+            ctx = Context(model, ContextParams(n_ctx=512, n_threads=2, moe_cache_hybrid=True, moe_cache_profile=profile,
+                                               moe_cache_mib=_mib(tiny_model_path, counts, True)))
+        with ctx:
+            assert {l.il: l.n_slots for l in ctx.layer_stats()} == want
+            status = ctx.cache_status()
+            assert status.reasons == ("fewer_slots",)
+            assert (status.n_slots, status.n_slots_asked) == (max(want.values()), max(asked.values()))
+            assert len(list(ctx.generate(PROMPTS[0], 8, SAMPLING, stop_at_eog=False))) == 8
+        # too little for one slot per layer: off, said
+        monkeypatch.setenv("LLAMA_MOE_TEST_DEVICE_FREE_KIB", "1")
+        with pytest.warns(MoeCacheWarning, match="cannot hold one expert per layer"):
+            ctx = Context(model, ContextParams(n_ctx=512, moe_cache_profile=profile,
+                                               moe_cache_mib=_mib(tiny_model_path, counts, False)))
+        with ctx:
+            assert ctx.cache_status().state == "off" and ctx.moe_cache_stats() is None
