@@ -17,7 +17,8 @@ from llama_moe.experts import expert_layout
 from llama_moe.formats.profile import Profile, write_profile
 from llama_moe.params import MiB
 from llama_moe.routing.budget import cache_bytes_for_layer_slots, engine_layer_slots
-from oracles.lru import simulate_hybrid, simulate_lru
+from oracles.hybrid import simulate_hybrid
+from oracles.lru import simulate_lru
 
 RAM = ModelParams(cpu_moe=True, repack=False)
 # prompts of over 32 tokens each: their ubatches keep llama.cpp's path, but for the last layer's outputs
