@@ -81,8 +81,8 @@ class MoeCacheStatus:
     mode: str
     mailbox: bool
     device: str
-    n_slots: int
-    n_slots_asked: int
+    n_slots: int  # slots per layer; with a profile's per-layer counts, the most of any layer (layer_stats: each)
+    n_slots_asked: int  # what the size gave before the device's free memory (the most of any layer, likewise)
     n_layers: int
     n_layers_whole: int
     n_bytes: int

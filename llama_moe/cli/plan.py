@@ -39,7 +39,8 @@ def add_plan_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--whole-layers", type=int, default=0, metavar="N", help="report the N layers that gain most from being held whole")
     p.add_argument("--per-layer", action="store_true",
                    help="split the same bytes across the layers by the routing's miss curves (plan: needs --trace): the slots per "
-                   "layer in the report and its JSON (per_layer.slots), held out; the engine takes equal slots today")
+                   "layer in the report and its JSON (per_layer.slots), held out; the profile written (--out / -o) carries them, "
+                   "and the engine sizes each layer from it")
     p.add_argument("--min-slots", type=int, default=None, metavar="N",
                    help="with --per-layer: each layer's least slots (default: k in upload mode, 1 with --hybrid)")
 
@@ -105,7 +106,8 @@ def format_plan(p: Plan, profile_path: str | None) -> str:
         f"model      {p.model}: {p.n_layers} MoE layers x {p.n_expert} experts, {p.n_expert_used} per token; "
         f"one slot in every layer is {p.slot_row_bytes / 2**20:.3f} MiB",
         f"budget     {p.budget + ' -> ' if p.budget else ''}--moe-cache-mib {p.cache_mib:g} ({mode} mode)",
-        f"slots      {p.slots} per layer, {p.slots * p.n_layers} in all (the engine gives every cached layer the same); "
+        f"slots      {p.slots} per layer, {p.slots * p.n_layers} in all ("
+        f"{'equal slots; the profile carries the per-layer split below' if p.per_layer else 'the engine gives every cached layer the same'}); "
         f"{p.n_whole} layers held whole; the engine allocates {p.buffer_bytes / 2**20:.2f} MiB",
     ]
     if p.profile_pairs is not None:

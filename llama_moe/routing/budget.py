@@ -71,6 +71,33 @@ def engine_buffer_bytes(layout: ExpertLayout, slots: dict[int, int], hybrid: boo
                for l in layout.layers)
 
 
+def cache_bytes_for_layer_slots(layout: ExpertLayout, slots: dict[int, int], hybrid: bool) -> int:
+    """The smallest cache size that gives each layer ``slots[il]`` slots from a profile's per-layer section
+    (every layer of ``layout`` needs a count; counts above a layer's experts count as all of them)."""
+    row, fixed = _fixed_bytes(layout, hybrid)
+    return fixed + sum(min(slots[l.il], l.n_expert) * (l.bytes_per_expert + (l.bias_bytes_per_expert if hybrid else 0))
+                       for l in layout.layers)
+
+
+def engine_layer_slots(layout: ExpertLayout, cache_bytes: int, slots: dict[int, int], hybrid: bool) -> dict[int, int]:
+    """Layer -> slots the engine allocates from a profile's per-layer counts for a cache of ``cache_bytes``: each
+    count capped at the layer's experts; counts that do not fit are each scaled by (bytes left for slots) /
+    (bytes they take) and rounded down, at least one, then, while they still do not fit, the layer with the
+    most slots (the first of equals) gives one up."""
+    row, fixed = _fixed_bytes(layout, hybrid)
+    if cache_bytes - fixed < row:
+        raise CacheBudgetError(f"{cache_bytes / MiB:.2f} MiB cannot hold one expert per layer")
+    per = [l.bytes_per_expert + (l.bias_bytes_per_expert if hybrid else 0) for l in layout.layers]
+    out = [min(slots[l.il], l.n_expert) for l in layout.layers]
+    avail = cache_bytes - fixed
+    need = sum(n * b for n, b in zip(out, per))
+    if need > avail:
+        out = [max(1, math.floor(n * (avail / need))) for n in out]
+        while sum(n * b for n, b in zip(out, per)) > avail and max(out) > 1:
+            out[out.index(max(out))] -= 1
+    return {l.il: n for l, n in zip(layout.layers, out)}
+
+
 def cache_bytes_for_slots(layout: ExpertLayout, slots: int, hybrid: bool) -> int:
     """The smallest cache size that gives ``slots`` slots per layer."""
     if slots < 1:

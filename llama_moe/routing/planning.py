@@ -65,8 +65,8 @@ class PerLayerSlots:
     misses_per_token: float        # held out, the folds pooled: misses (the CPU's included)
     uniform_hit_rate: Estimate | None  # the same folds with the equal slots (the plan's estimate)
     uniform_misses_per_token: float
-    note: str = ("the engine gives every cached layer the same number of slots today; these counts are for an "
-                 "engine that takes a per-layer split")
+    note: str = ("the profile written with them (--out) carries these counts: the engine sizes each layer from "
+                 "them; without it every cached layer gets the same")
 
 
 @dataclass(frozen=True)
@@ -170,7 +170,7 @@ def per_layer_slots(layout: ExpertLayout, cache_mib: float, hybrid: bool, routes
     """Slots per layer for a cache of ``cache_mib``: the bytes the engine's equal slots take, split across the
     layers to minimise the total misses on ``routes``' miss curves (``curve``: ``lru``, the default in upload
     mode, or ``static``, the default with ``hybrid``), each layer at least ``min_slots`` (default
-    ``default_min_slots``). The engine takes equal slots today: this is for a plan file to carry."""
+    ``default_min_slots``). A profile carries them to the engine (``Profile.layer_slots``, ``with_layer_slots``)."""
     slots = engine_slots(layout, mib_to_bytes(cache_mib), hybrid)
     curve = curve or ("static" if hybrid else "lru")
     lo = default_min_slots(layout, hybrid) if min_slots is None else min_slots
@@ -250,9 +250,18 @@ def plan_cache(model: str, layout: ExpertLayout, cache_mib: float, hybrid: bool,
                            meter.part(n), lambda jobs: replay_jobs(routes, jobs, n_expert, meter.part(w_replay)))
     if progress:
         progress(meter.total, meter.total)  # the alternative may not have been replayed: it did not fit
+    if split is not None:
+        profile = with_layer_slots(profile, split.slots)
     plan = Plan(*head, n, scheme.k, len(profile.ranked), prefilled, scored.hit_rate, scored.h_layer,
                 in_sample.hit_rate, layers, report, warnings, scheme.describe(), split)
     return plan, profile
+
+
+def with_layer_slots(profile: Profile, slots: dict[int, int]) -> Profile:
+    """The profile with a per-layer slot section: ``slots`` (il -> slots) for the layers it names, 0 (no count)
+    for the others. The engine sizes each cached layer from it instead of giving every layer the same."""
+    counts = tuple(int(slots.get(il, 0)) for il in range(profile.n_layers))
+    return Profile(profile.n_layers, profile.n_expert, profile.n_slots, profile.ranked, counts)
 
 
 def _per_layer(layout: ExpertLayout, routes: Routes | TraceRoutes, counts: FoldCounts, slots: dict[int, int],

@@ -45,7 +45,8 @@ def test_native_profile_loader_survives_libfuzzer(tmp_path) -> None:
 
 
 FUZZ = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-GOOD_PROFILE = Profile(6, 32, 8, tuple((l, (5 * l + i) % 32) for i in range(8) for l in range(6))).to_bytes()
+GOOD_PROFILE_RANKED = tuple((l, (5 * l + i) % 32) for i in range(8) for l in range(6))
+GOOD_PROFILE = Profile(6, 32, 8, GOOD_PROFILE_RANKED).to_bytes()
 
 
 def _mutate(data: bytes, cuts: list[tuple[int, int]]) -> bytes:
@@ -66,6 +67,22 @@ def test_profile_reader_refuses_or_reads(tmp_path, cuts, length) -> None:
     except ProfileError:
         return
     assert all(0 <= il < 6 and 0 <= e < 32 for il, e in p.ranked)
+
+
+GOOD_SLOTS_PROFILE = Profile(6, 32, 8, GOOD_PROFILE_RANKED, (4, 9, 0, 40, 1, 16)).to_bytes()
+
+
+@FUZZ
+@given(st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)), max_size=8),
+       st.integers(0, len(GOOD_SLOTS_PROFILE)))
+def test_profile_reader_refuses_or_reads_a_slot_section(tmp_path, cuts, length) -> None:
+    path = tmp_path / "p.strp"
+    path.write_bytes(_mutate(GOOD_SLOTS_PROFILE, cuts)[:length])
+    try:
+        p = read_profile(path, 6, 32)
+    except ProfileError:
+        return
+    assert p.layer_slots is None or len(p.layer_slots) == 6
 
 
 @FUZZ

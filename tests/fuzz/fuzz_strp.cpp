@@ -33,6 +33,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t * data, size_t size) {
                         __builtin_trap(); // the loader promised every pair is in range
                     }
                 }
+                if (!profile.layer_slots.empty() && profile.layer_slots.size() != layers) {
+                    __builtin_trap(); // a slot section has a count for every layer
+                }
             }
         }
     }

@@ -158,12 +158,34 @@ def test_plan_per_layer_writes_the_counts_into_its_json(tiny_model_path: Path, t
     rep = json.loads(capsys.readouterr().out)
     slots = rep["per_layer"]["slots"]
     assert sorted(int(k) for k in slots) == list(range(6)) and sum(slots.values()) <= 48
-    assert "same number of slots today" in rep["per_layer"]["note"] and rep["slots"] == 8
+    assert "the engine sizes each layer from them" in rep["per_layer"]["note"] and rep["slots"] == 8
     assert main(["plan", model, "--cache-mib", mib, "--trace", *traces, "--per-layer", "-q"]) == 0
     out = capsys.readouterr().out
-    assert "per layer  (the engine gives every cached layer the same number of slots today" in out
+    assert "per layer  (the profile written with them (--out) carries these counts" in out
     for argv, why in ((["--per-layer"], "--per-layer needs routing"), (["--trace", *traces, "--min-slots", "2"],
                                                                       "give --per-layer"),
                       (["--trace", *traces, "--per-layer", "--min-slots", "0"], "--min-slots must be >= 1")):
         assert main(["plan", model, "--cache-mib", mib, *argv, "-q"]) == 2
         assert why in capsys.readouterr().err
+
+
+def test_plan_per_layer_writes_the_counts_into_its_profile(tiny_model_path: Path, tiny_topics: list[Path],  # noqa: F811
+                                                           tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--out with --per-layer: the profile carries per_layer.slots in its slot section (every layer of the
+    model, 0 for a layer without experts); without --per-layer it has none, as before."""
+    from llama_moe.formats.profile import read_profile
+
+    model = str(tiny_model_path)
+    layout = expert_layout(model)
+    mib = f"{cache_bytes_for_slots(layout, 8, False) / MiB:.4f}"
+    traces = [str(p) for p in tiny_topics]
+    out = tmp_path / "split.strp"
+    capsys.readouterr()
+    assert main(["plan", model, "--cache-mib", mib, "--trace", *traces, "--per-layer", "--out", str(out), "--json", "-q"]) == 0
+    slots = {int(k): v for k, v in json.loads(capsys.readouterr().out)["per_layer"]["slots"].items()}
+    profile = read_profile(out, layout.n_layer, layout.n_expert)
+    assert profile.layer_slots == tuple(slots.get(il, 0) for il in range(layout.n_layer))
+    assert len(set(profile.layer_slots)) > 1 and profile.ranked
+    plain = tmp_path / "plain.strp"
+    assert main(["plan", model, "--cache-mib", mib, "--trace", *traces, "--out", str(plain), "-q"]) == 0
+    assert read_profile(plain).layer_slots is None and read_profile(plain).ranked == profile.ranked

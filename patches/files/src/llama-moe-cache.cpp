@@ -113,6 +113,130 @@ static int64_t llama_moe_cache_fit_slots(ggml_backend_dev_t dev, const std::stri
     return slots;
 }
 
+// Per-layer slots (a profile's slot section). Each layer's count is what a planner split the budget into; the
+// engine sizes the layers from the counts rather than giving every layer the same.
+
+static size_t llama_moe_cache_layer_bytes(const std::vector<llama_moe_cache_layer> & layers, const std::vector<int64_t> & slots) {
+    size_t bytes = 0;
+    for (size_t i = 0; i < layers.size(); ++i) {
+        bytes += (size_t) slots[i] * layers[i].expert_bytes;
+    }
+    return bytes;
+}
+
+// The rule when counts do not fit `avail` bytes: every count times avail / need, rounded down, at least one;
+// then, while they still do not fit (the rounding up to one), the layer with the most slots (the first of
+// equals) gives one up. The split's shape is kept: the layers a planner favoured stay favoured.
+static void llama_moe_cache_scale_slots(const std::vector<llama_moe_cache_layer> & layers, std::vector<int64_t> & slots, size_t avail) {
+    const size_t need = llama_moe_cache_layer_bytes(layers, slots);
+    if (need <= avail) {
+        return;
+    }
+    const double f = (double) avail / (double) need;
+    for (auto & n : slots) {
+        n = std::max<int64_t>(1, (int64_t) std::floor((double) n * f));
+    }
+    while (llama_moe_cache_layer_bytes(layers, slots) > avail) {
+        const auto most = std::max_element(slots.begin(), slots.end());
+        if (*most <= 1) {
+            break;
+        }
+        (*most)--;
+    }
+}
+
+// A profile's slot counts against the layers the cache serves: each needs a count (0 is none).
+static bool llama_moe_cache_check_layer_slots(const std::vector<llama_moe_cache_layer> & layers, const llama_moe_profile & profile,
+                                              std::string & err) {
+    for (const auto & l : layers) {
+        if (!profile.layer_slots.empty() && profile.layer_slots[l.il] == 0) {
+            err = "its per-layer slot section gives layer " + std::to_string(l.il) + " no slots, but the cache serves that "
+                  "layer (each cached layer needs at least one)";
+            return false;
+        }
+    }
+    return true;
+}
+
+// Each cached layer's slots from the profile's counts, within `budget` bytes (--moe-cache-mib less the maps and
+// null slots): counts above a layer's experts hold it whole, counts that do not fit are scaled down, said.
+static bool llama_moe_cache_layer_slots(const std::vector<llama_moe_cache_layer> & layers, const llama_moe_profile & profile,
+                                        size_t budget, size_t size, std::vector<int64_t> & out, llama_moe_cache_report & report) {
+    out.resize(layers.size());
+    int n_clamped = 0;
+    for (size_t i = 0; i < layers.size(); ++i) {
+        const int64_t asked = profile.layer_slots[layers[i].il];
+        out[i] = std::min<int64_t>(asked, layers[i].n_expert);
+        n_clamped += asked > layers[i].n_expert;
+    }
+    if (n_clamped > 0) {
+        LLAMA_LOG_INFO("%s: %d layers' counts exceed their experts: they are held whole\n", __func__, n_clamped);
+    }
+    const size_t need = llama_moe_cache_layer_bytes(layers, out);
+    if (need > budget) {
+        const int64_t total_asked = std::accumulate(out.begin(), out.end(), (int64_t) 0);
+        llama_moe_cache_scale_slots(layers, out, budget);
+        if (llama_moe_cache_layer_bytes(layers, out) > budget) {
+            return false; // cannot happen: create checked that one slot per layer fits
+        }
+        report.warn(LLAMA_MOE_CACHE_REASON_FEWER_SLOTS, "the profile's per-layer slots take %.2f MiB, more than the %.2f MiB "
+                    "--moe-cache-mib %.2f leaves for slots: each count scaled by %.3f and rounded down (at least one), "
+                    "%" PRId64 " slots in all instead of %" PRId64, need / MiB, budget / MiB, size / MiB,
+                    (double) budget / need, std::accumulate(out.begin(), out.end(), (int64_t) 0), total_asked);
+    } else if (budget - need >= std::min_element(layers.begin(), layers.end(), [](const auto & a, const auto & b) {
+                                     return a.expert_bytes < b.expert_bytes; })->expert_bytes) {
+        // room for another slot at least: the profile was planned for a smaller cache
+        LLAMA_LOG_INFO("%s: the profile's per-layer slots take %.2f MiB of the %.2f MiB --moe-cache-mib leaves for slots; "
+                       "the rest is not allocated\n", __func__, need / MiB, budget / MiB);
+    }
+    return true;
+}
+
+// llama_moe_cache_fit_slots for per-layer counts: the device's free memory scales them down by the same rule.
+static bool llama_moe_cache_fit_layer_slots(ggml_backend_dev_t dev, const std::string & dev_name, const std::vector<llama_moe_cache_layer> & layers,
+                                            std::vector<int64_t> & slots, size_t maps, size_t null_slots, const llama_moe_test_switches & test,
+                                            llama_moe_cache_report & report) {
+    size_t free = 0, total = 0;
+    if (test.device_free_kib >= 0) {
+        free = (size_t) test.device_free_kib * 1024;
+    } else if (dev != nullptr && ggml_backend_dev_type(dev) != GGML_BACKEND_DEVICE_TYPE_CPU) {
+        ggml_backend_dev_memory(dev, &free, &total);
+    } else {
+        return true;
+    }
+    const size_t need = maps + null_slots + llama_moe_cache_layer_bytes(layers, slots);
+    if (need <= free) {
+        return true;
+    }
+    const std::vector<int64_t> ones(layers.size(), 1);
+    const size_t least = maps + null_slots + llama_moe_cache_layer_bytes(layers, ones);
+    if (least > free) {
+        report.warn(LLAMA_MOE_CACHE_REASON_NO_ROOM, "%s has %.2f MiB free, which cannot hold one expert per layer (%.2f MiB); the cache is off",
+                    dev_name.c_str(), free / MiB, least / MiB);
+        return false;
+    }
+    const int64_t total_asked = std::accumulate(slots.begin(), slots.end(), (int64_t) 0);
+    llama_moe_cache_scale_slots(layers, slots, free - maps - null_slots);
+    report.warn(LLAMA_MOE_CACHE_REASON_FEWER_SLOTS, "%.2f MiB asked, but %s has %.2f MiB free: the per-layer slots scaled down, "
+                "%" PRId64 " in all instead of %" PRId64, need / MiB, dev_name.c_str(), free / MiB,
+                std::accumulate(slots.begin(), slots.end(), (int64_t) 0), total_asked);
+    return true;
+}
+
+void llama_moe_cache::log_layer_slots(size_t n_groups, int n_whole) const {
+    int lo = layers[0].n_slots, hi = layers[0].n_slots;
+    std::string each;
+    for (const auto & l : layers) {
+        lo = std::min(lo, l.n_slots);
+        hi = std::max(hi, l.n_slots);
+        each += (each.empty() ? "" : " ") + std::to_string(l.il) + ":" + std::to_string(l.n_slots);
+    }
+    LLAMA_LOG_INFO("llama_moe_cache: %.2f MiB on %s for %zu layers (%zu groups): per-layer slots from the profile, %d to %d "
+                   "of %d experts, %" PRIu64 " in all, %d layers held whole\n", buffer_size() / MiB, device_name.c_str(),
+                   layers.size(), n_groups, lo, hi, layers[0].n_expert, n_slots_total, n_whole);
+    LLAMA_LOG_INFO("llama_moe_cache: slots per layer: %s\n", each.c_str());
+}
+
 std::unique_ptr<llama_moe_cache> llama_moe_cache::create(const llama_model & model, const llama_moe_cache_params & params,
                                                          llama_moe_cache_report & report) {
     if (model.hparams.no_alloc) {
@@ -251,10 +375,28 @@ std::unique_ptr<llama_moe_cache> llama_moe_cache::create(const llama_model & mod
                     params.hybrid ? ", and the hybrid's zero-filled null slot in each layer as large again" : "");
         return nullptr;
     }
-    const int64_t slots_asked = llama_moe_cache_cap_slots(cache->layers, slots);
-    slots = llama_moe_cache_fit_slots(dev, dev_name, cache->layers, slots_asked, maps, null_slots, cache->test, report);
-    if (slots < 1) {
-        return nullptr;
+    // a profile with per-layer slot counts sizes each layer from them instead (llama_moe_cache_layer_slots)
+    llama_moe_profile profile;
+    const bool have_profile = !params.profile.empty() &&
+                              cache->load_profile(params.profile, (uint32_t) model.hparams.n_layer(), profile, report);
+    std::vector<int64_t> layer_slots;
+    int64_t slots_asked = 0;
+    if (have_profile && !profile.layer_slots.empty()) {
+        if (!llama_moe_cache_layer_slots(cache->layers, profile, budget, params.size, layer_slots, report)) {
+            return nullptr;
+        }
+        slots_asked = *std::max_element(layer_slots.begin(), layer_slots.end());
+        if (!llama_moe_cache_fit_layer_slots(dev, dev_name, cache->layers, layer_slots, maps, null_slots, cache->test, report)) {
+            return nullptr;
+        }
+        slots = *std::max_element(layer_slots.begin(), layer_slots.end());
+    } else {
+        slots_asked = llama_moe_cache_cap_slots(cache->layers, slots);
+        slots = llama_moe_cache_fit_slots(dev, dev_name, cache->layers, slots_asked, maps, null_slots, cache->test, report);
+        if (slots < 1) {
+            return nullptr;
+        }
+        layer_slots.assign(cache->layers.size(), slots);
     }
 
     const size_t n_tensors = cache->layers.size() * 7;
@@ -266,8 +408,9 @@ std::unique_ptr<llama_moe_cache> llama_moe_cache::create(const llama_model & mod
         throw std::runtime_error("llama_moe_cache: ggml_init failed");
     }
     int n_whole = 0;
-    for (auto & l : cache->layers) {
-        l.n_slots = (int) std::min<int64_t>(slots, l.n_expert);
+    for (size_t i = 0; i < cache->layers.size(); ++i) {
+        auto & l = cache->layers[i];
+        l.n_slots = (int) std::min<int64_t>(layer_slots[i], l.n_expert);
         l.whole   = l.n_slots == l.n_expert;
         n_whole  += l.whole;
         const int n_null = params.hybrid && !l.whole ? 1 : 0;
@@ -379,14 +522,18 @@ std::unique_ptr<llama_moe_cache> llama_moe_cache::create(const llama_model & mod
     report.set_cache(!params.hybrid ? LLAMA_MOE_CACHE_MODE_UPLOAD : params.adaptive ? LLAMA_MOE_CACHE_MODE_ADAPTIVE : LLAMA_MOE_CACHE_MODE_HYBRID,
                      dev_name, (int32_t) slots, (int32_t) slots_asked, (int32_t) cache->layers.size(), n_whole,
                      ggml_backend_buffer_get_size(cache->buf));
-    LLAMA_LOG_INFO("llama_moe_cache: %.2f MiB on %s for %zu layers (%zu groups): %" PRId64 " slots per layer of %d experts "
-                   "(%.2f MiB each), %d layers held whole\n",
-                   ggml_backend_buffer_get_size(cache->buf) / MiB, dev_name.c_str(), cache->layers.size(), groups.size(),
-                   std::min<int64_t>(slots, cache->layers[0].n_expert), cache->layers[0].n_expert,
-                   cache->layers[0].expert_bytes / MiB, n_whole);
+    if (profile.layer_slots.empty() || !have_profile) {
+        LLAMA_LOG_INFO("llama_moe_cache: %.2f MiB on %s for %zu layers (%zu groups): %" PRId64 " slots per layer of %d experts "
+                       "(%.2f MiB each), %d layers held whole\n",
+                       ggml_backend_buffer_get_size(cache->buf) / MiB, dev_name.c_str(), cache->layers.size(), groups.size(),
+                       std::min<int64_t>(slots, cache->layers[0].n_expert), cache->layers[0].n_expert,
+                       cache->layers[0].expert_bytes / MiB, n_whole);
+    } else {
+        cache->log_layer_slots(groups.size(), n_whole);
+    }
 
-    if (!params.profile.empty()) {
-        cache->prefill(params.profile, (uint32_t) model.hparams.n_layer(), report);
+    if (have_profile) {
+        cache->prefill(profile, params.profile);
     }
     if (params.hybrid) {
         // the reference's wording: these lines are what users grep for
@@ -623,16 +770,21 @@ double llama_moe_cache::adapt_prior(const llama_moe_cache_layer & l) const {
     return LLAMA_MOE_ADAPT_PRIOR_TOKENS * (double) l.n_used / std::max<int64_t>(l.n_slots, 1);
 }
 
-void llama_moe_cache::prefill(const std::string & path, uint32_t n_layer, llama_moe_cache_report & report) {
-    llama_moe_profile profile;
+bool llama_moe_cache::load_profile(const std::string & path, uint32_t n_layer, llama_moe_profile & profile, llama_moe_cache_report & report) {
     std::string err;
     const uint32_t n_expert = (uint32_t) layers[0].n_expert;
-    if (!llama_moe_profile_load(path, n_layer, n_expert, profile, err)) {
-        report.warn(LLAMA_MOE_CACHE_REASON_PROFILE_REFUSED, "MoE cache profile %s refused: %s; the cache starts empty", path.c_str(), err.c_str());
-        profile_error = err; // for the load line, /metrics and the audit log (llama_moe_cache_get_info)
-        return;
+    if (llama_moe_profile_load(path, n_layer, n_expert, profile, err) && llama_moe_cache_check_layer_slots(layers, profile, err)) {
+        return true;
     }
-    std::vector<int> index_of(n_layer, -1);
+    report.warn(LLAMA_MOE_CACHE_REASON_PROFILE_REFUSED, "MoE cache profile %s refused: %s; the cache starts empty%s", path.c_str(), err.c_str(),
+                profile.layer_slots.empty() ? "" : ", with the same slots in every layer");
+    profile_error = err; // for the load line, /metrics and the audit log (llama_moe_cache_get_info)
+    profile = {};
+    return false;
+}
+
+void llama_moe_cache::prefill(const llama_moe_profile & profile, const std::string & path) {
+    std::vector<int> index_of(profile.n_layers, -1);
     for (size_t i = 0; i < layers.size(); ++i) {
         index_of[layers[i].il] = (int) i;
     }

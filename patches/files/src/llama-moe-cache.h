@@ -19,6 +19,7 @@
 #include <vector>
 
 struct llama_model;
+struct llama_moe_profile;
 struct ggml_context;
 struct ggml_tensor;
 
@@ -192,7 +193,11 @@ private:
     void count_hybrid(llama_moe_cache_layer & layer, const ggml_tensor * ids);
     double adapt_prior(const llama_moe_cache_layer & layer) const; // the heat a profile's expert starts with
     void count_hybrid_locked(llama_moe_cache_layer & layer, const int32_t * ids, int64_t n_tokens); // the caller holds mutex
-    void prefill(const std::string & path, uint32_t n_layer, llama_moe_cache_report & report);
+    // reads the profile and checks its slot counts against the cached layers; false (said, and kept for get_info)
+    // when refused
+    bool load_profile(const std::string & path, uint32_t n_layer, llama_moe_profile & profile, llama_moe_cache_report & report);
+    void prefill(const llama_moe_profile & profile, const std::string & path);
+    void log_layer_slots(size_t n_groups, int n_whole) const;
     void push_slot_map(llama_moe_cache_layer & layer);
     int32_t do_rebalance(int32_t max_swaps, int32_t max_fills, int32_t max_total);
     int32_t admit(); // the caller holds mutex

@@ -6,6 +6,8 @@
 
 static constexpr uint32_t LLAMA_MOE_PROFILE_VERSION = 1;
 static constexpr size_t   LLAMA_MOE_PROFILE_HEADER  = 24;
+static constexpr uint32_t LLAMA_MOE_PROFILE_SLOTS_VERSION = 1;
+static constexpr size_t   LLAMA_MOE_PROFILE_SLOTS_HEADER  = 12; // "SLOT", u32 version, u32 n_layers
 
 static uint32_t read_u32(const uint8_t * p) {
     return (uint32_t) p[0] | ((uint32_t) p[1] << 8) | ((uint32_t) p[2] << 16) | ((uint32_t) p[3] << 24);
@@ -13,6 +15,48 @@ static uint32_t read_u32(const uint8_t * p) {
 
 static uint16_t read_u16(const uint8_t * p) {
     return (uint16_t) (p[0] | (p[1] << 8));
+}
+
+// The optional per-layer slot section after the ranks (a file that ends before it has none). Anything there must
+// be a whole section this build reads: a profile whose counts were lost would size the cache other than planned.
+static bool llama_moe_profile_read_slots(FILE * f, uint64_t at, uint64_t size, uint32_t n_layers, llama_moe_profile & out,
+                                         std::string & err) {
+    uint8_t hdr[LLAMA_MOE_PROFILE_SLOTS_HEADER];
+    const uint64_t left = size - at;
+    if (fseek(f, (long) at, SEEK_SET) != 0 || left < 4 || fread(hdr, 1, 4, f) != 4 || memcmp(hdr, "SLOT", 4) != 0) {
+        err = std::to_string(left) + " bytes after the ranks that are not a per-layer slot section (magic SLOT)";
+        return false;
+    }
+    if (left < sizeof(hdr) || fread(hdr + 4, 1, sizeof(hdr) - 4, f) != sizeof(hdr) - 4) {
+        err = "the per-layer slot section is truncated: " + std::to_string(left) + " bytes, shorter than its 12-byte header";
+        return false;
+    }
+    const uint32_t version = read_u32(hdr + 4);
+    const uint32_t layers  = read_u32(hdr + 8);
+    if (version != LLAMA_MOE_PROFILE_SLOTS_VERSION) {
+        err = "per-layer slot section version " + std::to_string(version) + ", this build reads version " +
+              std::to_string(LLAMA_MOE_PROFILE_SLOTS_VERSION);
+        return false;
+    }
+    if (layers != n_layers) {
+        err = "the per-layer slot section has " + std::to_string(layers) + " layers, the profile " + std::to_string(n_layers);
+        return false;
+    }
+    if (left != sizeof(hdr) + (uint64_t) layers * 4) {
+        err = "the per-layer slot section should be " + std::to_string(sizeof(hdr) + (uint64_t) layers * 4) +
+              " bytes for " + std::to_string(layers) + " layers, it is " + std::to_string(left);
+        return false;
+    }
+    std::vector<uint8_t> counts((size_t) layers * 4);
+    if (fread(counts.data(), 1, counts.size(), f) != counts.size()) {
+        err = "the per-layer slot section is truncated";
+        return false;
+    }
+    out.layer_slots.resize(layers);
+    for (uint32_t il = 0; il < layers; ++il) {
+        out.layer_slots[il] = read_u32(&counts[4*il]);
+    }
+    return true;
 }
 
 bool llama_moe_profile_load(const std::string & path, uint32_t n_layers, uint32_t n_expert,
@@ -81,6 +125,12 @@ bool llama_moe_profile_load(const std::string & path, uint32_t n_layers, uint32_
             return false;
         }
         out.ranked.emplace_back(il, ie);
+    }
+    out.layer_slots.clear();
+    const uint64_t ranks_end = LLAMA_MOE_PROFILE_HEADER + (uint64_t) n_ranked * 4 + (uint64_t) layers * experts * 4;
+    if ((uint64_t) size > ranks_end && !llama_moe_profile_read_slots(f.get(), ranks_end, (uint64_t) size, layers, out, err)) {
+        out.ranked.clear();
+        return false;
     }
     return true;
 }
