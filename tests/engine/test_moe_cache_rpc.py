@@ -1,0 +1,155 @@
+"""The model's layers on two ggml rpc-servers on 127.0.0.1 (llama.cpp's --rpc), its experts in RAM, and the MoE
+cache on the devices the engine picks: tokens and logits identical to no cache, counters equal to the independent
+replay (tests/oracles/lru.py), and clear errors for a bad address, a dead server and a server killed mid-run."""
+from __future__ import annotations
+
+import logging
+import re
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from llama_moe import Context, ContextParams, Model, ModelParams
+from llama_moe.errors import ParameterError, RpcServerError
+from llama_moe.experts import expert_layout
+from llama_moe.server.process import free_port
+from oracles.lru import simulate_lru
+from support.cache_sizes import mib_for_slots
+from support.rpc_servers import RpcServer, find_rpc_server_binary, start_rpc_server
+
+PROMPT = "The ship left the harbour at dawn, and the crew"
+N_GEN = 24
+
+
+@pytest.fixture(scope="module")
+def rpc_pair(lib, tmp_path_factory: pytest.TempPathFactory):
+    """Two rpc-servers on 127.0.0.1, stopped at the module's end (and killed with the test run)."""
+    binary = find_rpc_server_binary()
+    logs = tmp_path_factory.mktemp("rpc")
+    servers: list[RpcServer] = []
+    try:
+        for i in range(2):
+            servers.append(start_rpc_server(binary, logs / f"rpc{i}.log"))
+        yield servers
+    finally:
+        for s in servers:
+            s.stop()
+
+
+def _params(servers: list[RpcServer]) -> ModelParams:
+    return ModelParams(cpu_moe=True, repack=False, rpc=tuple(s.endpoint for s in servers))
+
+
+def _run(model: Model, cp: ContextParams, trace: bool = False):
+    with Context(model, cp) as ctx:
+        if trace:
+            ctx.start_trace()
+        tokens = list(ctx.generate(PROMPT, max_tokens=N_GEN, stop_at_eog=False))
+        logits = ctx.logits()
+        records = ctx.stop_trace() if trace else []
+        return tokens, logits, ctx.moe_cache_stats(), ctx.layer_stats(), records, ctx.cache_status()
+
+
+def test_bad_rpc_addresses_are_refused_before_loading() -> None:
+    for bad in ("127.0.0.1", "127.0.0.1:0", "127.0.0.1:70000", ":5000", "a:b", "x:1,y:2", " 127.0.0.1:5000"):
+        with pytest.raises(ParameterError, match="rpc"):
+            ModelParams(rpc=(bad,)).validate()
+    with pytest.raises(ParameterError, match="tuple"):
+        ModelParams(rpc="127.0.0.1:5000").validate()  # type: ignore[arg-type]
+    with pytest.raises(ParameterError, match="twice"):
+        ModelParams(rpc=("127.0.0.1:5000", "127.0.0.1:5000")).validate()
+
+
+def test_a_server_that_does_not_answer_is_a_clear_error(lib, tiny_model_path) -> None:
+    port = free_port()  # nothing listens there
+    started = time.monotonic()
+    with pytest.raises(RpcServerError, match=f"no rpc-server answers at 127.0.0.1:{port}"):
+        Model(tiny_model_path, ModelParams(cpu_moe=True, repack=False, rpc=(f"127.0.0.1:{port}",)))
+    assert time.monotonic() - started < 10
+
+
+def test_a_server_of_another_protocol_is_a_clear_error(lib, tiny_model_path) -> None:
+    import socket
+    import threading
+
+    with socket.socket() as listener:  # answers every connection with a line of text, as an HTTP server might
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+
+        def answer() -> None:
+            conn, _ = listener.accept()
+            with conn:
+                conn.recv(64)
+                conn.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+
+        threading.Thread(target=answer, daemon=True).start()
+        with pytest.raises(RpcServerError, match="not as a ggml rpc-server"):
+            Model(tiny_model_path, ModelParams(cpu_moe=True, repack=False, rpc=(f"127.0.0.1:{port}",)))
+
+
+def test_layers_on_two_rpc_servers_with_the_cache_change_nothing(rpc_pair, tiny_model_path, caplog) -> None:
+    layout = expert_layout(tiny_model_path)
+    slots = 2 * layout.n_expert_used
+    caplog.set_level(logging.INFO, logger="llama_moe.native")
+    base = dict(n_ctx=512, n_threads=2)
+    with Model(tiny_model_path, _params(rpc_pair)) as model:
+        # llama.cpp's load log: the layers' weights went to both servers' devices
+        on = set(re.findall(r"RPC\d+\[([^\]]+)\] model buffer size", caplog.text))
+        assert on == {s.endpoint for s in rpc_pair}, caplog.text[-3000:]
+        plain_tokens, plain_logits, no_stats, _, _, _ = _run(model, ContextParams(**base))
+        assert no_stats is None
+        tokens, logits, stats, layers, records, status = _run(
+            model, ContextParams(**base, moe_cache_mib=mib_for_slots(tiny_model_path, slots)), trace=True)
+    assert len(tokens) == N_GEN
+    assert tokens == plain_tokens
+    np.testing.assert_array_equal(logits, plain_logits)
+    # RPC devices are GPU-type devices: the engine puts the cache on one of them, and says which
+    assert status.state == "on" and re.fullmatch(r"RPC\d+.*", status.device), status
+    assert stats is not None and stats.n_slots == slots * layout.n_moe_layers
+    sim = simulate_lru(records, {l.il: slots for l in layout.layers}, layout.n_expert)
+    assert (stats.n_hit, stats.n_miss, stats.n_cpu) == (sim.n_hit, sim.n_miss, sim.n_cpu)
+    assert {l.il: (l.n_hit, l.n_miss, l.n_cpu) for l in layers} == {
+        il: (*sim.per_layer[il], sim.per_layer_cpu[il]) for il in sim.per_layer}
+    assert stats.n_hit > 0 and stats.n_miss > 0
+
+
+_CHILD = textwrap.dedent("""
+    import sys
+    from llama_moe import Context, ContextParams, Model, ModelParams
+    model = Model(sys.argv[1], ModelParams(cpu_moe=True, repack=False, rpc=tuple(sys.argv[2:])))
+    with Context(model, ContextParams(n_ctx=512, n_threads=1, moe_cache_mib=float(8))) as ctx:
+        for n, tok in enumerate(ctx.generate("The ship left the harbour", max_tokens=400, stop_at_eog=False)):
+            if n == 2:
+                print("GENERATING", flush=True)
+    print("FINISHED", flush=True)
+""")
+
+
+def test_a_server_killed_mid_run_ends_the_run_with_a_clear_error(lib, tiny_model_path, tmp_path) -> None:
+    """ggml's RPC client cannot recover a lost server: the process ends, at once, saying so; it never hangs."""
+    binary = find_rpc_server_binary()
+    servers = [start_rpc_server(binary, tmp_path / f"rpc{i}.log") for i in range(2)]
+    try:
+        child = subprocess.Popen([sys.executable, "-c", _CHILD, str(tiny_model_path), *(s.endpoint for s in servers)],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            assert child.stdout is not None
+            line = child.stdout.readline()
+            assert line.strip() == "GENERATING", child.stderr.read() if child.stderr else ""
+            servers[1].stop()
+            out, err = child.communicate(timeout=60)
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.wait(timeout=30)
+        assert child.returncode != 0 and "FINISHED" not in out
+        assert "RPC server" in err or "Remote RPC server crashed" in err, err[-2000:]
+    finally:
+        for s in servers:
+            s.stop()
