@@ -93,30 +93,66 @@ def test_a_server_of_another_protocol_is_a_clear_error(lib, tiny_model_path) -> 
             Model(tiny_model_path, ModelParams(cpu_moe=True, repack=False, rpc=(f"127.0.0.1:{port}",)))
 
 
-def test_layers_on_two_rpc_servers_with_the_cache_change_nothing(rpc_pair, tiny_model_path, caplog) -> None:
+def _expected_slots(layout, n_layers: int, size: int) -> int:
+    """The contract: moe_cache_size bytes per device, the same slots in each of its layers, after each layer's
+    expert map (its n_expert int32 ids, padded to 256 bytes)."""
+    maps = n_layers * -(-layout.n_expert * 4 // 256) * 256
+    return min(layout.n_expert, (size - maps) // (n_layers * layout.layers[0].bytes_per_expert))
+
+
+@pytest.mark.parametrize("slots_all", [4, 12])  # the size of 4 (12) slots per layer on one device
+def test_each_layer_s_slots_are_on_its_own_rpc_device(rpc_pair, tiny_model_path, caplog, slots_all) -> None:
     layout = expert_layout(tiny_model_path)
-    slots = 2 * layout.n_expert_used
-    caplog.set_level(logging.INFO, logger="llama_moe.native")
+    mib = mib_for_slots(tiny_model_path, slots_all)
+    size = int(mib * 2**20)
+    caplog.set_level(logging.DEBUG, logger="llama_moe.native")
     base = dict(n_ctx=512, n_threads=2)
     with Model(tiny_model_path, _params(rpc_pair)) as model:
-        # llama.cpp's load log: the layers' weights went to both servers' devices
+        # llama.cpp's load log: the layers' weights went to both servers' devices, and which layer to which
         on = set(re.findall(r"RPC\d+\[([^\]]+)\] model buffer size", caplog.text))
         assert on == {s.endpoint for s in rpc_pair}, caplog.text[-3000:]
+        layer_dev = {int(il): dev for il, dev in re.findall(r"load_tensors: layer +(\d+) assigned to device (\S+),", caplog.text)}
         plain_tokens, plain_logits, no_stats, _, _, _ = _run(model, ContextParams(**base))
         assert no_stats is None
-        tokens, logits, stats, layers, records, status = _run(
-            model, ContextParams(**base, moe_cache_mib=mib_for_slots(tiny_model_path, slots)), trace=True)
+        caplog.clear()
+        with Context(model, ContextParams(**base, moe_cache_mib=mib)) as ctx:
+            ctx.start_trace()
+            tokens = list(ctx.generate(PROMPT, max_tokens=N_GEN, stop_at_eog=False))
+            logits = ctx.logits()
+            records = ctx.stop_trace()
+            stats, layers, status, devices = ctx.moe_cache_stats(), ctx.layer_stats(), ctx.cache_status(), ctx.cache_devices()
     assert len(tokens) == N_GEN
     assert tokens == plain_tokens
     np.testing.assert_array_equal(logits, plain_logits)
-    # RPC devices are GPU-type devices: the engine puts the cache on one of them, and says which
-    assert status.state == "on" and re.fullmatch(r"RPC\d+.*", status.device), status
-    assert stats is not None and stats.n_slots == slots * layout.n_moe_layers
-    sim = simulate_lru(records, {l.il: slots for l in layout.layers}, layout.n_expert)
+
+    # each MoE layer's slots on the device llama.cpp put the layer on, the budget per device
+    moe_layers = [l.il for l in layout.layers]
+    assert len(devices) == 2 and {d.description for d in devices} == {s.endpoint for s in rpc_pair}, devices
+    assert sorted(il for d in devices for il in d.layers) == moe_layers
+    expected: dict[int, int] = {}
+    for d in devices:
+        assert {layer_dev[il] for il in d.layers} == {d.name}, (d, layer_dev)
+        assert d.n_slots == _expected_slots(layout, len(d.layers), size)
+        expected.update({il: d.n_slots for il in d.layers})
+        assert d.n_slots_total == d.n_slots * len(d.layers)
+        assert f"{d.name} (layers " in status.device
+    assert {l.il: l.n_slots for l in layers} == expected
+    assert stats is not None and stats.n_slots == sum(d.n_slots_total for d in devices)
+    assert stats.n_bytes_cache == sum(d.n_bytes for d in devices) == status.n_bytes
+    assert status.state == "on" and status.n_slots == min(d.n_slots for d in devices)
+
+    # the counters: per layer and per device, as the independent replay of the trace
+    sim = simulate_lru(records, expected, layout.n_expert)
     assert (stats.n_hit, stats.n_miss, stats.n_cpu) == (sim.n_hit, sim.n_miss, sim.n_cpu)
-    assert {l.il: (l.n_hit, l.n_miss, l.n_cpu) for l in layers} == {
-        il: (*sim.per_layer[il], sim.per_layer_cpu[il]) for il in sim.per_layer}
+    replayed = {il: (*sim.per_layer.get(il, (0, 0)), sim.per_layer_cpu.get(il, 0)) for il in moe_layers}  # whole: none
+    assert {l.il: (l.n_hit, l.n_miss, l.n_cpu) for l in layers} == replayed
+    for d in devices:
+        assert (d.n_hit, d.n_miss, d.n_cpu) == tuple(sum(replayed[il][j] for il in d.layers) for j in range(3))
     assert stats.n_hit > 0 and stats.n_miss > 0
+    # the load log says where each device's slots are
+    for d in devices:
+        assert re.search(rf"llama_moe_cache: [\d.]+ MiB on {re.escape(d.name)} \(layers [\d,-]+\): {d.n_slots} slots per layer",
+                         caplog.text), caplog.text[-3000:]
 
 
 _CHILD = textwrap.dedent("""

@@ -231,6 +231,24 @@ std::unique_ptr<llama_moe_cache> llama_moe_cache::create(const llama_model & mod
         report.warn(LLAMA_MOE_CACHE_REASON_LAYERS_SKIPPED, "%d layers have expert biases the hybrid cannot copy (not F32 rows in RAM); they keep llama.cpp's path", n_biased);
     }
 
+    // layers split across devices: each layer's slots on the device that computes it (llama-moe-devices.h)
+    cache->devices = llama_moe_cache_devices_assign(model, cache->layers, dev, buft, dev_name);
+    const bool several = cache->devices.size() > 1;
+    int64_t slots = 0, slots_asked = 0;
+    if (several) {
+        auto fit = [&](const llama_moe_cache_device & d, const std::vector<llama_moe_cache_layer> & mine, int64_t asked,
+                       size_t maps, size_t null_slots) {
+            return llama_moe_cache_fit_slots(d.dev, d.name, mine, asked, maps, null_slots, cache->test, report);
+        };
+        if (!llama_moe_cache_devices_plan(cache->devices, cache->layers, params.size, params.hybrid, fit, report)) {
+            return nullptr;
+        }
+        llama_moe_cache_devices_fewest(cache->devices, slots, slots_asked);
+    } else {
+    dev      = cache->devices[0].dev; // the layers' own device, where they all are on one
+    buft     = cache->devices[0].buft;
+    dev_name = cache->devices[0].name;
+    cache->device_name = dev_name;
     // the same number of slots in every layer, as many as the budget allows, at most all of a layer's experts
     size_t per_slot_row = 0; // bytes of one slot in every layer
     size_t maps = 0;
@@ -241,7 +259,7 @@ std::unique_ptr<llama_moe_cache> llama_moe_cache::create(const llama_model & mod
     // hybrid: a zero-filled null slot per layer, where the device part sends the experts the CPU computes
     const size_t null_slots = params.hybrid ? per_slot_row : 0;
     const size_t budget = params.size > maps + null_slots ? params.size - maps - null_slots : 0;
-    int64_t slots = (int64_t) (budget / per_slot_row);
+    slots = (int64_t) (budget / per_slot_row);
     if (slots < 1) {
         // the real requirement: one slot per layer, every layer's expert map, and the hybrid's null slot per layer
         report.warn(LLAMA_MOE_CACHE_REASON_TOO_SMALL, "%.2f MiB cannot hold one expert per layer: %zu layers need at least %.2f MiB "
@@ -251,10 +269,13 @@ std::unique_ptr<llama_moe_cache> llama_moe_cache::create(const llama_model & mod
                     params.hybrid ? ", and the hybrid's zero-filled null slot in each layer as large again" : "");
         return nullptr;
     }
-    const int64_t slots_asked = llama_moe_cache_cap_slots(cache->layers, slots);
+    slots_asked = llama_moe_cache_cap_slots(cache->layers, slots);
     slots = llama_moe_cache_fit_slots(dev, dev_name, cache->layers, slots_asked, maps, null_slots, cache->test, report);
     if (slots < 1) {
         return nullptr;
+    }
+    cache->devices[0].slots       = slots;
+    cache->devices[0].slots_asked = slots_asked;
     }
 
     const size_t n_tensors = cache->layers.size() * 7;
@@ -267,7 +288,7 @@ std::unique_ptr<llama_moe_cache> llama_moe_cache::create(const llama_model & mod
     }
     int n_whole = 0;
     for (auto & l : cache->layers) {
-        l.n_slots = (int) std::min<int64_t>(slots, l.n_expert);
+        l.n_slots = (int) std::min<int64_t>(several ? llama_moe_cache_devices_slots_of(cache->devices, (int) (&l - cache->layers.data())) : slots, l.n_expert);
         l.whole   = l.n_slots == l.n_expert;
         n_whole  += l.whole;
         const int n_null = params.hybrid && !l.whole ? 1 : 0;
@@ -305,6 +326,9 @@ std::unique_ptr<llama_moe_cache> llama_moe_cache::create(const llama_model & mod
         l.heat.assign(params.adaptive && params.hybrid && !l.whole ? l.n_expert : 0, 0.0);
         cache->n_slots_total += l.n_slots;
     }
+    if (several) {
+        llama_moe_cache_devices_alloc(cache->devices, cache->layers);
+    } else {
     cache->buf = ggml_backend_alloc_ctx_tensors_from_buft(cache->ctx, buft);
     if (!cache->buf) {
         throw std::runtime_error(format("llama_moe_cache: cannot allocate %.2f MiB on %s for the MoE cache; "
@@ -314,6 +338,7 @@ std::unique_ptr<llama_moe_cache> llama_moe_cache::create(const llama_model & mod
     ggml_backend_buffer_set_usage(cache->buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
     ggml_backend_buffer_clear(cache->buf, 0); // the null slots stay zero for good
     cache->device = dev;
+    }
     // LLAMA_MOE_CACHE_NO_COPY=1: prompts take every expert from RAM, as without a cache (for comparing)
     cache->copy_on = !llama_moe_env_flag("LLAMA_MOE_CACHE_NO_COPY", false);
     if (ggml_get_first_tensor(cache->ctx_host) != nullptr) { // none when every layer is whole
@@ -377,8 +402,11 @@ std::unique_ptr<llama_moe_cache> llama_moe_cache::create(const llama_model & mod
     }
 
     report.set_cache(!params.hybrid ? LLAMA_MOE_CACHE_MODE_UPLOAD : params.adaptive ? LLAMA_MOE_CACHE_MODE_ADAPTIVE : LLAMA_MOE_CACHE_MODE_HYBRID,
-                     dev_name, (int32_t) slots, (int32_t) slots_asked, (int32_t) cache->layers.size(), n_whole,
-                     ggml_backend_buffer_get_size(cache->buf));
+                     several ? llama_moe_cache_devices_describe(cache->devices, cache->layers) : dev_name, (int32_t) slots,
+                     (int32_t) slots_asked, (int32_t) cache->layers.size(), n_whole, cache->buffer_size());
+    if (several) {
+        llama_moe_cache_devices_log(cache->devices, cache->layers);
+    } else
     LLAMA_LOG_INFO("llama_moe_cache: %.2f MiB on %s for %zu layers (%zu groups): %" PRId64 " slots per layer of %d experts "
                    "(%.2f MiB each), %d layers held whole\n",
                    ggml_backend_buffer_get_size(cache->buf) / MiB, dev_name.c_str(), cache->layers.size(), groups.size(),
@@ -411,7 +439,8 @@ std::unique_ptr<llama_moe_cache> llama_moe_cache::create(const llama_model & mod
         // on a GPU the uploads go in the background by default; LLAMA_MOE_CACHE_ADMIT_ASYNC=0 makes them
         // synchronous between decodes, =1 runs the background path on the CPU device too (tests)
         const bool gpu = ggml_backend_dev_type(dev) != GGML_BACKEND_DEVICE_TYPE_CPU;
-        if (llama_moe_env_flag("LLAMA_MOE_CACHE_ADMIT_ASYNC", gpu)) {
+        // one upload stream per cache: on several devices the admissions are synchronous, between decodes
+        if (!several && llama_moe_env_flag("LLAMA_MOE_CACHE_ADMIT_ASYNC", gpu)) {
             size_t staging = 0; // a round uploads at most params.admit experts per layer
             for (const auto & l : cache->layers) {
                 for (int j = 0; j < 3 && !l.whole; ++j) {
@@ -526,6 +555,9 @@ void llama_moe_cache::log_summary() const {
         LLAMA_LOG_INFO("llama_moe_cache: upload mode: %" PRIu64 " missed experts computed on the CPU (ubatches that "
                        "selected more distinct experts than a layer's slots)\n", cpu);
     }
+    if (devices.size() > 1) {
+        llama_moe_cache_devices_log_exit(devices, layers);
+    }
 }
 
 llama_moe_cache::~llama_moe_cache() {
@@ -556,11 +588,11 @@ llama_moe_cache::~llama_moe_cache() {
 }
 
 size_t llama_moe_cache::buffer_size() const {
-    return buf ? ggml_backend_buffer_get_size(buf) : 0;
+    return buf ? ggml_backend_buffer_get_size(buf) : llama_moe_cache_devices_bytes(devices);
 }
 
 ggml_backend_buffer_type_t llama_moe_cache::buffer_type() const {
-    return buf ? ggml_backend_buffer_get_type(buf) : nullptr;
+    return buf ? ggml_backend_buffer_get_type(buf) : devices.empty() ? nullptr : devices[0].buft;
 }
 
 void llama_moe_cache::push_slot_map(llama_moe_cache_layer & layer) {
@@ -962,7 +994,7 @@ bool llama_moe_cache::copy_expert(ggml_backend_t backend, const ggml_tensor * sr
                                   size_t offset, size_t size, void * user_data) {
     auto * cache = (llama_moe_cache *) user_data;
     const auto it = cache->slot_of_weight.find(src);
-    if (!cache->copy_on || it == cache->slot_of_weight.end() || ggml_backend_get_device(backend) != cache->device) {
+    if (!cache->copy_on || it == cache->slot_of_weight.end() || ggml_backend_get_device(backend) != cache->layer_device(it->second.first)) {
         return false;
     }
     const auto & l = cache->layers[it->second.first];
