@@ -1,9 +1,12 @@
 """What crosses the network per generated token when a model's layers run on ggml rpc-servers: two servers on
 127.0.0.1, each behind a counting TCP relay, the tiny synthetic model's layers split across them, its experts in
 the client's RAM (cpu_moe), without and with the MoE cache. Prints bytes sent to and received from the servers
-for loading, for the prompt, and per generated token.
+for loading, for the prompt, and per generated token, and of the bytes up, those the cache's uploads of missed
+experts into the servers' slots account for (the engine's n_bytes_upload).
 
-    python benchmarks/rpc_traffic.py [--tokens 64] [--slots-per-k 2] [--shape tiny]
+    python benchmarks/rpc_traffic.py [--tokens 64] [--slots-per-k 2] [--shape tiny] [--direct]
+
+``--direct`` connects to the servers without the relays (no byte counts; the speed without the relays' hop).
 """
 from __future__ import annotations
 
@@ -96,6 +99,7 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--slots-per-k", type=float, default=2.0, help="cache slots per layer, in multiples of top-k")
     ap.add_argument("--shape", default="tiny")
+    ap.add_argument("--direct", action="store_true", help="no relays: tokens per second only")
     args = ap.parse_args()
 
     import llama_moe
@@ -113,16 +117,19 @@ def main() -> int:
     try:
         print(f"model: {args.shape} ({layout.n_moe_layers} MoE layers, {layout.n_expert} experts, top-{layout.n_expert_used}, "
               f"{layout.layers[0].bytes_per_expert} B per expert); cache: {slots} slots per layer")
-        print(f"{'cache':>8} {'load up':>12} {'prompt up':>12} {'prompt down':>12} {'tok up B':>10} {'tok down B':>10} {'tok/s':>7}")
+        print(f"{'cache':>8} {'load up':>12} {'prompt up':>12} {'prompt down':>12} {'tok up B':>10} {'tok down B':>10} "
+              f"{'uploads B':>10} {'tok/s':>7}")
         for cache_mib in (0.0, mib):
             before = total()
-            mp = ModelParams(cpu_moe=True, repack=False, rpc=tuple(f"127.0.0.1:{r.port}" for r in relays))
+            ports = [port for _, port in servers] if args.direct else [r.port for r in relays]
+            mp = ModelParams(cpu_moe=True, repack=False, rpc=tuple(f"127.0.0.1:{p}" for p in ports))
             with Model(model_path, mp) as model, Context(model, ContextParams(n_ctx=512, n_threads=2,
                                                                               moe_cache_mib=cache_mib)) as ctx:
                 loaded = total()
                 prompt = model.tokenize(PROMPT)
                 ctx.decode(prompt)
                 prompted = total()
+                up0 = ctx.moe_cache_stats().n_bytes_upload if cache_mib else 0
                 tok = int(ctx.logits().argmax())
                 t0 = time.monotonic()
                 for _ in range(args.tokens):
@@ -130,11 +137,12 @@ def main() -> int:
                     tok = int(ctx.logits().argmax())
                 dt = time.monotonic() - t0
                 done = total()
+                uploads = (ctx.moe_cache_stats().n_bytes_upload - up0) / args.tokens if cache_mib else 0.0
                 label = f"{cache_mib:.1f}M" if cache_mib else "none"
-                status = ctx.cache_status()
+                where = ", ".join(f"{d.name} layers {list(d.layers)} {d.n_slots} slots" for d in ctx.cache_devices())
             print(f"{label:>8} {loaded[0] - before[0]:>12} {prompted[0] - loaded[0]:>12} {prompted[1] - loaded[1]:>12} "
                   f"{(done[0] - prompted[0]) / args.tokens:>10.0f} {(done[1] - prompted[1]) / args.tokens:>10.0f} "
-                  f"{args.tokens / dt:>7.1f}" + (f"  (cache on {status.device})" if cache_mib else ""))
+                  f"{uploads:>10.0f} {args.tokens / dt:>7.1f}" + (f"  ({where})" if cache_mib else ""))
     finally:
         for proc, _ in servers:
             proc.kill()

@@ -155,6 +155,9 @@ size_t llama_moe_cache_devices_bytes(const std::vector<llama_moe_cache_device> &
 }
 
 void llama_moe_cache_devices_log(const std::vector<llama_moe_cache_device> & devices, const std::vector<llama_moe_cache_layer> & layers) {
+    // the background upload stream and the mailbox each serve one device
+    LLAMA_LOG_INFO("llama_moe_cache: slots on %zu devices, each layer's on the device that computes it; admissions "
+                   "are synchronous between decodes and the hybrid hands over through the scheduler\n", devices.size());
     for (const auto & d : devices) {
         LLAMA_LOG_INFO("llama_moe_cache: %.2f MiB on %s: %" PRId64 " slots per layer of %d experts (%.2f MiB each)\n",
                        d.bytes / MiB, llama_moe_cache_device_describe(d, layers).c_str(), d.slots,
