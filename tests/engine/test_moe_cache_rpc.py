@@ -198,6 +198,24 @@ def test_every_mode_works_per_device(rpc_pair, tiny_model_path, mode) -> None:
         assert stats.n_hit == 0 and stats.n_miss > 0  # no profile, nothing admitted: the CPU computes every expert
 
 
+def test_llama_server_with_rpc_puts_each_layer_s_slots_on_its_device(rpc_pair, tiny_model_path, tmp_path) -> None:
+    """llama.cpp's own --rpc, in our llama-server: the same placement, said in its load line, and it serves."""
+    import requests
+
+    from llama_moe.server import process as server_process
+    from support.llama_server import find_server_binary
+
+    endpoints = ",".join(s.endpoint for s in rpc_pair)
+    args = ["-m", str(tiny_model_path), "--rpc", endpoints, "-ngl", "99", "--cpu-moe", "--no-repack",
+            "--moe-cache-mib", "2", "-c", "512", "-t", "2", "-np", "1"]
+    with server_process.start_server(find_server_binary(), args, tmp_path / "server.log") as server:
+        r = requests.post(f"{server.url}/completion", json={"prompt": PROMPT, "n_predict": 8}, timeout=120)
+        assert r.status_code == 200 and r.json()["tokens_predicted"] == 8
+    log = (tmp_path / "server.log").read_text(errors="replace")
+    line = re.search(r"llama_moe: MoE cache on: .*", log)
+    assert line and re.search(r"on RPC\d+ \(layers [\d,-]+\), RPC\d+ \(layers [\d,-]+\)", line.group(0)), log[-3000:]
+
+
 _CHILD = textwrap.dedent("""
     import sys
     from llama_moe import Context, ContextParams, Model, ModelParams
