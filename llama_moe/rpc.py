@@ -71,7 +71,8 @@ def greet(endpoint: Endpoint, timeout_s: float = GREETING_TIMEOUT_S) -> tuple[in
     except RpcServerError:
         raise
     except socket.timeout:
-        raise RpcServerError(f"rpc: {where} did not answer within {timeout_s:g} s") from None
+        raise RpcServerError(f"rpc: {where} did not answer within {timeout_s:g} s (an rpc-server serves one client at "
+                             f"a time: is another one using it?)") from None
     except OSError as exc:
         raise RpcServerError(f"rpc: no rpc-server answers at {where}: {exc.strerror or exc}") from None
     if len(body) < 3:
@@ -83,14 +84,29 @@ def greet(endpoint: Endpoint, timeout_s: float = GREETING_TIMEOUT_S) -> tuple[in
     return version
 
 
+# the servers this process has added: ggml keeps one connection to each while anything of it is loaded, and a
+# server serves one client at a time, so a greeting of ours would wait behind our own connection
+_added: set[Endpoint] = set()
+
+
+def _reachable(endpoint: Endpoint, timeout_s: float = GREETING_TIMEOUT_S) -> None:
+    """A server added before: its port still takes connections (RpcServerError if not); nothing is sent."""
+    try:
+        socket.create_connection((endpoint.host, endpoint.port), timeout=timeout_s).close()
+    except OSError as exc:
+        raise RpcServerError(f"rpc: no rpc-server answers at {endpoint}: {exc.strerror or exc}") from None
+
+
 def rpc_devices(lib: Any, endpoints: tuple[str, ...]) -> list[Any]:
-    """Each server's devices (ggml_backend_dev_t), in the order given; every server is greeted first."""
+    """Each server's devices (ggml_backend_dev_t), in the order given; every server is greeted first (one added
+    before is only checked to take connections)."""
     parsed = [parse_endpoint(e) for e in endpoints]
     for ep in parsed:
-        greet(ep)
+        _reachable(ep) if ep in _added else greet(ep)
     out: list[Any] = []
     for ep in parsed:
         reg = lib.ggml_backend_rpc_add_server(str(ep).encode())
+        _added.add(ep)
         if reg == ffi.NULL:
             raise RpcServerError(f"rpc: {ep} offers no device")
         out += [lib.ggml_backend_reg_dev_get(reg, i) for i in range(lib.ggml_backend_reg_dev_count(reg))]

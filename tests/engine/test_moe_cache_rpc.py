@@ -216,6 +216,15 @@ def test_llama_server_with_rpc_puts_each_layer_s_slots_on_its_device(rpc_pair, t
     assert line and re.search(r"on RPC\d+ \(layers [\d,-]+\), RPC\d+ \(layers [\d,-]+\)", line.group(0)), log[-3000:]
 
 
+def test_two_models_on_the_same_servers_at_once(rpc_pair, tiny_model_path) -> None:
+    """ggml keeps one connection to each server and a server serves one client: the second model shares it."""
+    with Model(tiny_model_path, _params(rpc_pair)) as first, Model(tiny_model_path, _params(rpc_pair)) as second:
+        with Context(first, ContextParams(n_ctx=256, n_threads=2)) as a, \
+                Context(second, ContextParams(n_ctx=256, n_threads=2)) as b:
+            assert list(a.generate(PROMPT, max_tokens=8, stop_at_eog=False)) == \
+                list(b.generate(PROMPT, max_tokens=8, stop_at_eog=False))
+
+
 _CHILD = textwrap.dedent("""
     import sys
     from llama_moe import Context, ContextParams, Model, ModelParams
