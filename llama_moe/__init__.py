@@ -12,12 +12,12 @@ from .context import GREEDY, Completion, Context, Perf, Sampling
 from .errors import (AbiMismatchError, AuditError, BuildError, CacheBudgetError, ChatTemplateError, CheckAuditError,
                      ClosedError, CodeEvalError, GgufError, LlamaMoeError, MetricsError, ModelLoadError, MonitorError,
                      MoeCacheWarning, NativeCallError, NativeLibraryError, ParameterError, PlotUnavailableError,
-                     ProfileError, ServePlanError, ServerError, ServerStartError, SessionError, ToolInputError,
-                     TraceError)
+                     ProfileError, RpcServerError, ServePlanError, ServerError, ServerStartError, SessionError,
+                     ToolInputError, TraceError)
 from .model import MoeGeometry, Model
 from .params import ContextParams, ModelParams
 from .session import SessionInfo
-from .stats import HitRate, LayerStats, MoeCacheStats, MoeCacheStatus, SeqStats
+from .stats import CacheDevice, HitRate, LayerStats, MoeCacheStats, MoeCacheStatus, SeqStats
 from .formats.trace import RoutingRecord
 
 __version__ = "0.1.0"
@@ -44,12 +44,12 @@ __all__ = [
     # the API: a model, a context over it, and their parameters
     "Context", "ContextParams", "GREEDY", "Model", "ModelParams", "Sampling", "native_version",
     # what its methods return
-    "BatchResult", "BatchStream", "ChatMessage", "ChatResult", "ChatStream", "Completion", "HitRate", "LayerStats",
+    "BatchResult", "BatchStream", "CacheDevice", "ChatMessage", "ChatResult", "ChatStream", "Completion", "HitRate", "LayerStats",
     "MoeCacheStats", "MoeCacheStatus", "MoeGeometry", "Perf", "RoutingRecord", "SeqStats", "SessionInfo",
     # every error and warning llama_moe raises (llama_moe.errors)
     "AbiMismatchError", "AuditError", "BuildError", "CacheBudgetError", "ChatTemplateError", "CheckAuditError",
     "ClosedError", "CodeEvalError", "GgufError", "LlamaMoeError", "MetricsError", "ModelLoadError", "MonitorError",
     "MoeCacheWarning", "NativeCallError", "NativeLibraryError", "ParameterError", "PlotUnavailableError",
-    "ProfileError", "ServePlanError", "ServerError", "ServerStartError", "SessionError", "ToolInputError",
+    "ProfileError", "RpcServerError", "ServePlanError", "ServerError", "ServerStartError", "SessionError", "ToolInputError",
     "TraceError",
 ]

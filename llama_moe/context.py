@@ -15,7 +15,7 @@ from ._native.handle import NativeHandle
 from .errors import NativeCallError, ParameterError
 from .model import Model
 from .params import LLAMA_MAX_SEQ, ContextParams, check_sampling
-from .stats import LayerStats, MoeCacheStats, MoeCacheStatus, SeqStats
+from .stats import CacheDevice, LayerStats, MoeCacheStats, MoeCacheStatus, SeqStats
 from .formats.trace import RoutingRecord, parse_stream
 
 if TYPE_CHECKING:
@@ -329,6 +329,25 @@ class Context(NativeHandle):
             n = min(n, self._lib.llama_moe_cache_get_layer_stats(ptr, arr, n))
             return [LayerStats(int(a.il), int(a.n_slots), int(a.n_hit), int(a.n_hit_profile), int(a.n_miss),
                                int(a.n_refused), int(a.n_cpu)) for a in arr[0:n]]
+
+    def cache_devices(self) -> list[CacheDevice]:
+        """The devices that hold the cache's slots, with the layers each holds (empty without a cache): one, or,
+        with the model's layers split across devices, one per device."""
+        with self._lock:
+            ptr = self._live()
+            n = self._lib.llama_moe_cache_get_devices(ptr, ffi.NULL, 0)
+            arr = ffi.new("struct llama_moe_cache_device_status[]", max(n, 1))
+            n = min(n, self._lib.llama_moe_cache_get_devices(ptr, arr, n))
+            layers: list[list[int]] = [[] for _ in range(n)]
+            for il in range(self.model.n_layer):
+                k = self._lib.llama_moe_cache_get_layer_device(ptr, il)
+                if 0 <= k < n:
+                    layers[k].append(il)
+            return [CacheDevice(name=ffi.string(a.name).decode("utf-8", "replace"),
+                                description=ffi.string(a.description).decode("utf-8", "replace"), layers=tuple(layers[k]),
+                                n_slots=int(a.n_slots), n_slots_total=int(a.n_slots_total), n_bytes=int(a.n_bytes),
+                                n_hit=int(a.n_hit), n_miss=int(a.n_miss), n_cpu=int(a.n_cpu))
+                    for k, a in enumerate(arr[0:n])]
 
     def resident(self, il: int) -> np.ndarray:
         """The expert ids the cache holds in layer ``il`` now, ascending (empty for a layer it does not serve)."""

@@ -43,6 +43,10 @@ class ParameterError(LlamaMoeError, ValueError):
     """A parameter is out of range or contradicts another."""
 
 
+class RpcServerError(LlamaMoeError, ConnectionError):
+    """An RPC server (ggml's ``rpc-server``) named in ``ModelParams.rpc`` does not answer, or is not one."""
+
+
 class ClosedError(LlamaMoeError, ValueError):
     """A model or context was used after close()."""
 

@@ -86,6 +86,9 @@ class ModelParams:
     # llama.cpp may repack CPU weights for faster kernels; the MoE cache cannot slice experts out of a
     # repacked tensor, so on a machine without a GPU host buffer it needs repack=False (--no-repack)
     repack: bool = True
+    # ggml rpc-servers ("host:port") whose devices take layers, first, as llama.cpp's --rpc puts them; the
+    # machine's own GPUs follow (llama_moe.rpc)
+    rpc: tuple[str, ...] = ()
 
     def validate(self) -> None:
         """Raises ParameterError naming the field for any value llama.cpp's struct cannot take or would misread."""
@@ -102,6 +105,13 @@ class ModelParams:
             if not isinstance(pattern, str) or not pattern or "\0" in pattern:
                 raise ParameterError(f"cpu_tensor_patterns: each pattern must be a non-empty string without NUL, "
                                      f"got {pattern!r}")
+        if isinstance(self.rpc, (str, bytes)) or not isinstance(self.rpc, (tuple, list)):
+            raise ParameterError(f"rpc must be a tuple of 'host:port' strings, got {self.rpc!r}")
+        from .rpc import parse_endpoint
+
+        endpoints = [parse_endpoint(e) for e in self.rpc]
+        if len(set(endpoints)) != len(endpoints):
+            raise ParameterError(f"rpc names a server twice: {list(self.rpc)!r}")
         if self.cpu_moe and self.n_cpu_moe:
             raise ParameterError("cpu_moe already keeps every layer's experts in RAM; n_cpu_moe would contradict it")
 
@@ -137,6 +147,18 @@ class ModelParams:
             overrides[len(patterns)].pattern = ffi.NULL  # the list ends with a NULL pattern
             keep.append(overrides)
             p.tensor_buft_overrides = overrides
+        if self.rpc:
+            from .rpc import rpc_devices
+
+            # llama.cpp's default order with --rpc: the servers' devices, then the machine's own GPUs
+            devs = rpc_devices(lib, tuple(self.rpc))
+            for i in range(lib.ggml_backend_dev_count()):
+                dev = lib.ggml_backend_dev_get(i)
+                if int(lib.ggml_backend_dev_type(dev)) in (lib.GGML_BACKEND_DEVICE_TYPE_GPU, lib.GGML_BACKEND_DEVICE_TYPE_IGPU):
+                    devs.append(dev)
+            arr = ffi.new("ggml_backend_dev_t[]", devs + [ffi.NULL])
+            keep.append(arr)
+            p.devices = arr
         return p, keep
 
 

@@ -130,6 +130,23 @@ class LayerStats(HitRate):
     n_cpu: int = 0
 
 
+@dataclass(frozen=True)
+class CacheDevice(HitRate):
+    """A device that holds MoE cache slots, as the engine placed them (``llama_moe_cache_get_devices``): with the
+    model's layers split across devices, each layer's slots are on the device that computes it. ``layers`` are
+    the model layers whose slots it holds, ``n_slots`` the slots per layer, ``n_bytes`` its memory for the cache."""
+    name: str
+    description: str
+    layers: tuple[int, ...]
+    n_slots: int
+    n_slots_total: int
+    n_bytes: int
+    n_hit: int
+    n_miss: int
+    n_cpu: int
+    n_refused: int = 0
+
+
 def n_admitted(hybrid: bool, n_miss: int, n_swap: int, n_admit: int = 0, n_cpu: int = 0) -> int:
     """Experts brought into slots while running: each miss of the upload mode but those the CPU computed, the
     adaptive swaps and fills, and the hybrid's admissions."""

@@ -26,7 +26,7 @@ from .source import BasePin, pristine_tree, write_bundle
 
 log = logging.getLogger(__name__)
 
-TOOL_TARGETS = ("llama-server", "llama-cli", "llama-bench", "llama-completion")
+TOOL_TARGETS = ("llama-server", "llama-cli", "llama-bench", "llama-completion", "ggml-rpc-server")
 LIB_TARGETS = ("llama",)
 TEST_TARGETS = ("test-backend-ops",)
 MANIFEST = "manifest.json"
@@ -90,6 +90,8 @@ def _cmake_args(variant: str, cuda_archs: str | None, extra: list[str], build_id
         "-DCMAKE_BUILD_RPATH_USE_ORIGIN=ON", "-DCMAKE_BUILD_RPATH=$ORIGIN",
         "-DLLAMA_OPENSSL=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF", "-DLLAMA_BUILD_UI=OFF",
         "-DLLAMA_BUILD_TESTS=ON", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DGGML_NATIVE=ON",
+        # ggml's RPC backend and rpc-server: layers on other hosts (scale-out), and on loopback in the tests
+        "-DGGML_RPC=ON",
     ]
     if shutil.which("ccache"):
         args.append("-DGGML_CCACHE=ON")

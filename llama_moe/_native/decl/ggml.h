@@ -57,3 +57,9 @@ const char *               ggml_backend_dev_name(ggml_backend_dev_t device);
 const char *               ggml_backend_dev_description(ggml_backend_dev_t device);
 void                       ggml_backend_dev_memory(ggml_backend_dev_t device, size_t * free, size_t * total);
 enum ggml_backend_dev_type ggml_backend_dev_type(ggml_backend_dev_t device);
+
+// ggml's RPC backend (ggml-rpc.h): a device on another host, or on loopback
+typedef struct ggml_backend_reg * ggml_backend_reg_t;
+ggml_backend_reg_t ggml_backend_rpc_add_server(const char * endpoint);
+size_t             ggml_backend_reg_dev_count(ggml_backend_reg_t reg);
+ggml_backend_dev_t ggml_backend_reg_dev_get(ggml_backend_reg_t reg, size_t index);

@@ -41,6 +41,21 @@ struct llama_moe_cache_status {
 size_t  llama_moe_cache_status_size(void);
 bool    llama_moe_cache_get_status(const struct llama_context * ctx, struct llama_moe_cache_status * status);
 
+struct llama_moe_cache_device_status {
+    char     name[128];
+    char     description[128];
+    int32_t  n_layers;
+    int32_t  n_slots;
+    uint64_t n_slots_total;
+    uint64_t n_bytes;
+    uint64_t n_hit;
+    uint64_t n_miss;
+    uint64_t n_cpu;
+};
+
+int32_t llama_moe_cache_get_devices(const struct llama_context * ctx, struct llama_moe_cache_device_status * devices, int32_t n_max);
+int32_t llama_moe_cache_get_layer_device(const struct llama_context * ctx, int32_t il);
+
 struct llama_moe_cache_layer_stats {
     int32_t  il;
     int32_t  n_slots;

@@ -56,7 +56,9 @@ llama_moe_cache_seq_stats llama_moe_cache::get_seq_stats(llama_seq_id seq) const
 void llama_moe_cache::get_info(llama_moe_cache_info * out) const {
     std::lock_guard<std::mutex> lock(mutex);
     *out = {};
-    snprintf(out->device, sizeof(out->device), "%s", device ? ggml_backend_dev_name(device) : "?");
+    // on several devices: each with its layers (llama-moe-devices.h)
+    const std::string where = device ? ggml_backend_dev_name(device) : devices.size() > 1 ? llama_moe_cache_devices_describe(devices, layers) : "?";
+    snprintf(out->device, sizeof(out->device), "%s", where.c_str());
     snprintf(out->profile_error, sizeof(out->profile_error), "%s", profile_error.c_str());
     out->profile_refused = !profile_error.empty();
     int32_t most = 0;

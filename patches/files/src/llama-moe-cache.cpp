@@ -355,6 +355,34 @@ std::unique_ptr<llama_moe_cache> llama_moe_cache::create(const llama_model & mod
         report.warn(LLAMA_MOE_CACHE_REASON_LAYERS_SKIPPED, "%d layers have expert biases the hybrid cannot copy (not F32 rows in RAM); they keep llama.cpp's path", n_biased);
     }
 
+    // a profile with per-layer slot counts sizes each layer from them instead (llama_moe_cache_layer_slots)
+    llama_moe_profile profile;
+    const bool have_profile = !params.profile.empty() &&
+                              cache->load_profile(params.profile, (uint32_t) model.hparams.n_layer(), profile, report);
+    std::vector<int64_t> layer_slots;
+
+    // layers split across devices: each layer's slots on the device that computes it (llama-moe-devices.h)
+    cache->devices = llama_moe_cache_devices_assign(model, cache->layers, dev, buft, dev_name);
+    const bool several = cache->devices.size() > 1;
+    int64_t slots = 0, slots_asked = 0;
+    if (several && have_profile && !profile.layer_slots.empty()) {
+        report.warn(LLAMA_MOE_CACHE_REASON_OPTION_IGNORED, "the profile's per-layer slot counts are not applied to layers split across "
+                    "devices: each device gives its layers equal slots from its own budget");
+    }
+    if (several) {
+        auto fit = [&](const llama_moe_cache_device & d, const std::vector<llama_moe_cache_layer> & mine, int64_t asked,
+                       size_t maps, size_t null_slots) {
+            return llama_moe_cache_fit_slots(d.dev, d.name, mine, asked, maps, null_slots, cache->test, report);
+        };
+        if (!llama_moe_cache_devices_plan(cache->devices, cache->layers, params.size, params.hybrid, fit, report)) {
+            return nullptr;
+        }
+        llama_moe_cache_devices_fewest(cache->devices, slots, slots_asked);
+    } else {
+    dev      = cache->devices[0].dev; // the layers' own device, where they all are on one
+    buft     = cache->devices[0].buft;
+    dev_name = cache->devices[0].name;
+    cache->device_name = dev_name;
     // the same number of slots in every layer, as many as the budget allows, at most all of a layer's experts
     size_t per_slot_row = 0; // bytes of one slot in every layer
     size_t maps = 0;
@@ -365,7 +393,7 @@ std::unique_ptr<llama_moe_cache> llama_moe_cache::create(const llama_model & mod
     // hybrid: a zero-filled null slot per layer, where the device part sends the experts the CPU computes
     const size_t null_slots = params.hybrid ? per_slot_row : 0;
     const size_t budget = params.size > maps + null_slots ? params.size - maps - null_slots : 0;
-    int64_t slots = (int64_t) (budget / per_slot_row);
+    slots = (int64_t) (budget / per_slot_row);
     if (slots < 1) {
         // the real requirement: one slot per layer, every layer's expert map, and the hybrid's null slot per layer
         report.warn(LLAMA_MOE_CACHE_REASON_TOO_SMALL, "%.2f MiB cannot hold one expert per layer: %zu layers need at least %.2f MiB "
@@ -375,12 +403,6 @@ std::unique_ptr<llama_moe_cache> llama_moe_cache::create(const llama_model & mod
                     params.hybrid ? ", and the hybrid's zero-filled null slot in each layer as large again" : "");
         return nullptr;
     }
-    // a profile with per-layer slot counts sizes each layer from them instead (llama_moe_cache_layer_slots)
-    llama_moe_profile profile;
-    const bool have_profile = !params.profile.empty() &&
-                              cache->load_profile(params.profile, (uint32_t) model.hparams.n_layer(), profile, report);
-    std::vector<int64_t> layer_slots;
-    int64_t slots_asked = 0;
     if (have_profile && !profile.layer_slots.empty()) {
         if (!llama_moe_cache_layer_slots(cache->layers, profile, budget, params.size, layer_slots, report)) {
             return nullptr;
@@ -398,6 +420,9 @@ std::unique_ptr<llama_moe_cache> llama_moe_cache::create(const llama_model & mod
         }
         layer_slots.assign(cache->layers.size(), slots);
     }
+    cache->devices[0].slots       = slots;
+    cache->devices[0].slots_asked = slots_asked;
+    }
 
     const size_t n_tensors = cache->layers.size() * 7;
     ggml_init_params ip = { ggml_tensor_overhead() * n_tensors, nullptr, true };
@@ -410,7 +435,7 @@ std::unique_ptr<llama_moe_cache> llama_moe_cache::create(const llama_model & mod
     int n_whole = 0;
     for (size_t i = 0; i < cache->layers.size(); ++i) {
         auto & l = cache->layers[i];
-        l.n_slots = (int) std::min<int64_t>(layer_slots[i], l.n_expert);
+        l.n_slots = (int) std::min<int64_t>(several ? llama_moe_cache_devices_slots_of(cache->devices, (int) i) : layer_slots[i], l.n_expert);
         l.whole   = l.n_slots == l.n_expert;
         n_whole  += l.whole;
         const int n_null = params.hybrid && !l.whole ? 1 : 0;
@@ -448,6 +473,9 @@ std::unique_ptr<llama_moe_cache> llama_moe_cache::create(const llama_model & mod
         l.heat.assign(params.adaptive && params.hybrid && !l.whole ? l.n_expert : 0, 0.0);
         cache->n_slots_total += l.n_slots;
     }
+    if (several) {
+        llama_moe_cache_devices_alloc(cache->devices, cache->layers);
+    } else {
     cache->buf = ggml_backend_alloc_ctx_tensors_from_buft(cache->ctx, buft);
     if (!cache->buf) {
         throw std::runtime_error(format("llama_moe_cache: cannot allocate %.2f MiB on %s for the MoE cache; "
@@ -457,6 +485,7 @@ std::unique_ptr<llama_moe_cache> llama_moe_cache::create(const llama_model & mod
     ggml_backend_buffer_set_usage(cache->buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
     ggml_backend_buffer_clear(cache->buf, 0); // the null slots stay zero for good
     cache->device = dev;
+    }
     // LLAMA_MOE_CACHE_NO_COPY=1: prompts take every expert from RAM, as without a cache (for comparing)
     cache->copy_on = !llama_moe_env_flag("LLAMA_MOE_CACHE_NO_COPY", false);
     if (ggml_get_first_tensor(cache->ctx_host) != nullptr) { // none when every layer is whole
@@ -520,9 +549,11 @@ std::unique_ptr<llama_moe_cache> llama_moe_cache::create(const llama_model & mod
     }
 
     report.set_cache(!params.hybrid ? LLAMA_MOE_CACHE_MODE_UPLOAD : params.adaptive ? LLAMA_MOE_CACHE_MODE_ADAPTIVE : LLAMA_MOE_CACHE_MODE_HYBRID,
-                     dev_name, (int32_t) slots, (int32_t) slots_asked, (int32_t) cache->layers.size(), n_whole,
-                     ggml_backend_buffer_get_size(cache->buf));
-    if (profile.layer_slots.empty() || !have_profile) {
+                     several ? llama_moe_cache_devices_describe(cache->devices, cache->layers) : dev_name, (int32_t) slots,
+                     (int32_t) slots_asked, (int32_t) cache->layers.size(), n_whole, cache->buffer_size());
+    if (several) {
+        llama_moe_cache_devices_log(cache->devices, cache->layers);
+    } else if (profile.layer_slots.empty() || !have_profile) {
         LLAMA_LOG_INFO("llama_moe_cache: %.2f MiB on %s for %zu layers (%zu groups): %" PRId64 " slots per layer of %d experts "
                        "(%.2f MiB each), %d layers held whole\n",
                        ggml_backend_buffer_get_size(cache->buf) / MiB, dev_name.c_str(), cache->layers.size(), groups.size(),
@@ -571,7 +602,8 @@ std::unique_ptr<llama_moe_cache> llama_moe_cache::create(const llama_model & mod
         // on a GPU the uploads go in the background by default; LLAMA_MOE_CACHE_ADMIT_ASYNC=0 makes them
         // synchronous between decodes, =1 runs the background path on the CPU device too (tests)
         const bool gpu = ggml_backend_dev_type(dev) != GGML_BACKEND_DEVICE_TYPE_CPU;
-        if (llama_moe_env_flag("LLAMA_MOE_CACHE_ADMIT_ASYNC", gpu)) {
+        // one upload stream per cache: on several devices the admissions are synchronous, between decodes
+        if (!several && llama_moe_env_flag("LLAMA_MOE_CACHE_ADMIT_ASYNC", gpu)) {
             const size_t n_max = (size_t) cache->admit_budget.n_max; // a round uploads at most this many per layer
             size_t staging = 0;
             for (const auto & l : cache->layers) {
@@ -684,6 +716,9 @@ void llama_moe_cache::log_summary() const {
         LLAMA_LOG_INFO("llama_moe_cache: upload mode: %" PRIu64 " missed experts computed on the CPU (ubatches that "
                        "selected more distinct experts than a layer's slots)\n", cpu);
     }
+    if (devices.size() > 1) {
+        llama_moe_cache_devices_log_exit(devices, layers);
+    }
 }
 
 llama_moe_cache::~llama_moe_cache() {
@@ -719,11 +754,11 @@ llama_moe_cache::~llama_moe_cache() {
 }
 
 size_t llama_moe_cache::buffer_size() const {
-    return buf ? ggml_backend_buffer_get_size(buf) : 0;
+    return buf ? ggml_backend_buffer_get_size(buf) : llama_moe_cache_devices_bytes(devices);
 }
 
 ggml_backend_buffer_type_t llama_moe_cache::buffer_type() const {
-    return buf ? ggml_backend_buffer_get_type(buf) : nullptr;
+    return buf ? ggml_backend_buffer_get_type(buf) : devices.empty() ? nullptr : devices[0].buft;
 }
 
 void llama_moe_cache::push_slot_map(llama_moe_cache_layer & layer) {
@@ -1130,7 +1165,7 @@ bool llama_moe_cache::copy_expert(ggml_backend_t backend, const ggml_tensor * sr
                                   size_t offset, size_t size, void * user_data) {
     auto * cache = (llama_moe_cache *) user_data;
     const auto it = cache->slot_of_weight.find(src);
-    if (!cache->copy_on || it == cache->slot_of_weight.end() || ggml_backend_get_device(backend) != cache->device) {
+    if (!cache->copy_on || it == cache->slot_of_weight.end() || ggml_backend_get_device(backend) != cache->layer_device(it->second.first)) {
         return false;
     }
     const auto & l = cache->layers[it->second.first];

@@ -7,6 +7,7 @@
 #include "llama.h"
 #include "llama-moe-accounting.h"
 #include "llama-moe-config.h"
+#include "llama-moe-devices.h"
 #include "llama-moe-status.h"
 #include "llama-moe-upload.h"
 #include "ggml-backend.h"
@@ -171,7 +172,11 @@ struct llama_moe_cache {
     // hybrid's graph does, and gives the CPU's ids (-1 for the experts the cache holds).
     void count_selected(int il, const int32_t * selected, int32_t * cpu_ids);
     const std::vector<llama_moe_cache_layer> & get_layers() const { return layers; }
-    ggml_backend_dev_t get_device() const { return device; }
+    ggml_backend_dev_t get_device() const { return device; } // nullptr when the slots are on several devices
+    // the devices that hold the slots (llama-moe-devices.h), each with its layers; the device of layer index i
+    int32_t get_devices(llama_moe_cache_device_status * out, int32_t n_max) const;
+    int32_t get_layer_device(int32_t il) const; // index into get_devices, -1 for a layer the cache does not serve
+    ggml_backend_dev_t layer_device(int i) const;
     const llama_moe_test_switches & get_test_switches() const { return test; }
     int64_t get_n_expert_used() const { return n_expert_used; } // the most of any cached layer
 
@@ -219,6 +224,7 @@ private:
     std::unordered_map<const ggml_tensor *, int> layer_of_weight;   // a down_exps tensor -> index in layers
     std::unordered_map<const ggml_tensor *, std::pair<int, int>> slot_of_weight; // an expert tensor -> (layer index, 0..2)
     ggml_backend_dev_t device = nullptr;
+    std::vector<llama_moe_cache_device> devices; // one, or one per device the layers are split across
     bool copy_on = true;
     std::unordered_map<const ggml_tensor *, int> layer_of_slot_map; // a slot map tensor -> index in layers
     std::unordered_map<const ggml_tensor *, int> layer_of_cpu_map;  // a CPU map tensor -> index in layers

@@ -1,0 +1,261 @@
+"""The model's layers on two ggml rpc-servers on 127.0.0.1 (llama.cpp's --rpc), its experts in RAM, and the MoE
+cache on the devices the engine picks: tokens and logits identical to no cache, counters equal to the independent
+replay (tests/oracles/lru.py), and clear errors for a bad address, a dead server and a server killed mid-run."""
+from __future__ import annotations
+
+import logging
+import re
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from llama_moe import Context, ContextParams, Model, ModelParams
+from llama_moe.errors import ParameterError, RpcServerError
+from llama_moe.experts import expert_layout
+from llama_moe.server.process import free_port
+from oracles.lru import simulate_lru
+from support.cache_sizes import mib_for_slots
+from support.rpc_servers import RpcServer, find_rpc_server_binary, start_rpc_server
+
+PROMPT = "The ship left the harbour at dawn, and the crew"
+N_GEN = 24
+
+
+@pytest.fixture(scope="module")
+def rpc_pair(lib, tmp_path_factory: pytest.TempPathFactory):
+    """Two rpc-servers on 127.0.0.1, stopped at the module's end (and killed with the test run)."""
+    binary = find_rpc_server_binary()
+    logs = tmp_path_factory.mktemp("rpc")
+    servers: list[RpcServer] = []
+    try:
+        for i in range(2):
+            servers.append(start_rpc_server(binary, logs / f"rpc{i}.log"))
+        yield servers
+    finally:
+        for s in servers:
+            s.stop()
+
+
+def _params(servers: list[RpcServer]) -> ModelParams:
+    return ModelParams(cpu_moe=True, repack=False, rpc=tuple(s.endpoint for s in servers))
+
+
+def _run(model: Model, cp: ContextParams, trace: bool = False):
+    with Context(model, cp) as ctx:
+        if trace:
+            ctx.start_trace()
+        tokens = list(ctx.generate(PROMPT, max_tokens=N_GEN, stop_at_eog=False))
+        logits = ctx.logits()
+        records = ctx.stop_trace() if trace else []
+        return tokens, logits, ctx.moe_cache_stats(), ctx.layer_stats(), records, ctx.cache_status()
+
+
+def test_bad_rpc_addresses_are_refused_before_loading() -> None:
+    for bad in ("127.0.0.1", "127.0.0.1:0", "127.0.0.1:70000", ":5000", "a:b", "x:1,y:2", " 127.0.0.1:5000"):
+        with pytest.raises(ParameterError, match="rpc"):
+            ModelParams(rpc=(bad,)).validate()
+    with pytest.raises(ParameterError, match="tuple"):
+        ModelParams(rpc="127.0.0.1:5000").validate()  # type: ignore[arg-type]
+    with pytest.raises(ParameterError, match="twice"):
+        ModelParams(rpc=("127.0.0.1:5000", "127.0.0.1:5000")).validate()
+
+
+def test_a_server_that_does_not_answer_is_a_clear_error(lib, tiny_model_path) -> None:
+    port = free_port()  # nothing listens there
+    started = time.monotonic()
+    with pytest.raises(RpcServerError, match=f"no rpc-server answers at 127.0.0.1:{port}"):
+        Model(tiny_model_path, ModelParams(cpu_moe=True, repack=False, rpc=(f"127.0.0.1:{port}",)))
+    assert time.monotonic() - started < 10
+
+
+def test_a_server_of_another_protocol_is_a_clear_error(lib, tiny_model_path) -> None:
+    import socket
+    import threading
+
+    with socket.socket() as listener:  # answers every connection with a line of text, as an HTTP server might
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+
+        def answer() -> None:
+            conn, _ = listener.accept()
+            with conn:
+                conn.recv(64)
+                conn.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+
+        threading.Thread(target=answer, daemon=True).start()
+        with pytest.raises(RpcServerError, match="not as a ggml rpc-server"):
+            Model(tiny_model_path, ModelParams(cpu_moe=True, repack=False, rpc=(f"127.0.0.1:{port}",)))
+
+
+def _expected_slots(layout, n_layers: int, size: int) -> int:
+    """The contract: moe_cache_size bytes per device, the same slots in each of its layers, after each layer's
+    expert map (its n_expert int32 ids, padded to 256 bytes)."""
+    maps = n_layers * -(-layout.n_expert * 4 // 256) * 256
+    return min(layout.n_expert, (size - maps) // (n_layers * layout.layers[0].bytes_per_expert))
+
+
+@pytest.mark.parametrize("slots_all", [4, 12])  # the size of 4 (12) slots per layer on one device
+def test_each_layer_s_slots_are_on_its_own_rpc_device(rpc_pair, tiny_model_path, caplog, slots_all) -> None:
+    layout = expert_layout(tiny_model_path)
+    mib = mib_for_slots(tiny_model_path, slots_all)
+    size = int(mib * 2**20)
+    caplog.set_level(logging.DEBUG, logger="llama_moe.native")
+    base = dict(n_ctx=512, n_threads=2)
+    with Model(tiny_model_path, _params(rpc_pair)) as model:
+        # llama.cpp's load log: the layers' weights went to both servers' devices, and which layer to which
+        on = set(re.findall(r"RPC\d+\[([^\]]+)\] model buffer size", caplog.text))
+        assert on == {s.endpoint for s in rpc_pair}, caplog.text[-3000:]
+        layer_dev = {int(il): dev for il, dev in re.findall(r"load_tensors: layer +(\d+) assigned to device (\S+),", caplog.text)}
+        plain_tokens, plain_logits, no_stats, _, _, _ = _run(model, ContextParams(**base))
+        assert no_stats is None
+        caplog.clear()
+        with Context(model, ContextParams(**base, moe_cache_mib=mib)) as ctx:
+            ctx.start_trace()
+            tokens = list(ctx.generate(PROMPT, max_tokens=N_GEN, stop_at_eog=False))
+            logits = ctx.logits()
+            records = ctx.stop_trace()
+            stats, layers, status, devices = ctx.moe_cache_stats(), ctx.layer_stats(), ctx.cache_status(), ctx.cache_devices()
+    assert len(tokens) == N_GEN
+    assert tokens == plain_tokens
+    np.testing.assert_array_equal(logits, plain_logits)
+
+    # each MoE layer's slots on the device llama.cpp put the layer on, the budget per device
+    moe_layers = [l.il for l in layout.layers]
+    assert len(devices) == 2 and {d.description for d in devices} == {s.endpoint for s in rpc_pair}, devices
+    assert sorted(il for d in devices for il in d.layers) == moe_layers
+    expected: dict[int, int] = {}
+    for d in devices:
+        assert {layer_dev[il] for il in d.layers} == {d.name}, (d, layer_dev)
+        assert d.n_slots == _expected_slots(layout, len(d.layers), size)
+        expected.update({il: d.n_slots for il in d.layers})
+        assert d.n_slots_total == d.n_slots * len(d.layers)
+        assert f"{d.name} (layers " in status.device
+    assert {l.il: l.n_slots for l in layers} == expected
+    assert stats is not None and stats.n_slots == sum(d.n_slots_total for d in devices)
+    assert stats.n_bytes_cache == sum(d.n_bytes for d in devices) == status.n_bytes
+    assert status.state == "on" and status.n_slots == min(d.n_slots for d in devices)
+
+    # the counters: per layer and per device, as the independent replay of the trace
+    sim = simulate_lru(records, expected, layout.n_expert)
+    assert (stats.n_hit, stats.n_miss, stats.n_cpu) == (sim.n_hit, sim.n_miss, sim.n_cpu)
+    replayed = {il: (*sim.per_layer.get(il, (0, 0)), sim.per_layer_cpu.get(il, 0)) for il in moe_layers}  # whole: none
+    assert {l.il: (l.n_hit, l.n_miss, l.n_cpu) for l in layers} == replayed
+    for d in devices:
+        assert (d.n_hit, d.n_miss, d.n_cpu) == tuple(sum(replayed[il][j] for il in d.layers) for j in range(3))
+    assert stats.n_hit > 0 and stats.n_miss > 0
+    # the load log says where each device's slots are
+    for d in devices:
+        assert re.search(rf"llama_moe_cache: [\d.]+ MiB on {re.escape(d.name)} \(layers [\d,-]+\): {d.n_slots} slots per layer",
+                         caplog.text), caplog.text[-3000:]
+
+
+LONG_PROMPT = ("In the morning the baker lights the ovens long before the town wakes, shapes the loaves on the floured "
+               "table, and listens to the first carts rattle over the cobbles outside the window")
+
+
+@pytest.mark.parametrize("mode", ["upload", "hybrid", "adaptive", "admit"])
+def test_every_mode_works_per_device(rpc_pair, tiny_model_path, mode) -> None:
+    """Each mode on the two servers' devices: the same text and logits as no cache after a prompt of over 32
+    tokens, and the mode's own work."""
+    layout = expert_layout(tiny_model_path)
+    hybrid = mode != "upload"
+    kw = dict(moe_cache_hybrid=hybrid, moe_cache_adaptive=mode == "adaptive", moe_cache_admit=2 if mode == "admit" else 0)
+    base = dict(n_ctx=512, n_threads=2)
+    with Model(tiny_model_path, _params(rpc_pair)) as model:
+        assert len(model.tokenize(LONG_PROMPT)) > 32
+
+        def run(cp: ContextParams):
+            with Context(model, cp) as ctx:
+                tokens = list(ctx.generate(LONG_PROMPT, max_tokens=48, stop_at_eog=False))
+                return tokens, ctx.logits(), ctx.moe_cache_stats(), ctx.cache_devices(), ctx.cache_status()
+
+        plain_tokens, plain_logits, *_ = run(ContextParams(**base))
+        import warnings
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the hybrid without a profile starts empty: said, and meant here
+            tokens, logits, stats, devices, status = run(ContextParams(
+                **base, moe_cache_mib=mib_for_slots(tiny_model_path, 4, hybrid=hybrid), **kw))
+    assert tokens == plain_tokens
+    np.testing.assert_array_equal(logits, plain_logits)
+    assert len(devices) == 2 and status.mode == ("upload" if mode == "upload" else "adaptive" if mode == "adaptive" else "hybrid")
+    assert stats is not None and stats.hybrid == hybrid
+    if mode == "upload":
+        # ggml's RPC devices take no offloaded ops: a prompt's expert matmuls stay on the CPU, beside the experts,
+        # so the prompt copies out of the slots never apply there
+        assert stats.n_copy == 0 and stats.n_hit > 0 and all(d.n_hit > 0 for d in devices)
+    elif mode == "adaptive":
+        assert stats.n_swap > 0 and stats.n_hit > 0
+    elif mode == "admit":
+        assert stats.n_admit > 0 and stats.n_hit > 0
+        assert all(d.n_hit > 0 for d in devices)
+    else:
+        assert stats.n_hit == 0 and stats.n_miss > 0  # no profile, nothing admitted: the CPU computes every expert
+
+
+def test_llama_server_with_rpc_puts_each_layer_s_slots_on_its_device(rpc_pair, tiny_model_path, tmp_path) -> None:
+    """llama.cpp's own --rpc, in our llama-server: the same placement, said in its load line, and it serves."""
+    import requests
+
+    from llama_moe.server import process as server_process
+    from support.llama_server import find_server_binary
+
+    endpoints = ",".join(s.endpoint for s in rpc_pair)
+    args = ["-m", str(tiny_model_path), "--rpc", endpoints, "-ngl", "99", "--cpu-moe", "--no-repack",
+            "--moe-cache-mib", "2", "-c", "512", "-t", "2", "-np", "1"]
+    with server_process.start_server(find_server_binary(), args, tmp_path / "server.log") as server:
+        r = requests.post(f"{server.url}/completion", json={"prompt": PROMPT, "n_predict": 8}, timeout=120)
+        assert r.status_code == 200 and r.json()["tokens_predicted"] == 8
+    log = (tmp_path / "server.log").read_text(errors="replace")
+    line = re.search(r"llama_moe: MoE cache on: .*", log)
+    assert line and re.search(r"on RPC\d+ \(layers [\d,-]+\), RPC\d+ \(layers [\d,-]+\)", line.group(0)), log[-3000:]
+
+
+def test_two_models_on_the_same_servers_at_once(rpc_pair, tiny_model_path) -> None:
+    """ggml keeps one connection to each server and a server serves one client: the second model shares it."""
+    with Model(tiny_model_path, _params(rpc_pair)) as first, Model(tiny_model_path, _params(rpc_pair)) as second:
+        with Context(first, ContextParams(n_ctx=256, n_threads=2)) as a, \
+                Context(second, ContextParams(n_ctx=256, n_threads=2)) as b:
+            assert list(a.generate(PROMPT, max_tokens=8, stop_at_eog=False)) == \
+                list(b.generate(PROMPT, max_tokens=8, stop_at_eog=False))
+
+
+_CHILD = textwrap.dedent("""
+    import sys
+    from llama_moe import Context, ContextParams, Model, ModelParams
+    model = Model(sys.argv[1], ModelParams(cpu_moe=True, repack=False, rpc=tuple(sys.argv[2:])))
+    with Context(model, ContextParams(n_ctx=512, n_threads=1, moe_cache_mib=float(8))) as ctx:
+        for n, tok in enumerate(ctx.generate("The ship left the harbour", max_tokens=400, stop_at_eog=False)):
+            if n == 2:
+                print("GENERATING", flush=True)
+    print("FINISHED", flush=True)
+""")
+
+
+def test_a_server_killed_mid_run_ends_the_run_with_a_clear_error(lib, tiny_model_path, tmp_path) -> None:
+    """ggml's RPC client cannot recover a lost server: the process ends, at once, saying so; it never hangs."""
+    binary = find_rpc_server_binary()
+    servers = [start_rpc_server(binary, tmp_path / f"rpc{i}.log") for i in range(2)]
+    try:
+        child = subprocess.Popen([sys.executable, "-c", _CHILD, str(tiny_model_path), *(s.endpoint for s in servers)],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            assert child.stdout is not None
+            line = child.stdout.readline()
+            assert line.strip() == "GENERATING", child.stderr.read() if child.stderr else ""
+            servers[1].stop()
+            out, err = child.communicate(timeout=60)
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.wait(timeout=30)
+        assert child.returncode != 0 and "FINISHED" not in out
+        assert "RPC server" in err or "Remote RPC server crashed" in err, err[-2000:]
+    finally:
+        for s in servers:
+            s.stop()
