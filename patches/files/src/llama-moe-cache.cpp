@@ -379,49 +379,49 @@ std::unique_ptr<llama_moe_cache> llama_moe_cache::create(const llama_model & mod
         }
         llama_moe_cache_devices_fewest(cache->devices, slots, slots_asked);
     } else {
-    dev      = cache->devices[0].dev; // the layers' own device, where they all are on one
-    buft     = cache->devices[0].buft;
-    dev_name = cache->devices[0].name;
-    cache->device_name = dev_name;
-    // the same number of slots in every layer, as many as the budget allows, at most all of a layer's experts
-    size_t per_slot_row = 0; // bytes of one slot in every layer
-    size_t maps = 0;
-    for (const auto & l : cache->layers) {
-        per_slot_row += l.expert_bytes;
-        maps += GGML_PAD(l.n_expert * sizeof(int32_t), 256);
-    }
-    // hybrid: a zero-filled null slot per layer, where the device part sends the experts the CPU computes
-    const size_t null_slots = params.hybrid ? per_slot_row : 0;
-    const size_t budget = params.size > maps + null_slots ? params.size - maps - null_slots : 0;
-    slots = (int64_t) (budget / per_slot_row);
-    if (slots < 1) {
-        // the real requirement: one slot per layer, every layer's expert map, and the hybrid's null slot per layer
-        report.warn(LLAMA_MOE_CACHE_REASON_TOO_SMALL, "%.2f MiB cannot hold one expert per layer: %zu layers need at least %.2f MiB "
-                    "(%.2f MiB for one expert each, %.2f MiB of expert maps%s); the cache is off",
-                    params.size / MiB, cache->layers.size(), std::ceil((per_slot_row + maps + null_slots) / MiB * 100) / 100, // rounded up: enough
-                    per_slot_row / MiB, maps / MiB,
-                    params.hybrid ? ", and the hybrid's zero-filled null slot in each layer as large again" : "");
-        return nullptr;
-    }
-    if (have_profile && !profile.layer_slots.empty()) {
-        if (!llama_moe_cache_layer_slots(cache->layers, profile, budget, params.size, layer_slots, report)) {
-            return nullptr;
+        dev      = cache->devices[0].dev; // the layers' own device, where they all are on one
+        buft     = cache->devices[0].buft;
+        dev_name = cache->devices[0].name;
+        cache->device_name = dev_name;
+        // the same number of slots in every layer, as many as the budget allows, at most all of a layer's experts
+        size_t per_slot_row = 0; // bytes of one slot in every layer
+        size_t maps = 0;
+        for (const auto & l : cache->layers) {
+            per_slot_row += l.expert_bytes;
+            maps += GGML_PAD(l.n_expert * sizeof(int32_t), 256);
         }
-        slots_asked = *std::max_element(layer_slots.begin(), layer_slots.end());
-        if (!llama_moe_cache_fit_layer_slots(dev, dev_name, cache->layers, layer_slots, maps, null_slots, cache->test, report)) {
-            return nullptr;
-        }
-        slots = *std::max_element(layer_slots.begin(), layer_slots.end());
-    } else {
-        slots_asked = llama_moe_cache_cap_slots(cache->layers, slots);
-        slots = llama_moe_cache_fit_slots(dev, dev_name, cache->layers, slots_asked, maps, null_slots, cache->test, report);
+        // hybrid: a zero-filled null slot per layer, where the device part sends the experts the CPU computes
+        const size_t null_slots = params.hybrid ? per_slot_row : 0;
+        const size_t budget = params.size > maps + null_slots ? params.size - maps - null_slots : 0;
+        slots = (int64_t) (budget / per_slot_row);
         if (slots < 1) {
+            // the real requirement: one slot per layer, every layer's expert map, and the hybrid's null slot per layer
+            report.warn(LLAMA_MOE_CACHE_REASON_TOO_SMALL, "%.2f MiB cannot hold one expert per layer: %zu layers need at least %.2f MiB "
+                        "(%.2f MiB for one expert each, %.2f MiB of expert maps%s); the cache is off",
+                        params.size / MiB, cache->layers.size(), std::ceil((per_slot_row + maps + null_slots) / MiB * 100) / 100, // rounded up: enough
+                        per_slot_row / MiB, maps / MiB,
+                        params.hybrid ? ", and the hybrid's zero-filled null slot in each layer as large again" : "");
             return nullptr;
         }
-        layer_slots.assign(cache->layers.size(), slots);
-    }
-    cache->devices[0].slots       = slots;
-    cache->devices[0].slots_asked = slots_asked;
+        if (have_profile && !profile.layer_slots.empty()) {
+            if (!llama_moe_cache_layer_slots(cache->layers, profile, budget, params.size, layer_slots, report)) {
+                return nullptr;
+            }
+            slots_asked = *std::max_element(layer_slots.begin(), layer_slots.end());
+            if (!llama_moe_cache_fit_layer_slots(dev, dev_name, cache->layers, layer_slots, maps, null_slots, cache->test, report)) {
+                return nullptr;
+            }
+            slots = *std::max_element(layer_slots.begin(), layer_slots.end());
+        } else {
+            slots_asked = llama_moe_cache_cap_slots(cache->layers, slots);
+            slots = llama_moe_cache_fit_slots(dev, dev_name, cache->layers, slots_asked, maps, null_slots, cache->test, report);
+            if (slots < 1) {
+                return nullptr;
+            }
+            layer_slots.assign(cache->layers.size(), slots);
+        }
+        cache->devices[0].slots       = slots;
+        cache->devices[0].slots_asked = slots_asked;
     }
 
     const size_t n_tensors = cache->layers.size() * 7;
@@ -476,15 +476,15 @@ std::unique_ptr<llama_moe_cache> llama_moe_cache::create(const llama_model & mod
     if (several) {
         llama_moe_cache_devices_alloc(cache->devices, cache->layers);
     } else {
-    cache->buf = ggml_backend_alloc_ctx_tensors_from_buft(cache->ctx, buft);
-    if (!cache->buf) {
-        throw std::runtime_error(format("llama_moe_cache: cannot allocate %.2f MiB on %s for the MoE cache; "
-                                        "ask for less with --moe-cache-mib", params.size / MiB, dev_name.c_str()));
-    }
-    // weights usage makes the scheduler run the expert matmuls where the cache is
-    ggml_backend_buffer_set_usage(cache->buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
-    ggml_backend_buffer_clear(cache->buf, 0); // the null slots stay zero for good
-    cache->device = dev;
+        cache->buf = ggml_backend_alloc_ctx_tensors_from_buft(cache->ctx, buft);
+        if (!cache->buf) {
+            throw std::runtime_error(format("llama_moe_cache: cannot allocate %.2f MiB on %s for the MoE cache; "
+                                            "ask for less with --moe-cache-mib", params.size / MiB, dev_name.c_str()));
+        }
+        // weights usage makes the scheduler run the expert matmuls where the cache is
+        ggml_backend_buffer_set_usage(cache->buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+        ggml_backend_buffer_clear(cache->buf, 0); // the null slots stay zero for good
+        cache->device = dev;
     }
     // LLAMA_MOE_CACHE_NO_COPY=1: prompts take every expert from RAM, as without a cache (for comparing)
     cache->copy_on = !llama_moe_env_flag("LLAMA_MOE_CACHE_NO_COPY", false);
