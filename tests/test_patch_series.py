@@ -6,7 +6,7 @@ from llama_moe import paths
 from llama_moe.native_build.patches import PatchSeries
 
 # the lines the diffs add to upstream files, all patches together; lower it when a hook shrinks
-MAX_UPSTREAM_ADDED = 600
+MAX_UPSTREAM_ADDED = 420
 
 
 def upstream_added_lines(series: PatchSeries) -> dict[str, int]:
