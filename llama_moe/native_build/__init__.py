@@ -63,7 +63,9 @@ def _sync_tree(src: Path, dest: Path) -> int:
         target.parent.mkdir(parents=True, exist_ok=True)
         if target.is_symlink() or target.exists():
             target.unlink()
-        shutil.copy2(path, target, follow_symlinks=False)
+        # a fresh mtime, not the source's: a file back to the pristine bytes has the pristine tree's old mtime,
+        # which ninja would take for older than its object and not rebuild
+        shutil.copy(path, target, follow_symlinks=False)
         changed += 1
     if dest.is_dir():
         for path in sorted(dest.rglob("*"), reverse=True):

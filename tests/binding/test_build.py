@@ -75,6 +75,22 @@ def test_the_series_applies_to_the_pinned_base(tmp_path) -> None:
     assert (tree / "src" / "llama-moe.cpp").is_file()
 
 
+def test_a_file_synced_back_to_older_bytes_is_newer_than_before(tmp_path) -> None:
+    from llama_moe.native_build import _sync_tree
+
+    src, dest = tmp_path / "src", tmp_path / "dest"
+    src.mkdir()
+    (src / "a.c").write_text("int a;\n")
+    os.utime(src / "a.c", (1_000_000_000, 1_000_000_000))  # the pristine tree's old mtime
+    assert _sync_tree(src, dest) == 1
+    os.utime(dest / "a.c", (1_500_000_000, 1_500_000_000))  # built since, from patched bytes
+    (dest / "a.c").write_text("int b;\n")
+    os.utime(dest / "a.c", (1_500_000_000, 1_500_000_000))
+    assert _sync_tree(src, dest) == 1
+    assert (dest / "a.c").read_text() == "int a;\n"
+    assert (dest / "a.c").stat().st_mtime > 1_500_000_000  # ninja sees it changed and rebuilds its object
+
+
 def test_a_second_build_with_nothing_changed_is_a_no_op() -> None:
     proc = _run_build("--cpu", "--tests")
     assert proc.returncode == 0, proc.stderr

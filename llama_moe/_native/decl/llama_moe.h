@@ -1,4 +1,4 @@
-// What llama_moe's patch series adds to include/llama.h, as cffi declarations.
+// What llama_moe's patch series declares in include/llama-moe.h (included by include/llama.h), as cffi declarations.
 
 int32_t llama_moe_abi_version(void);
 size_t  llama_moe_context_params_size(void);

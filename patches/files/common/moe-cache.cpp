@@ -9,10 +9,13 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cinttypes>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
@@ -435,4 +438,76 @@ void common_moe_cache_request_end(const llama_context * ctx, const common_moe_ca
     rec["own_bytes_upload"] = own.n_bytes_upload;
     rec["own_bytes_cpu"]    = own.n_bytes_cpu;
     append(ctx, rec);
+}
+
+void common_moe_cache_add_args(const std::function<void(common_arg)> & add_opt) {
+    add_opt(common_arg(
+        {"--moe-cache-mib"}, "N",
+        "llama_moe: an N MiB VRAM cache for the MoE experts kept in RAM (with --cpu-moe or --n-cpu-moe; N may have a "
+        "fraction; default: 0, off)",
+        [](common_params & params, const std::string & value) {
+            // strictly a number of MiB, fractions allowed (0.5 is 512 KiB): stoi would take "1.9" as 1 and say
+            // only "stoi" of "abc"
+            char * end = nullptr;
+            errno = 0;
+            const double mib = value.empty() ? -1.0 : strtod(value.c_str(), &end);
+            // digits and a point only: strtod alone would also take "nan", "1e3" and "0x10"
+            const bool plain = value.find_first_not_of("0123456789.") == std::string::npos;
+            if (value.empty() || !plain || end == value.c_str() || *end != '\0' || errno == ERANGE || !std::isfinite(mib) ||
+                mib < 0 || mib > 16.0 * 1024 * 1024) {
+                throw std::invalid_argument("--moe-cache-mib " + value + ": not a size in MiB from 0 to 16777216 "
+                                            "(16 TiB; fractions allowed, 0 = no cache)");
+            }
+            params.moe_cache_mib = mib;
+        }
+    ).set_env("LLAMA_ARG_MOE_CACHE_MIB"));
+    add_opt(common_arg(
+        {"--moe-cache-profile"}, "FILE",
+        "llama_moe: fill the MoE cache at load from an STRP profile, hottest experts first",
+        [](common_params & params, const std::string & value) {
+            params.moe_cache_profile = value;
+        }
+    ).set_env("LLAMA_ARG_MOE_CACHE_PROFILE"));
+    add_opt(common_arg(
+        {"--moe-cache-hybrid"},
+        "llama_moe: the CPU computes the experts the MoE cache does not hold, in the same layer; nothing is uploaded while generating",
+        [](common_params & params) {
+            params.moe_cache_hybrid = true;
+        }
+    ).set_env("LLAMA_ARG_MOE_CACHE_HYBRID"));
+    add_opt(common_arg(
+        {"--moe-cache-adaptive"},
+        "llama_moe: with --moe-cache-hybrid, swap the experts the router picks most into the cache while generating",
+        [](common_params & params) {
+            params.moe_cache_adaptive = true;
+        }
+    ).set_env("LLAMA_ARG_MOE_CACHE_ADAPTIVE"));
+    add_opt(common_arg(
+        {"--moe-cache-admit"}, "N|auto",
+        "llama_moe: with --moe-cache-hybrid, upload at most N of the experts each layer missed between two decodes into its "
+        "least recently used slots; auto: as many as the measured copies fit in half a decode (default: 0, none)",
+        [](common_params & params, const std::string & value) {
+            // strictly a count or auto: stoi would take "2junk" as 2 and "-1" as a count
+            if (value != "auto" && (value.empty() || value.size() > 4 || !std::all_of(value.begin(), value.end(), ::isdigit))) {
+                throw std::invalid_argument("--moe-cache-admit " + value + ": not a count of experts from 0 to 9999, nor auto");
+            }
+            params.moe_cache_admit = value == "auto" ? -1 : std::stoi(value);
+        }
+    ).set_env("LLAMA_ARG_MOE_CACHE_ADMIT"));
+    add_opt(common_arg(
+        {"--moe-cache-audit"}, "FILE",
+        "llama_moe: append the MoE cache's audit log (JSON lines: load, ready, request, exit) to FILE",
+        [](common_params & params, const std::string & value) {
+            // refuse at start what could not take a single record, rather than lose them all later
+            if (std::filesystem::is_directory(value)) {
+                throw std::invalid_argument("--moe-cache-audit " + value + ": is a directory; give a file to append to");
+            }
+            FILE * f = fopen(value.c_str(), "a");
+            if (f == nullptr) {
+                throw std::invalid_argument("--moe-cache-audit " + value + ": cannot append to it: " + strerror(errno));
+            }
+            fclose(f);
+            params.moe_cache_audit = value;
+        }
+    ).set_env("LLAMA_ARG_MOE_CACHE_AUDIT"));
 }

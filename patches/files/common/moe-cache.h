@@ -3,12 +3,17 @@
 // llama_moe: what the MoE expert cache reports to operators, for every tool built on common: the Prometheus
 // series of llama-server's /metrics, the per-request log line, and the JSONL audit log (--moe-cache-audit).
 
+#include "arg.h"
 #include "llama.h"
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 struct common_params;
+
+// llama_moe's options (--moe-cache-*), for common_params_parser_init to add where --help lists them
+void common_moe_cache_add_args(const std::function<void(common_arg)> & add_opt);
 
 // the llamacpp:moe_cache_* series, or "" when ctx has no MoE cache
 std::string common_moe_cache_metrics(const llama_context * ctx);

@@ -956,55 +956,68 @@ static int32_t llama_moe_cache_lru_victim(const llama_moe_cache_layer & l, uint6
     return victim;
 }
 
+// Upload mode's lookup of a ubatch's ids (flat, n_per_token a token), under the mutex: hits first, so that no
+// expert this ubatch uses is evicted for a miss of the same ubatch, then each distinct miss into a free slot or the
+// least recently used one the ubatch does not use. With on_cpu (the split), a miss left without one once every slot
+// serves the ubatch is marked there for the CPU; without, there is always one. Returns whether a slot changed.
+bool llama_moe_cache::lookup_locked(llama_moe_cache_layer & l, const int32_t * ids, int64_t n, int64_t n_per_token,
+                                    std::vector<uint8_t> * on_cpu) {
+    const uint64_t now = ++stamp;
+    const uint64_t hit0 = l.n_hit, miss0 = l.n_miss;
+    bool changed = false;
+    for (int64_t i = 0; i < n; ++i) {
+        const int32_t e = ids[i];
+        GGML_ASSERT(e >= 0 && e < l.n_expert);
+        const int32_t s = l.slot_of[e];
+        if (s >= 0 && l.last_use[s] != now) { // distinct per ubatch
+            l.last_use[s] = now;
+            l.n_hit++;
+            l.n_hit_profile += l.from_profile[s];
+            acct.charge(i / n_per_token, llama_moe_accounting::HIT, 0, 0); // per-request accounting
+        }
+    }
+    for (int64_t i = 0; i < n; ++i) {
+        const int32_t e = ids[i];
+        if (l.slot_of[e] >= 0 || (on_cpu && (*on_cpu)[e])) {
+            continue;
+        }
+        l.n_miss++;
+        const int32_t victim = llama_moe_cache_lru_victim(l, now);
+        if (victim < 0 && on_cpu) {
+            (*on_cpu)[e] = 1;
+            l.n_cpu++;
+            n_bytes_cpu += l.expert_bytes;
+            acct.charge(i / n_per_token, llama_moe_accounting::MISS, 0, l.expert_bytes); // per-request accounting
+            continue;
+        }
+        GGML_ASSERT(victim >= 0 && "more distinct experts in a ubatch than slots");
+        upload(l, e, victim);
+        l.last_use[victim] = now;
+        n_bytes_upload += l.expert_bytes;
+        acct.charge(i / n_per_token, llama_moe_accounting::MISS, l.expert_bytes, 0); // per-request accounting
+        changed = true;
+    }
+    count_by_size(n / std::max<int64_t>(l.n_used, 1), l.n_hit - hit0, l.n_miss - miss0, 0);
+    return changed;
+}
+
 void llama_moe_cache::lookup(llama_moe_cache_layer & l, ggml_tensor * remap) {
     const ggml_tensor * ids = remap->src[1];
     const int64_t n_used = ids->ne[0], n_tokens = ids->ne[1];
     ids_host.resize(ggml_nbytes(ids) / sizeof(int32_t) + 1);
     ggml_backend_tensor_get(ids, ids_host.data(), 0, ggml_nbytes(ids));
-    auto id_at = [&](int64_t i0, int64_t i1) {
-        return ids_host[(i1 * ids->nb[1] + i0 * ids->nb[0]) / sizeof(int32_t)];
-    };
 
-    std::lock_guard<std::mutex> lock(mutex);
-    const uint64_t now = ++stamp;
-    bool changed = false;
-    const uint64_t hit0 = l.n_hit, miss0 = l.n_miss;
-    // hits first, so that no expert this ubatch uses is evicted for a miss of the same ubatch
-    for (int pass = 0; pass < 2; ++pass) {
-        for (int64_t t = 0; t < n_tokens; ++t) {
-            for (int64_t k = 0; k < n_used; ++k) {
-                const int32_t e = id_at(k, t);
-                GGML_ASSERT(e >= 0 && e < l.n_expert);
-                const int32_t s = l.slot_of[e];
-                if (pass == 0) {
-                    if (s >= 0 && l.last_use[s] != now) { // distinct per ubatch
-                        l.last_use[s] = now;
-                        l.n_hit++;
-                        l.n_hit_profile += l.from_profile[s];
-                        acct.charge(t, llama_moe_accounting::HIT, 0, 0); // per-request accounting
-                    }
-                    continue;
-                }
-                if (s >= 0) {
-                    continue;
-                }
-                const int32_t victim = llama_moe_cache_lru_victim(l, now);
-                GGML_ASSERT(victim >= 0 && "more distinct experts in a ubatch than slots");
-                upload(l, e, victim);
-                l.last_use[victim] = now;
-                l.n_miss++;
-                n_bytes_upload += l.expert_bytes;
-                acct.charge(t, llama_moe_accounting::MISS, l.expert_bytes, 0); // per-request accounting
-                changed = true;
-            }
-        }
-    }
-    count_by_size(ggml_nelements(ids) / std::max<int64_t>(l.n_used, 1), l.n_hit - hit0, l.n_miss - miss0, 0);
+    std::lock_guard<std::mutex> lock(mutex); // remap_host is push_slot_map's scratch too, in the background
+    // the ids flat, token after token; then in place, their slots
     remap_host.resize(n_used * n_tokens);
     for (int64_t t = 0; t < n_tokens; ++t) {
         for (int64_t k = 0; k < n_used; ++k) {
-            remap_host[t * n_used + k] = l.slot_of[id_at(k, t)];
+            remap_host[t * n_used + k] = ids_host[(t * ids->nb[1] + k * ids->nb[0]) / sizeof(int32_t)];
         }
+    }
+    const bool changed = lookup_locked(l, remap_host.data(), n_used * n_tokens, std::max<int64_t>(n_used, 1), nullptr);
+    for (int32_t & e : remap_host) {
+        e = l.slot_of[e];
     }
     ggml_backend_tensor_set(remap, remap_host.data(), 0, remap_host.size() * sizeof(int32_t));
     if (changed) {
@@ -1044,45 +1057,10 @@ void llama_moe_cache::lookup_split(llama_moe_cache_layer & l, ggml_tensor * code
     ids_host.resize(n);
     ggml_backend_tensor_get(codes, ids_host.data(), 0, ggml_nbytes(codes));
     std::lock_guard<std::mutex> lock(mutex);
-    const uint64_t now = ++stamp;
-    const uint64_t hit0 = l.n_hit, miss0 = l.n_miss;
-    bool changed = false;
+    // as lookup, but once every slot serves the ubatch, the remaining misses go to the CPU
     std::vector<uint8_t> & on_cpu = missed_host;
     on_cpu.assign(l.n_expert, 0);
-    // as lookup: hits first, then each distinct miss into a free slot or the least recently used one this ubatch
-    // does not use; once every slot serves the ubatch, the remaining misses go to the CPU
-    for (int64_t i = 0; i < n; ++i) {
-        const int32_t e = ids_host[i];
-        GGML_ASSERT(e >= 0 && e < l.n_expert);
-        const int32_t s = l.slot_of[e];
-        if (s >= 0 && l.last_use[s] != now) {
-            l.last_use[s] = now;
-            l.n_hit++;
-            l.n_hit_profile += l.from_profile[s];
-            acct.charge(i / std::max<int64_t>(l.n_used, 1), llama_moe_accounting::HIT, 0, 0); // per-request accounting
-        }
-    }
-    for (int64_t i = 0; i < n; ++i) {
-        const int32_t e = ids_host[i];
-        if (l.slot_of[e] >= 0 || on_cpu[e]) {
-            continue;
-        }
-        l.n_miss++;
-        const int32_t victim = llama_moe_cache_lru_victim(l, now);
-        if (victim < 0) {
-            on_cpu[e] = 1;
-            l.n_cpu++;
-            n_bytes_cpu += l.expert_bytes;
-            acct.charge(i / std::max<int64_t>(l.n_used, 1), llama_moe_accounting::MISS, 0, l.expert_bytes); // per-request accounting
-            continue;
-        }
-        upload(l, e, victim);
-        l.last_use[victim] = now;
-        n_bytes_upload += l.expert_bytes;
-        acct.charge(i / std::max<int64_t>(l.n_used, 1), llama_moe_accounting::MISS, l.expert_bytes, 0); // per-request accounting
-        changed = true;
-    }
-    count_by_size(n / std::max<int64_t>(l.n_used, 1), l.n_hit - hit0, l.n_miss - miss0, 0);
+    const bool changed = lookup_locked(l, ids_host.data(), n, std::max<int64_t>(l.n_used, 1), &on_cpu);
     for (int64_t i = 0; i < n; ++i) {
         const int32_t e = ids_host[i];
         ids_host[i] = l.slot_of[e] >= 0 ? l.slot_of[e] : l.n_slots + e;

@@ -195,6 +195,8 @@ private:
     bool upload(llama_moe_cache_layer & layer, int32_t expert, int32_t slot);
     void lookup(llama_moe_cache_layer & layer, ggml_tensor * remap);
     void lookup_split(llama_moe_cache_layer & layer, ggml_tensor * codes);
+    bool lookup_locked(llama_moe_cache_layer & layer, const int32_t * ids, int64_t n, int64_t n_per_token,
+                       std::vector<uint8_t> * on_cpu); // the caller holds mutex
     void count_hybrid(llama_moe_cache_layer & layer, const ggml_tensor * ids);
     double adapt_prior(const llama_moe_cache_layer & layer) const; // the heat a profile's expert starts with
     void count_hybrid_locked(llama_moe_cache_layer & layer, const int32_t * ids, int64_t n_tokens); // the caller holds mutex

@@ -79,3 +79,14 @@ bool llama_moe_eval::callback(ggml_tensor * t, bool ask, void * user_data) {
     }
     return true;
 }
+
+void llama_moe_eval::install(ggml_backend_sched_t sched, llama_moe_cache * moe_cache, ggml_backend_sched_eval_callback cb, void * cb_data) {
+    cache = moe_cache;
+    if (active()) {
+        user_cb      = cb;
+        user_cb_data = cb_data;
+        ggml_backend_sched_set_eval_callback(sched, llama_moe_eval::callback, this);
+    } else {
+        ggml_backend_sched_set_eval_callback(sched, cb, cb_data);
+    }
+}

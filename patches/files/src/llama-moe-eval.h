@@ -35,4 +35,8 @@ struct llama_moe_eval {
     bool active() const { return cache != nullptr || trace.recording; }
 
     static bool callback(ggml_tensor * t, bool ask, void * user_data);
+
+    // the scheduler's eval callback before a graph: ours, chaining to the user's, while the cache or the trace
+    // needs it, else the user's alone
+    void install(ggml_backend_sched_t sched, llama_moe_cache * moe_cache, ggml_backend_sched_eval_callback cb, void * cb_data);
 };

@@ -3,6 +3,9 @@
 
 #include "llama-impl.h"
 #include "llama-moe-cache.h"
+#include "llama-cparams.h"
+#include "llama-memory.h"
+#include "llama-model.h"
 
 #include "ggml-alloc.h"
 #include "ggml-cpu.h"
@@ -11,6 +14,7 @@
 #include <cinttypes>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 
 // the CPU side keeps polling this long after its last hand-over: the next token's first layer comes soon
 static constexpr int64_t LLAMA_MOE_MAILBOX_AWAKE_US  = 2000;
@@ -631,6 +635,35 @@ void llama_moe_mailbox::run() {
             team->keep_awake(LLAMA_MOE_MAILBOX_AWAKE_US);
         } else {
             llama_moe_cpu_relax();
+        }
+    }
+}
+
+bool llama_moe_mailbox::model_on_gpu(const llama_model & model) {
+    bool on_gpu = ggml_backend_dev_type(model.dev_output()) != GGML_BACKEND_DEVICE_TYPE_CPU;
+    for (uint32_t il = 0; il < model.hparams.n_layer(); ++il) {
+        on_gpu = on_gpu && ggml_backend_dev_type(model.dev_layer(il)) != GGML_BACKEND_DEVICE_TYPE_CPU;
+    }
+    return on_gpu;
+}
+
+llama_moe_mailbox_idle_on_return::~llama_moe_mailbox_idle_on_return() {
+    if (mailbox) {
+        ggml_backend_sched_synchronize(sched);
+        mailbox->idle();
+    }
+}
+
+void llama_moe_mailbox_forget_batch(const llama_batch & batch, llama_memory_i & memory) {
+    std::vector<llama_pos> pos_min(LLAMA_MAX_SEQ, std::numeric_limits<llama_pos>::max());
+    for (int32_t i = 0; i < batch.n_tokens; ++i) {
+        for (int32_t j = 0; j < batch.n_seq_id[i]; ++j) {
+            pos_min[batch.seq_id[i][j]] = std::min(pos_min[batch.seq_id[i][j]], batch.pos[i]);
+        }
+    }
+    for (int s = 0; s < LLAMA_MAX_SEQ; ++s) {
+        if (pos_min[s] != std::numeric_limits<llama_pos>::max()) {
+            memory.seq_rm(s, pos_min[s], -1);
         }
     }
 }

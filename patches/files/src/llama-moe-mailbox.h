@@ -20,6 +20,9 @@
 #include <vector>
 
 struct llama_moe_cache;
+struct llama_model;
+struct llama_batch;
+struct llama_memory_i;
 struct llama_moe_cache_layer;
 struct ggml_gallocr;
 struct ggml_threadpool;
@@ -71,6 +74,9 @@ struct llama_moe_mailbox {
     void wake();
     bool end_decode();
     void idle();
+
+    // whether the model's layers and output are all on GPUs (create's all_on_gpu)
+    static bool model_on_gpu(const llama_model & model);
 
 private:
     llama_moe_mailbox() = default;
@@ -156,3 +162,15 @@ private:
     std::atomic<bool> failed{false};
     int32_t gpu_share_milli = 0;         // LLAMA_MOE_MAILBOX_GPU_SHARE, where the device can read the host copy
 };
+
+// Whichever way a decode returns, the mailbox's CPU side stops polling after it, once the device has finished what
+// it queued (it may still hand over); a no-op without a mailbox.
+struct llama_moe_mailbox_idle_on_return {
+    llama_moe_mailbox  * mailbox;
+    ggml_backend_sched_t sched;
+    ~llama_moe_mailbox_idle_on_return();
+};
+
+// After a hand-over the CPU did not answer in time: the memory of every sequence of the batch as it was before it
+// (as for a failed ubatch, but for every ubatch of the call).
+void llama_moe_mailbox_forget_batch(const llama_batch & batch, llama_memory_i & memory);
