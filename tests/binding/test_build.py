@@ -71,7 +71,8 @@ def test_the_series_applies_to_the_pinned_base(tmp_path) -> None:
     for part in ("include", "src", "common", "ggml", "tools"):
         subprocess.run(["cp", "-r", str(pristine / part), str(tree / part)], check=True)
     apply_series(PatchSeries(paths.patches_dir()), tree)
-    assert "llama_moe_abi_version" in (tree / "include" / "llama.h").read_text()
+    assert '#include "llama-moe.h"' in (tree / "include" / "llama.h").read_text()
+    assert "llama_moe_abi_version" in (tree / "include" / "llama-moe.h").read_text()
     assert (tree / "src" / "llama-moe.cpp").is_file()
 
 
