@@ -34,6 +34,12 @@ def _admitting(path: Path, n: int, **kw) -> ContextParams:
                          moe_cache_admit=n, **kw)
 
 
+def _without_cache(model: Model) -> tuple[list[int], np.ndarray]:
+    """The reference: the same generation without a cache, its tokens and last logits."""
+    with Context(model, ContextParams(n_ctx=1024)) as ctx:
+        return list(ctx.generate(PROMPT, N_GEN, SAMPLING, stop_at_eog=False)), ctx.logits().copy()
+
+
 @dataclass
 class _Layer:
     """One layer of the replay: slot -> expert, slot -> last use, the misses waiting for the next admission."""
@@ -105,9 +111,7 @@ def test_admission_changes_no_token_and_counts_as_its_replay(lib, tiny_model_pat
     monkeypatch.setenv("LLAMA_MOE_CACHE_ADMIT_ASYNC", "1" if background else "0")
     caplog.set_level(logging.INFO, logger="llama_moe.native")
     with Model(tiny_model_path, RAM) as model:
-        with Context(model, ContextParams(n_ctx=1024)) as ctx:
-            plain = list(ctx.generate(PROMPT, N_GEN, SAMPLING, stop_at_eog=False))
-            plain_logits = ctx.logits().copy()
+        plain, plain_logits = _without_cache(model)
         with Context(model, _admitting(tiny_model_path, admit)) as ctx:
             ctx.start_trace()
             got = list(ctx.generate(PROMPT, N_GEN, SAMPLING, stop_at_eog=False))
@@ -171,9 +175,7 @@ def test_admission_chosen_by_the_engine(lib, tiny_model_path, caplog, monkeypatc
     monkeypatch.setenv("LLAMA_MOE_CACHE_ADMIT_ASYNC", "1" if background else "0")
     caplog.set_level(logging.INFO, logger="llama_moe.native")
     with Model(tiny_model_path, RAM) as model:
-        with Context(model, ContextParams(n_ctx=1024)) as ctx:
-            plain = list(ctx.generate(PROMPT, N_GEN, SAMPLING, stop_at_eog=False))
-            plain_logits = ctx.logits().copy()
+        plain, plain_logits = _without_cache(model)
         with Context(model, _admitting(tiny_model_path, "auto")) as ctx:
             got = list(ctx.generate(PROMPT, N_GEN, SAMPLING, stop_at_eog=False))
             logits = ctx.logits().copy()

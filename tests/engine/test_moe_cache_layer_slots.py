@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from llama_moe import Context, ContextParams, Model, ModelParams, Sampling
+from llama_moe import Context, ContextParams, Model, Sampling
 from llama_moe.errors import MoeCacheWarning
 from llama_moe.experts import expert_layout
 from llama_moe.formats.profile import Profile, write_profile
@@ -20,20 +20,7 @@ from llama_moe.routing.budget import cache_bytes_for_layer_slots, engine_layer_s
 from oracles.hybrid import simulate_hybrid
 from oracles.lru import simulate_lru
 
-RAM = ModelParams(cpu_moe=True, repack=False)
-# prompts of over 32 tokens each: their ubatches keep llama.cpp's path, but for the last layer's outputs
-PROMPTS = [
-    "The ship left the harbour at dawn, and the crew watched the grey cliffs fall behind them while the gulls "
-    "circled the masts and the captain read the charts in silence below the deck",
-    "To grow tomatoes in a small garden, start with good soil, a sunny corner, stakes for the stems, water "
-    "in the morning and patience through the long weeks before the first fruit turns red",
-    "The history of the city begins with a ford across the river, a market on the bank, a wall of timber, "
-    "then stone, and the slow gathering of streets around the church and the bridge",
-    "In the morning the baker lights the ovens long before the town wakes, shapes the loaves on the floured "
-    "table, and listens to the first carts rattle over the cobbles outside the window",
-]
-N_STEPS = 64  # four sequences: 256 tokens decoded four at a time
-SAMPLINGS = [Sampling(temperature=0.8, seed=s) for s in (11, 12, 13, 14)]
+from test_moe_cache_split import N_STEPS, PROMPTS, RAM, SAMPLINGS  # four sequences, prompts over 32 tokens
 N_GEN = 256
 SAMPLING = Sampling(temperature=0.8, seed=5)
 

@@ -81,18 +81,29 @@ static size_t llama_moe_cache_bytes(const std::vector<llama_moe_cache_layer> & l
     return bytes;
 }
 
+// The device's free memory now (a test switch may give it); false for a cache in RAM (a test device), whose
+// memory is left to the system.
+static bool llama_moe_cache_device_free(ggml_backend_dev_t dev, const llama_moe_test_switches & test, size_t & free) {
+    size_t total = 0;
+    if (test.device_free_kib >= 0) {
+        free = (size_t) test.device_free_kib * 1024;
+        return true;
+    }
+    if (dev != nullptr && ggml_backend_dev_type(dev) != GGML_BACKEND_DEVICE_TYPE_CPU) {
+        ggml_backend_dev_memory(dev, &free, &total);
+        return true;
+    }
+    return false;
+}
+
 // The slots the device's free memory holds now (the model and the KV cache are in; the compute buffers come
 // later), at most slots_asked: fewer where the size asked does not fit, said, rather than an allocation that
 // fails. A cache in RAM (a test device) is left to the system, unless a test switch gives its free memory.
 static int64_t llama_moe_cache_fit_slots(ggml_backend_dev_t dev, const std::string & dev_name, const std::vector<llama_moe_cache_layer> & layers,
                                          int64_t slots_asked, size_t maps, size_t null_slots, const llama_moe_test_switches & test,
                                          llama_moe_cache_report & report) {
-    size_t free = 0, total = 0;
-    if (test.device_free_kib >= 0) {
-        free = (size_t) test.device_free_kib * 1024;
-    } else if (dev != nullptr && ggml_backend_dev_type(dev) != GGML_BACKEND_DEVICE_TYPE_CPU) {
-        ggml_backend_dev_memory(dev, &free, &total);
-    } else {
+    size_t free = 0;
+    if (!llama_moe_cache_device_free(dev, test, free)) {
         return slots_asked;
     }
     const size_t need = llama_moe_cache_bytes(layers, slots_asked, maps, null_slots);
@@ -196,12 +207,8 @@ static bool llama_moe_cache_layer_slots(const std::vector<llama_moe_cache_layer>
 static bool llama_moe_cache_fit_layer_slots(ggml_backend_dev_t dev, const std::string & dev_name, const std::vector<llama_moe_cache_layer> & layers,
                                             std::vector<int64_t> & slots, size_t maps, size_t null_slots, const llama_moe_test_switches & test,
                                             llama_moe_cache_report & report) {
-    size_t free = 0, total = 0;
-    if (test.device_free_kib >= 0) {
-        free = (size_t) test.device_free_kib * 1024;
-    } else if (dev != nullptr && ggml_backend_dev_type(dev) != GGML_BACKEND_DEVICE_TYPE_CPU) {
-        ggml_backend_dev_memory(dev, &free, &total);
-    } else {
+    size_t free = 0;
+    if (!llama_moe_cache_device_free(dev, test, free)) {
         return true;
     }
     const size_t need = maps + null_slots + llama_moe_cache_layer_bytes(layers, slots);
