@@ -11,6 +11,7 @@ import os
 import sys
 from pathlib import Path
 
+from .._native.env import environment
 from ..bench.stats import format_comparison, format_report, run_main_job, run_stats
 from ..devices import gpus
 from ..experts import expert_layout
@@ -106,12 +107,11 @@ def run(args: argparse.Namespace) -> int:
             raise ParameterError(f"{flag} must be >= {low}, got {value}")
     model_path = Path(args.model) if args.model else default_model_path()
     mib = args.moe_cache_mib if explicit_mib else expert_layout(model_path).total_expert_bytes / 2 / 2**20
-    repack, where = not args.no_repack, None
+    repack, where, device = not args.no_repack, None, os.environ.get("LLAMA_MOE_CACHE_DEVICE")
     if mib > 0 and not gpus():
         # The cache's copies need a device; without a GPU the engine takes RAM when asked to, and the CPU's
         # repacked layout of the experts is one the cache cannot copy from.
-        if not os.environ.get("LLAMA_MOE_CACHE_DEVICE"):
-            os.environ["LLAMA_MOE_CACHE_DEVICE"] = "CPU"
+        device = device or "CPU"
         repack = False
         where = ("no GPU: the cache is in RAM (LLAMA_MOE_CACHE_DEVICE=CPU) and the experts keep their file layout "
                  "(--no-repack): its speed says nothing of a GPU's, but every lookup is real")
@@ -123,6 +123,12 @@ def run(args: argparse.Namespace) -> int:
                        moe_cache_profile=args.moe_cache_profile, moe_cache_hybrid=args.moe_cache_hybrid,
                        moe_cache_adaptive=args.moe_cache_adaptive, moe_cache_admit=args.moe_cache_admit)
     prompt, sampling = args.prompt or default_prompt(), Sampling(temperature=args.temp, seed=args.seed)
+    with environment(LLAMA_MOE_CACHE_DEVICE=device):  # for these runs only: a caller's process keeps its own
+        return _run_and_print(args, model_path, mp, cp, prompt, sampling, mib, where)
+
+
+def _run_and_print(args: argparse.Namespace, model_path: Path, mp: ModelParams, cp: ContextParams, prompt: str,
+                   sampling: Sampling, mib: float, where: str | None) -> int:
     if mib == 0 or args.no_compare:
         report = run_stats(model_path, mp, cp, prompt, args.n_gen, sampling)
         if args.json:
