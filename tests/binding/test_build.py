@@ -39,8 +39,8 @@ def test_series_lists_existing_patches_and_the_hash_follows_the_content(tmp_path
     subprocess.run(["cp", "-r", str(series.root), str(copy)], check=True)
     before = PatchSeries(copy).digest()
     assert before == series.digest()
-    new_file = copy / "files" / "src" / "llama-moe.cpp"
-    new_file.write_text(new_file.read_text() + "\n// edited\n")
+    patch = copy / series.names[0]
+    patch.write_text(patch.read_text() + "\n")
     assert PatchSeries(copy).digest() != before
 
 

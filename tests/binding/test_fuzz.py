@@ -17,6 +17,7 @@ from llama_moe.errors import GgufError, ProfileError
 from llama_moe.gguf.reader import read_gguf
 from llama_moe.formats.profile import Profile, read_profile
 from llama_moe.formats.trace import TraceError, read_trace
+from support.patched import patched_tree
 
 ROOT = Path(__file__).resolve().parents[2]
 FUZZ_SECONDS = 20
@@ -25,7 +26,7 @@ FUZZ_SECONDS = 20
 @pytest.mark.skipif(shutil.which("clang++") is None, reason="clang++ (libFuzzer) is not installed; .ci/run installs it")
 def test_native_profile_loader_survives_libfuzzer(tmp_path) -> None:
     exe = tmp_path / "fuzz_strp"
-    src = ROOT / "patches" / "files" / "src"
+    src = patched_tree(tmp_path / "llama.cpp") / "src"
     subprocess.run(["clang++", "-g", "-O1", "-fsanitize=fuzzer,address,undefined", "-fno-sanitize-recover=undefined",
                     "-I", str(src), str(ROOT / "tests" / "fuzz" / "fuzz_strp.cpp"), str(src / "llama-moe-profile.cpp"),
                     "-o", str(exe)], check=True, capture_output=True)

@@ -106,7 +106,7 @@ def test_a_profile_built_in_python_is_checked_as_one_read(kw, said) -> None:
 @pytest.mark.parametrize("name", [n for n, c in CASES.items() if c[3]])
 def test_the_engine_refuses_the_same_damage_for_the_same_reason(lib, tiny_model_path, tmp_path, monkeypatch, caplog,
                                                                 name) -> None:
-    """The native loader (patches/files/src/llama-moe-profile.cpp) makes the same checks against the loaded model:
+    """The native loader (src/llama-moe-profile.cpp of the patch series) makes the same checks against the loaded model:
     llama.cpp warns with the same reason and the cache starts empty. (Version and geometry-only cases word the
     version differently, or need the model's geometry the engine always has, and are left to the reader.)"""
     data, _, said, _ = CASES[name]
