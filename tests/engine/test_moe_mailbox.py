@@ -1,4 +1,4 @@
-"""The hybrid's mailbox (patch 0009, ggml-mailbox.h) on the real patched libllama, with the CPU as the cache
+"""The hybrid's mailbox (patch 0008, ggml-mailbox.h) on the real patched libllama, with the CPU as the cache
 device and LLAMA_MOE_MAILBOX_ON_CPU=1: in one-token decoding each layer the cache holds in part sends its input
 and selected experts to a CPU thread through the mailbox instead of a scheduler split. The protocol, the CPU
 side, the graph building and the counting are the same code as on CUDA; only the two device kernels differ."""

@@ -160,7 +160,7 @@ struct llama_context_params {
 
     struct llama_context * ctx_other;
 
-    // llama_moe (patches/0002-moe-cache.patch)
+    // llama_moe (patch 0002, the MoE cache)
     size_t       moe_cache_size;
     const char * moe_cache_profile;
     bool         moe_cache_hybrid;
