@@ -6,7 +6,7 @@ from typing import Iterable, Sequence
 
 from llama_moe.formats.trace import RoutingRecord
 
-from .lru import MAX_UBATCH, SimResult, _LruLayer
+from .lru import MAX_UBATCH, SimResult, prefilled_layers
 
 
 def simulate_hybrid(records: Iterable[RoutingRecord], slots: dict[int, int], n_expert: int, admit: int = 0,
@@ -21,13 +21,7 @@ def simulate_hybrid(records: Iterable[RoutingRecord], slots: dict[int, int], n_e
     the start. In the ``background``, an admitted expert evicts its slot's expert at once but is a hit only from
 the decode after the next one (the next decode starts by waiting for the round before it). Returns the
 counters, each layer's slot -> expert (-1: free or still in flight) and the experts admitted."""
-    layers = {il: _LruLayer(n) for il, n in slots.items() if n < n_expert}
-    for il, e in prefill:
-        layer = layers.get(il)
-        if layer is None or e in layer.slot_of or -1 not in layer.expert_in:
-            continue
-        s = layer.expert_in.index(-1)
-        layer.expert_in[s], layer.slot_of[e], layer.from_profile[s] = e, s, True
+    layers = prefilled_layers(slots, n_expert, prefill)
     queues: dict[int, list[int]] = {il: [] for il in layers}
     in_flight: dict[int, set[int]] = {il: set() for il in layers}
     per_layer = {il: [0, 0] for il in layers}

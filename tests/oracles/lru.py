@@ -43,19 +43,25 @@ class SimResult:
         return self.n_hit / self.n_lookup if self.n_lookup else None
 
 
-def simulate_lru(records: Iterable[RoutingRecord], slots: dict[int, int], n_expert: int,
-                 prefill: Sequence[tuple[int, int]] = ()) -> SimResult:
-    """The upload mode: per layer and ubatch, each distinct selected expert a slot holds is a hit; each other one
-    a miss, uploaded into a free slot or else the least recently used slot the ubatch does not use, or, once
-    every slot serves the ubatch, computed on the CPU (a miss counted in ``n_cpu``; the slots stay).
-    ``slots`` maps each cached layer to its slot count; ``prefill`` is a profile's ranked pairs."""
-    layers = {il: _LruLayer(n) for il, n in slots.items() if n < n_expert}  # whole layers need no lookups
+def prefilled_layers(slots: dict[int, int], n_expert: int, prefill: Iterable[tuple[int, int]]) -> dict[int, _LruLayer]:
+    """Each cached layer's slots (layers held whole need no lookups), filled in a profile's rank order."""
+    layers = {il: _LruLayer(n) for il, n in slots.items() if n < n_expert}
     for il, e in prefill:
         layer = layers.get(il)
         if layer is None or e in layer.slot_of or -1 not in layer.expert_in:
             continue
         s = layer.expert_in.index(-1)
         layer.expert_in[s], layer.slot_of[e], layer.from_profile[s] = e, s, True
+    return layers
+
+
+def simulate_lru(records: Iterable[RoutingRecord], slots: dict[int, int], n_expert: int,
+                 prefill: Sequence[tuple[int, int]] = ()) -> SimResult:
+    """The upload mode: per layer and ubatch, each distinct selected expert a slot holds is a hit; each other one
+    a miss, uploaded into a free slot or else the least recently used slot the ubatch does not use, or, once
+    every slot serves the ubatch, computed on the CPU (a miss counted in ``n_cpu``; the slots stay).
+    ``slots`` maps each cached layer to its slot count; ``prefill`` is a profile's ranked pairs."""
+    layers = prefilled_layers(slots, n_expert, prefill)
     stamp = 0
     hits = hits_profile = misses = cpu = 0
     per_layer: dict[int, list[int]] = {il: [0, 0, 0] for il in layers}
