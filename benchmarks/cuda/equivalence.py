@@ -97,6 +97,8 @@ def main() -> int:
              # the admitting hybrid: misses uploaded into the least recently used slots between decodes
              "admit": Mode({**hybrid, "moe_cache_admit": 1}),
              "admit4": Mode({**hybrid, "moe_cache_admit": 4}),
+             # the engine chooses the budget from the measured upload time and the decode's
+             "admit-auto": Mode({**hybrid, "moe_cache_admit": "auto"}),
              # the uploads between decodes instead of in the background (the default on a GPU)
              "admit-sync": Mode({**hybrid, "moe_cache_admit": 1}, {"LLAMA_MOE_CACHE_ADMIT_ASYNC": "0"}),
              "admit-split": Mode({**hybrid, "moe_cache_admit": 1}, {"LLAMA_MOE_CACHE_NO_MAILBOX": "1"})}

@@ -21,6 +21,7 @@
 #                other kernels run uninstrumented: racecheck over every kernel does not finish within a call)
 #   lifecycle    the lifecycle loop under memcheck with leak checking (lifecycle_sanitize.sh)
 #   equivalence  every cache mode against no cache on the tiny and gpt-oss-tiny models (equivalence.py)
+#   split        upload mode's split on the device against the replay of the engine's trace (split_lookups.py)
 #   archs        the same on every architecture's tiny model (llama_moe.synth.archs), three at a time
 #   mailbox      the mailbox's device checks (mailbox_device.py; MAILBOX_CHECKS, default all)
 #   trap         llama-bench -p 4096 -ub 32 with CUDA graphs, a GPU core dump read by cuda-gdb (the faulting
@@ -123,6 +124,11 @@ step_equivalence() {
   done
   grep -qE "^(EQUIVALENT|DIFFERENT)" $R/eq_gpt-oss-tiny.txt && mark equivalence
 }
+step_split() {
+  timeout $(cap 120) python3 $here/split_lookups.py /tmp/tiny.gguf > $R/split_lookups.txt 2>&1
+  echo "split_lookups: rc $?; $(tail -1 $R/split_lookups.txt | cut -c1-200)"
+  grep -q "^SPLIT" $R/split_lookups.txt && mark split
+}
 step_archs() {
   mkdir -p $R/arch
   run_arch() {
@@ -175,12 +181,12 @@ step_kernels() {
   mark kernels
 }
 
-declare -A NEED=([build]=240 [big]=60 [tiny]=30 [speed]=150 [memcheck]=100 [racecheck]=200 [lifecycle]=150 [equivalence]=120
+declare -A NEED=([build]=240 [big]=60 [tiny]=30 [speed]=150 [memcheck]=100 [racecheck]=200 [lifecycle]=150 [equivalence]=120 [split]=60
                  [archs]=200 [mailbox]=200 [trap]=60 [serve]=90 [kernels]=240)
 echo "$(date -u +%FT%TZ), deadline $DEADLINE s, steps: $STEPS; $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
 for s in $STEPS; do
   [ -z "${NEED[$s]:-}" ] && { echo "unknown step $s (steps: ${!NEED[*]})"; exit 2; }
-  case $s in memcheck|racecheck|trap|equivalence) [ -f $R/done_tiny ] || { fits tiny 30 && step_tiny; } ;; esac
+  case $s in memcheck|racecheck|trap|equivalence|split) [ -f $R/done_tiny ] || { fits tiny 30 && step_tiny; } ;; esac
   case $s in speed|serve|kernels) [ -f $R/done_big ] || { fits big 60 && step_big; } ;; esac
   if fits $s ${NEED[$s]}; then step_$s; fi
 done
