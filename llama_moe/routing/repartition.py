@@ -3,7 +3,7 @@ engine does it (llama-moe-repartition.cpp); integer arithmetic throughout, so th
 engine agree slot for slot.
 
 Each looked-up layer keeps a shadow LRU stack of its experts (Mattson): a lookup of an expert at stack depth d
-(0 = the most recent) adds one to the layer's histogram at d, then the expert goes on top; a first use adds
+(0 = the most recent) adds one to the layer's histogram at d, then the ubatch's experts go on top; a first use adds
 nothing (a cold miss at every size). With C slots an LRU would miss the lookups at depths C and deeper, so the
 histogram's tail sums are the layer's miss curve. Every R decodes the slots of the looked-up layers are split
 anew (``target``): each layer at least its floor (its experts per token, or fewer if it started with fewer)
@@ -31,16 +31,17 @@ class ShadowStack:
         self.stack: list[int] = []
         self.hist = [0] * n_expert
 
-    def touch(self, e: int) -> None:
+    def touch(self, experts: Sequence[int]) -> None:
+        """One ubatch's distinct experts, in the order it first selected them: each one's depth is taken before
+        any of them moves (they are used together and never push each other down), then they go on top, the
+        last one topmost."""
         st = self.stack
-        try:
-            d = st.index(e)
-        except ValueError:
-            st.insert(0, e)
-            return
-        self.hist[d] += 1
-        if d:
-            del st[d]
+        for e in experts:
+            if e in st:
+                self.hist[st.index(e)] += 1
+        for e in experts:
+            if e in st:
+                st.remove(e)
             st.insert(0, e)
 
     def halve(self) -> None:

@@ -90,6 +90,7 @@ class AdmitReplay(Replay):
                     self.all_in += all(e in slot_of for e in row)
                 self.token_layers += len(rows)
                 seen: set[int] = set()
+                seen_order: list[int] = []
                 weight = self.weights[len(queues) - 1]
                 shadow = self.shadows[len(queues) - 1] if self.shadows else None
                 for row in rows:
@@ -97,8 +98,7 @@ class AdmitReplay(Replay):
                         if e in seen:
                             continue
                         seen.add(e)
-                        if shadow is not None:
-                            shadow.touch(e)
+                        seen_order.append(e)
                         if fade is not None:
                             w, at = weight.get(e, (0.0, now))
                             weight[e] = (w * fade ** (now - at) + 1.0, now)
@@ -112,6 +112,8 @@ class AdmitReplay(Replay):
                         else:
                             acc[1] += 1
                             queue.append(e)
+                if shadow is not None:
+                    shadow.touch(list(seen_order))
             self.clock += 1  # the admission after the decode: newer than every hit of it
             for (free, expert_in, slot_of, last_use, from_profile, _, heap), queue, weight in zip(
                     self.state, queues, self.weights):
