@@ -10,7 +10,9 @@ anew (``target``): each layer at least its floor (its experts per token, or fewe
 and at most n_expert - 1 (a layer held whole needs no lookup and would see no more curve); the rest goes
 greedily to the largest gain per slot on each curve's lower convex hull; slots no curve asks for stay where
 they were. The split is applied only if it predicts at least 1/``HYSTERESIS`` fewer misses than the current
-one, then the histograms halve, so the curves follow the text.
+one. Every ``HALVE_ROUNDS`` rounds the histograms halve, so the curves follow a long conversation; halving every
+round instead (curves of a few hundred tokens) moves slots on noise and loses up to two thirds of the gain
+(docs/benchmarks.md).
 
 A layer that shrinks keeps its most recently used experts (ties: the lower slot), packed into its first slots
 in their slot order; one that grows gets free slots at its end, which admission fills first."""
@@ -20,6 +22,7 @@ from functools import cmp_to_key
 from typing import Sequence
 
 HYSTERESIS = 32  # a new split must predict at least 1/32 fewer misses than the current one
+HALVE_ROUNDS = 16  # the histograms halve every 16 rounds: they weigh the conversation so far, the recent text more
 
 
 class ShadowStack:
@@ -137,4 +140,4 @@ def kept_slots(expert_in: Sequence[int], last_use: Sequence[int], n_new: int) ->
     return sorted(keep)
 
 
-__all__ = ["HYSTERESIS", "ShadowStack", "kept_slots", "target"]
+__all__ = ["HALVE_ROUNDS", "HYSTERESIS", "ShadowStack", "kept_slots", "target"]

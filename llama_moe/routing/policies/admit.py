@@ -17,7 +17,7 @@ from typing import Sequence
 from ..budget import MAX_UBATCH
 from ..ranking import prefill_resident
 from ..routes import Routes
-from ..repartition import ShadowStack, kept_slots, target
+from ..repartition import HALVE_ROUNDS, ShadowStack, kept_slots, target
 from .base import PolicyResult, Replay, _looked_up
 
 ADMIT_CHUNK_TOKENS = 1024  # tokens fed at a time (the results do not depend on it)
@@ -62,7 +62,7 @@ class AdmitReplay(Replay):
         self.shadows = [ShadowStack(n_expert) for _ in self.layers] if repartition else []
         self.floors = [min(k, slots[il]) for il in self.layers]
         self.caps = [n_expert - 1] * len(self.layers)
-        self.decodes = self.n_repartition = self.n_moved = 0
+        self.decodes = self.rounds = self.n_repartition = self.n_moved = 0
         self.history: list[tuple[int, tuple[int, ...]]] = []  # (decodes so far, slots per looked-up layer)
 
     def feed(self, chunk: Routes) -> None:
@@ -152,8 +152,10 @@ class AdmitReplay(Replay):
     def _repartition(self) -> None:
         current = [len(st[1]) for st in self.state]
         new = target([sh.hist for sh in self.shadows], current, self.floors, self.caps)
-        for sh in self.shadows:
-            sh.halve()
+        self.rounds += 1
+        if self.rounds % HALVE_ROUNDS == 0:
+            for sh in self.shadows:
+                sh.halve()
         if new is None:
             return
         self.n_repartition += 1
