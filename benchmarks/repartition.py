@@ -8,8 +8,8 @@ decodes by the hybrid admitting ``--admit`` experts per layer and decode:
 
 - equal: the same slots in every layer;
 - offline: the split from the other documents' curves;
-- online R: equal slots at the start, re-partitioned every R decodes (``--moe-cache-repartition R``,
-  ``llama_moe.routing.repartition``);
+- online R: equal slots at the start, re-partitioned every R decodes from the shadow LRU stacks' miss curves
+  (``llama_moe.routing.repartition``, the simulator's ``admitN-repartR``; the engine does not run it);
 - offline + online R: the offline split at the start, then re-partitioned online.
 
 Misses per token count every lookup the slots did not serve; the intervals are 95% t intervals over the

@@ -1,6 +1,6 @@
-"""Online re-partitioning of a hybrid cache's slots between layers (``--moe-cache-repartition R``), as the
-engine does it (llama-moe-repartition.cpp); integer arithmetic throughout, so that the simulator and the
-engine agree slot for slot.
+"""Online re-partitioning of the admitting hybrid's slots between layers, in the simulator (``admitN-repartR``):
+the engine sizes its layers once, at load (a profile's per-layer slots). Integer arithmetic throughout, and
+every tie broken by layer and slot, so that an engine can follow it slot for slot.
 
 Each looked-up layer keeps a shadow LRU stack of its experts (Mattson): a lookup of an expert at stack depth d
 (0 = the most recent) adds one to the layer's histogram at d, then the ubatch's experts go on top; a first use adds

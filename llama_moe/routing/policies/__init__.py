@@ -15,8 +15,8 @@ experts of each ubatch of up to 32 tokens; layers held whole need no lookups and
 - ``admit1-lrfu`` ... ``admit8-lrfu``: the same admission with victims by recency and frequency together
   (``admit.LRFU_HALF_LIFE``), a simulator variant the engine does not run; not in the default set.
 - ``admitN-repartR`` (R in ``admit.REPARTITION_PERIODS``): the admission that also moves slots between layers
-  every R decodes from the miss curves it observes (``--moe-cache-repartition R``, ``routing.repartition``);
-  not in the default set.
+  every R decodes from the miss curves it observes (``routing.repartition``), a simulator variant the engine
+  does not run (it sizes layers at load); not in the default set.
 
 Every policy also reports h_layer: the share of looked-up (layer, token) pairs whose k experts were all
 resident when the ubatch was looked up (the tokens that need no CPU or upload work in that layer).
