@@ -3,16 +3,15 @@ the engine sizes its layers once, at load (a profile's per-layer slots). Integer
 every tie broken by layer and slot, so that an engine can follow it slot for slot.
 
 Each looked-up layer keeps a shadow LRU stack of its experts (Mattson): a lookup of an expert at stack depth d
-(0 = the most recent) adds one to the layer's histogram at d, then the ubatch's experts go on top; a first use adds
-nothing (a cold miss at every size). With C slots an LRU would miss the lookups at depths C and deeper, so the
+(0 = the most recent) adds one to the layer's histogram at d, then the ubatch's experts go on top; a first use
+adds nothing (a cold miss at every size). With C slots an LRU would miss the lookups at depths C and deeper, so the
 histogram's tail sums are the layer's miss curve. Every R decodes the slots of the looked-up layers are split
 anew (``target``): each layer at least its floor (its experts per token, or fewer if it started with fewer)
 and at most n_expert - 1 (a layer held whole needs no lookup and would see no more curve); the rest goes
 greedily to the largest gain per slot on each curve's lower convex hull; slots no curve asks for stay where
 they were. The split is applied only if it predicts at least 1/``HYSTERESIS`` fewer misses than the current
 one. Every ``HALVE_ROUNDS`` rounds the histograms halve, so the curves follow a long conversation; halving every
-round instead (curves of a few hundred tokens) moves slots on noise and loses up to two thirds of the gain
-(docs/benchmarks.md).
+round instead (curves of a few hundred tokens) moves slots on noise (docs/benchmarks.md).
 
 A layer that shrinks keeps its most recently used experts (ties: the lower slot), packed into its first slots
 in their slot order; one that grows gets free slots at its end, which admission fills first."""
