@@ -14,6 +14,9 @@ experts of each ubatch of up to 32 tokens; layers held whole need no lookups and
   layer and decode (``--moe-cache-admit N``, llama_moe_cache::admit); not in the default set.
 - ``admit1-lrfu`` ... ``admit8-lrfu``: the same admission with victims by recency and frequency together
   (``admit.LRFU_HALF_LIFE``), a simulator variant the engine does not run; not in the default set.
+- ``admitN-repartR`` (R in ``admit.REPARTITION_PERIODS``): the admission that also moves slots between layers
+  every R decodes from the miss curves it observes (``routing.repartition``), a simulator variant the engine
+  does not run (it sizes layers at load); not in the default set.
 
 Every policy also reports h_layer: the share of looked-up (layer, token) pairs whose k experts were all
 resident when the ubatch was looked up (the tokens that need no CPU or upload work in that layer).
@@ -42,7 +45,7 @@ from typing import Callable, Sequence
 from ..ranking import CHUNK_TOKENS
 from ..routes import Routes
 from ..tracefiles import TraceRoutes
-from .admit import ADMIT_CHUNK_TOKENS, LRFU_HALF_LIFE, AdmitReplay, admit_replay
+from .admit import ADMIT_CHUNK_TOKENS, LRFU_HALF_LIFE, REPARTITION_PERIODS, AdmitReplay, admit_replay
 from .adaptive import HALF_LIFE_TOKENS, PRIOR_TOKENS, AdaptiveReplay, adaptive, adaptive_replay
 from .base import Meter, PolicyResult, Progress, Replay, _looked_up, drive, merge_results
 from .belady import belady_routes
@@ -59,6 +62,8 @@ REPLAYS: dict[str, tuple[ReplayFactory, int]] = {
     "adaptive": (adaptive_replay, CHUNK_TOKENS),
     **{f"admit{n}": (admit_replay(n), ADMIT_CHUNK_TOKENS) for n in (1, 2, 4, 8)},
     **{f"admit{n}-lrfu": (admit_replay(n, LRFU_HALF_LIFE), ADMIT_CHUNK_TOKENS) for n in (1, 2, 4, 8)},
+    **{f"admit{n}-repart{r}": (admit_replay(n, repartition=r), ADMIT_CHUNK_TOKENS)
+       for n in (1, 2, 4, 8) for r in REPARTITION_PERIODS},
 }
 POLICIES = ("lru", "static", "adaptive", "belady")  # the default set
 ALL_POLICIES = (*REPLAYS, "belady")

@@ -38,6 +38,8 @@ class PolicyResult:
     per_layer_cpu: dict[int, int] = field(default_factory=dict)  # (lru) il -> misses computed on the CPU
     n_split_lookups: int = 0  # (lru) (ubatch, layer) lookups that left some of their experts to the CPU
     n_large: int = 0        # (ubatch, layer) pairs of over 32 tokens: llama.cpp's path, not looked up
+    n_repartition: int = 0  # (admitN-repartR) rounds that moved slots between layers
+    n_moved: int = 0        # (admitN-repartR) slots those rounds moved
 
     @property
     def n_lookup(self) -> int:
@@ -70,7 +72,7 @@ def merge_results(results: Sequence[PolicyResult]) -> PolicyResult:
             per_layer_cpu[il] = per_layer_cpu.get(il, 0) + n
     sums = {name: sum(getattr(r, name) for r in results) for name in
             ("n_hit", "n_hit_profile", "n_miss", "n_token_layers", "n_token_layers_all", "n_cpu", "n_slots",
-             "n_resident", "n_swap", "n_fill", "n_split_lookups", "n_large")}
+             "n_resident", "n_swap", "n_fill", "n_split_lookups", "n_large", "n_repartition", "n_moved")}
     return PolicyResult(results[0].policy, per_layer=per_layer, per_layer_cpu=per_layer_cpu, **sums)
 
 
