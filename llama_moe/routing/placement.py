@@ -4,10 +4,11 @@ engine where the devices are at hand (``engine_devices``: the model loaded on th
 without them, from ``budget``'s mirror of the engine's rule for a tensor split (``mirrored_devices``)."""
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Sequence
 
-from ..errors import CacheBudgetError, ToolInputError
+from ..errors import CacheBudgetError, MoeCacheWarning, ToolInputError
 from ..experts import ExpertLayout
 from ..params import mib_to_bytes
 from .budget import MiB, cache_device_layers, engine_device_slots
@@ -53,9 +54,13 @@ def engine_devices(model_path: str, layout: ExpertLayout, cache_mib: float, hybr
     mp = ModelParams(cpu_moe=True, repack=False, rpc=tuple(rpc), tensor_split=tuple(tensor_split))
     cp = ContextParams(n_ctx=256, n_batch=32, n_ubatch=32, n_threads=1, moe_cache_mib=cache_mib,
                        moe_cache_hybrid=hybrid)
-    with Model(model_path, mp) as model, Context(model, cp) as ctx:
-        status = ctx.cache_status()
-        devices = ctx.cache_devices()
+    with warnings.catch_warnings():
+        # what the engine made of the size is read back below; a hybrid without a profile, said at every
+        # context, is no news here
+        warnings.simplefilter("ignore", MoeCacheWarning)
+        with Model(model_path, mp) as model, Context(model, cp) as ctx:
+            status = ctx.cache_status()
+            devices = ctx.cache_devices()
     if not devices:
         raise ToolInputError(f"the engine turned the cache off: {status.text}")
     placed = sorted(il for d in devices for il in d.layers)
