@@ -317,7 +317,7 @@ def test_plan_per_device_refuses_what_it_cannot_plan(lib, tiny_model_path, trace
     with pytest.raises(SystemExit):  # argparse's own refusal
         main(["plan", model, "--cache-mib", "1", "--tensor-split", "1,x"])
     assert "a comma-separated list of numbers" in capsys.readouterr().err
-    assert "cannot hold one expert in each of device 0's 4 layers" in _fails(capsys, "plan", model, "--cache-mib", "0.5",
+    assert "cannot hold one expert in each of device 0's 4 layers" in _fails(capsys, "plan", model, "--cache-mib", "0.1",
                                                                              "--tensor-split", "1,1")
     assert "does not apply a profile's per-layer counts across devices" in _fails(
         capsys, "plan", model, "--cache-mib", "1", "--tensor-split", "1,1", "--per-layer", "--trace", str(traces["train"]))
