@@ -334,3 +334,54 @@ def test_plan_reads_each_devices_layers_and_slots_from_the_engine(rpc_pair, tiny
         looked = sum(by_layer[il]["misses_per_token"] / (1 - by_layer[il]["hit_rate"]) for il in d["layers"])
         assert d["pooled_hit_rate"] == pytest.approx(1 - misses / looked)
     assert engine["devices"][0]["slots"] < engine["devices"][1]["slots"]  # four layers share one budget, two the other
+
+
+def test_llama_server_reports_each_device_in_metrics_and_audit(rpc_pair, tiny_model_path, tmp_path) -> None:
+    """llama-server with its layers split across the two servers (-ts 1,1): /metrics has each device's layers,
+    slots, bytes and counters beside the unchanged totals, which they add up to; the audit log's load and exit
+    records list the devices and each layer's; the placement is the planner's for the same split."""
+    import requests
+
+    from llama_moe.formats.audit import ExitRecord, LoadRecord, read_audit
+    from llama_moe.routing.placement import mirrored_devices
+    from llama_moe.server import process as server_process
+    from llama_moe.server.audit import check_audit
+    from llama_moe.server.metrics import fetch_metrics_text, parse_moe_cache
+    from support.llama_server import find_server_binary
+
+    layout = expert_layout(tiny_model_path)
+    audit = tmp_path / "audit.jsonl"
+    args = ["-m", str(tiny_model_path), "--rpc", ",".join(s.endpoint for s in rpc_pair), "-ts", "1,1", "-ngl", "99",
+            "--cpu-moe", "--no-repack", "--moe-cache-mib", "1", "-c", "512", "-t", "2", "-np", "1", "--metrics",
+            "--moe-cache-audit", str(audit)]
+    with server_process.start_server(find_server_binary(), args, tmp_path / "server.log") as server:
+        r = requests.post(f"{server.url}/completion", json={"prompt": LONG_PROMPT, "n_predict": 16}, timeout=120)
+        assert r.status_code == 200 and r.json()["tokens_predicted"] == 16
+        text = fetch_metrics_text(server.url)
+        m = parse_moe_cache(text)
+    assert m is not None and len(m.devices) == 2, text[-3000:]
+    planned = mirrored_devices(layout, (1.0, 1.0), 1.0, False)
+    assert [(d.layers, d.n_slots) for d in m.devices] == [(d.layers, d.slots) for d in planned]
+    assert {d.description for d in m.devices} == {s.endpoint for s in rpc_pair}
+    assert all(re.fullmatch(r"RPC\d+", d.name) for d in m.devices)
+    # the totals, unchanged, are the devices' sums; each device's counters its layers'
+    assert m.n_slots == sum(d.n_slots_total for d in m.devices)
+    assert m.n_bytes_cache == sum(d.n_bytes for d in m.devices)
+    assert (m.n_hit, m.n_miss, m.n_cpu) == tuple(sum(getattr(d, f) for d in m.devices) for f in ("n_hit", "n_miss", "n_cpu"))
+    for d in m.devices:
+        assert d.n_slots_total == d.n_slots * len(d.layers)
+        assert (d.n_hit, d.n_miss) == (sum(m.layers[il][0] for il in d.layers), sum(m.layers[il][2] for il in d.layers))
+        assert d.n_hit > 0 and d.n_miss > 0
+        for il in d.layers:
+            assert f'llamacpp:moe_cache_layer_device{{layer="{il}",device="{d.name}"}} 1' in text
+    # the audit log: the devices at load, their counters at exit, each layer's device
+    result = check_audit(audit)
+    assert not result.issues, result.issues  # no error, and no field the reference does not list
+    records = read_audit(audit).records
+    load = next(r for r in records if isinstance(r, LoadRecord))
+    exit_ = next(r for r in records if isinstance(r, ExitRecord))
+    assert [(d.name, d.layers, d.slots, d.bytes) for d in load.cache_devices] == \
+        [(d.name, d.layers, d.n_slots, d.n_bytes) for d in m.devices]
+    assert {l.il: l.device for l in load.layers} == {il: d.name for d in m.devices for il in d.layers}
+    for d, dm in zip(exit_.cache_devices, m.devices):
+        assert (d.hits, d.misses) >= (dm.n_hit, dm.n_miss) and d.hits == sum(l.hits for l in exit_.layers if l.device == d.name)
