@@ -62,6 +62,24 @@ def check_flags(obj: Any, names: tuple[str, ...], none_ok: tuple[str, ...] = ())
             raise ParameterError(f"{name} must be {allowed}, got {value!r}")
 
 
+LLAMA_MAX_DEVICES = 16  # llama_max_devices(): the length of llama_model_params.tensor_split
+
+
+def check_tensor_split(shares: Any) -> tuple[float, ...]:
+    """``tensor_split`` as llama.cpp takes it: up to 16 finite shares >= 0, not all zero (an empty tuple is the
+    default split); ParameterError otherwise."""
+    if isinstance(shares, (str, bytes)) or not isinstance(shares, (tuple, list)):
+        raise ParameterError(f"tensor_split must be a tuple of numbers (each device's share of the layers), got {shares!r}")
+    if len(shares) > LLAMA_MAX_DEVICES:
+        raise ParameterError(f"tensor_split: llama.cpp takes at most {LLAMA_MAX_DEVICES} devices' shares, got {len(shares)}")
+    for x in shares:
+        if isinstance(x, bool) or not isinstance(x, numbers.Real) or not math.isfinite(x) or x < 0:
+            raise ParameterError(f"tensor_split: each share must be a finite number >= 0, got {x!r}")
+    if shares and not any(shares):
+        raise ParameterError("tensor_split: every share is 0 (leave it empty for llama.cpp's split by free memory)")
+    return tuple(float(x) for x in shares)
+
+
 def default_threads() -> int:
     """Physical-ish cores: llama.cpp decodes fastest with one thread per core, not per hyperthread."""
     n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
@@ -89,6 +107,9 @@ class ModelParams:
     # ggml rpc-servers ("host:port") whose devices take layers, first, as llama.cpp's --rpc puts them; the
     # machine's own GPUs follow (llama_moe.rpc)
     rpc: tuple[str, ...] = ()
+    # llama.cpp's --tensor-split: each device's share of the layers, in the order of the model's devices (the
+    # rpc servers' first); () splits them by the devices' free memory, as llama.cpp does
+    tensor_split: tuple[float, ...] = ()
 
     def validate(self) -> None:
         """Raises ParameterError naming the field for any value llama.cpp's struct cannot take or would misread."""
@@ -112,6 +133,7 @@ class ModelParams:
         endpoints = [parse_endpoint(e) for e in self.rpc]
         if len(set(endpoints)) != len(endpoints):
             raise ParameterError(f"rpc names a server twice: {list(self.rpc)!r}")
+        check_tensor_split(self.tensor_split)
         if self.cpu_moe and self.n_cpu_moe:
             raise ParameterError("cpu_moe already keeps every layer's experts in RAM; n_cpu_moe would contradict it")
 
@@ -159,6 +181,17 @@ class ModelParams:
             arr = ffi.new("ggml_backend_dev_t[]", devs + [ffi.NULL])
             keep.append(arr)
             p.devices = arr
+        if self.tensor_split:
+            n_dev = len(devs) if self.rpc else sum(
+                int(lib.ggml_backend_dev_type(lib.ggml_backend_dev_get(i))) in (lib.GGML_BACKEND_DEVICE_TYPE_GPU, lib.GGML_BACKEND_DEVICE_TYPE_IGPU)
+                for i in range(lib.ggml_backend_dev_count()))
+            if len(self.tensor_split) > n_dev:
+                raise ParameterError(f"tensor_split gives {len(self.tensor_split)} shares, but the model has {n_dev} device(s) "
+                                     f"to split its layers across: llama.cpp would ignore the rest")
+            # llama.cpp reads one share per device of the model's, from an array of llama_max_devices()
+            shares = ffi.new("float[]", [float(x) for x in self.tensor_split] + [0.0] * (LLAMA_MAX_DEVICES - len(self.tensor_split)))
+            keep.append(shares)
+            p.tensor_split = shares
         return p, keep
 
 

@@ -1,13 +1,19 @@
 """``python -m llama_moe plan MODEL (--vram-gib G | --cache-mib N) [--trace T.bin ...]``: the slots the engine
 will give each layer for a budget, the profile to fill them from (--out), and the hit rate to expect,
-held out by k-fold over the traces (one trace left out at a time, with two or more)."""
+held out by k-fold over the traces (one trace left out at a time, with two or more).
+
+With the layers split across devices (--tensor-split, --rpc), --cache-mib is per device: each device's layers
+get its slots, and the plan says per device its layers, slots, bytes and held-out hit rate."""
 from __future__ import annotations
 
 import argparse
 import sys
+from typing import Sequence
 
-from ..errors import ToolInputError
+from ..errors import ParameterError, RpcServerError, ToolInputError
 from ..formats.profile import write_profile
+from ..params import check_tensor_split
+from ..routing.placement import DeviceSplit, describe_budget, engine_devices, mirrored_devices
 from ..routing.planning import Plan, plan_cache, vram_budget
 from .common import add_output_options, emit, kfold_arg, model_layout, progress, rate, read_traces
 
@@ -26,6 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--trace", nargs="+", default=[], metavar="T.bin",
                    help="routing traces (python -m llama_moe trace) to rank the profile and score the plan")
     p.add_argument("--out", metavar="P.strp", help="write the profile (needs --trace)")
+    add_split_options(p)
     add_output_options(p)
     p.set_defaults(func=run)
 
@@ -45,12 +52,54 @@ def add_plan_options(p: argparse.ArgumentParser) -> None:
                    help="with --per-layer: each layer's least slots (default: k in upload mode, 1 with --hybrid)")
 
 
-def plan_with_progress(args: argparse.Namespace, layout, mib: float, routes, budget: str):
+def add_split_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("layers split across devices (--cache-mib is then per device)")
+    g.add_argument("--tensor-split", metavar="A,B,...", type=shares_arg, default=(),
+                   help="each device's share of the layers, as llama.cpp's -ts and ModelParams.tensor_split; alone, the "
+                   "engine's placement is worked out here (every layer offloaded; each device's free memory, which can "
+                   "only lower its slots, is not known)")
+    g.add_argument("--rpc", metavar="HOST:PORT,...", type=lambda t: tuple(x for x in t.split(",") if x), default=(),
+                   help="rpc-servers whose devices take the layers (llama.cpp's --rpc, ModelParams.rpc): the model is "
+                   "loaded there, its experts in RAM, and each device's layers and slots are read from the engine")
+    g.add_argument("--engine", action="store_true",
+                   help="read the placement from the engine on this machine's own devices (and --rpc's), the model "
+                   "loaded with its experts in RAM, instead of working it out")
+
+
+def shares_arg(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a comma-separated list of numbers, got {text!r}") from None
+
+
+def split_devices(args: argparse.Namespace, layout, mib: float) -> list[DeviceSplit]:
+    """The devices of a split (none without --tensor-split / --rpc / --engine): read from the engine, or mirrored."""
+    if not (args.tensor_split or args.rpc or args.engine):
+        return []
+    if args.vram_gib is not None:
+        raise ToolInputError("--vram-gib sizes a cache on one GPU: with the layers split across devices give "
+                             "--cache-mib, the size on each device")
+    if args.tensor_split:
+        try:
+            check_tensor_split(args.tensor_split)
+        except ParameterError as exc:
+            raise ToolInputError(f"--tensor-split: {exc}") from None
+    if args.rpc or args.engine:
+        try:
+            return engine_devices(args.model, layout, mib, args.hybrid, args.rpc, args.tensor_split)
+        except (ParameterError, RpcServerError) as exc:
+            raise ToolInputError(str(exc)) from None
+    return mirrored_devices(layout, args.tensor_split, mib, args.hybrid)
+
+
+def plan_with_progress(args: argparse.Namespace, layout, mib: float, routes, budget: str,
+                       devices: Sequence[DeviceSplit] = ()):
     """plan_cache with the k-fold replays on a progress line (shared by plan and profile)."""
     bar = progress(args, "% of the k-fold replays", percent=True)
     try:
         return plan_cache(args.model, layout, mib, args.hybrid, routes, args.kfold, args.whole_layers, budget, bar,
-                          args.per_layer, args.min_slots)
+                          args.per_layer, args.min_slots, devices)
     finally:
         bar.close()
 
@@ -84,8 +133,11 @@ def run(args: argparse.Namespace) -> int:
         mib, budget = args.cache_mib, ""
     else:
         mib, budget = vram_budget(args.model, layout, args.vram_gib, args.reserve_gib)
+    devices = split_devices(args, layout, mib)
+    if devices:
+        budget = describe_budget(mib, devices)
     routes = read_traces(args, args.trace, layout) if args.trace else None
-    plan, profile = plan_with_progress(args, layout, mib, routes, budget)
+    plan, profile = plan_with_progress(args, layout, mib, routes, budget, devices)
     if args.out and profile is not None:
         write_profile(args.out, profile)
     emit(args, plan, lambda p: format_plan(p, args.out))
@@ -100,20 +152,50 @@ def warn_json(args: argparse.Namespace, plan: Plan) -> None:
             print(f"warning: {w}", file=sys.stderr)
 
 
+def format_devices(p: Plan) -> list[str]:
+    if not p.devices:
+        return []
+    out = ["", f"device       layers  slots/layer  MiB (engine)  hit rate (held out)            misses/token"]
+    for d in p.devices:
+        rate_text = "n/a" if d.hit_rate is None else f"{d.hit_rate.mean:.4f} [{d.hit_rate.low:.4f}, {d.hit_rate.high:.4f}]"
+        if d.hit_rate is None and d.pooled_hit_rate is not None:
+            rate_text = f"{d.pooled_hit_rate:.4f} (pooled)"
+        miss = "-" if d.misses_per_token is None else f"{d.misses_per_token:.3f}"
+        out.append(f"{d.name:12s} {runs(d.layers):>6s}  {d.slots:11d}  {d.buffer_bytes / 2**20:12.2f}  {rate_text:29s}  {miss:>12s}"
+                   + (f"  ({d.description})" if d.description else ""))
+    return out
+
+
+def runs(layers: Sequence[int]) -> str:
+    """0-2,5: runs of consecutive layers, as the engine's log lines write them."""
+    out, i = [], 0
+    while i < len(layers):
+        j = i
+        while j + 1 < len(layers) and layers[j + 1] == layers[j] + 1:
+            j += 1
+        out.append(f"{layers[i]}-{layers[j]}" if j > i else f"{layers[i]}")
+        i = j + 1
+    return ",".join(out)
+
+
 def format_plan(p: Plan, profile_path: str | None) -> str:
     mode = "hybrid" if p.hybrid else "upload"
     lines = [
         f"model      {p.model}: {p.n_layers} MoE layers x {p.n_expert} experts, {p.n_expert_used} per token; "
         f"one slot in every layer is {p.slot_row_bytes / 2**20:.3f} MiB",
-        f"budget     {p.budget + ' -> ' if p.budget else ''}--moe-cache-mib {p.cache_mib:g} ({mode} mode)",
-        f"slots      {p.slots} per layer, {p.slots * p.n_layers} in all ("
-        f"{'equal slots; the profile carries the per-layer split below' if p.per_layer else 'the engine gives every cached layer the same'}); "
+        (f"budget     {p.budget} ({mode} mode)" if p.devices else
+         f"budget     {p.budget + ' -> ' if p.budget else ''}--moe-cache-mib {p.cache_mib:g} ({mode} mode)"),
+        (f"slots      {'-'.join(sorted({str(d.slots) for d in p.devices}, key=int))} per layer by device (below), "
+         f"{sum(l.slots for l in p.layers)} in all (each device gives its layers the same); " if p.devices else
+         f"slots      {p.slots} per layer, {p.slots * p.n_layers} in all ("
+         f"{'equal slots; the profile carries the per-layer split below' if p.per_layer else 'the engine gives every cached layer the same'}); ")
+        +
         f"{p.n_whole} layers held whole; the engine allocates {p.buffer_bytes / 2**20:.2f} MiB",
     ]
     if p.profile_pairs is not None:
         where = f"{profile_path}: " if profile_path else "(not written: --out P.strp) "
         lines.append(f"profile    {where}{p.profile_pairs} pairs, hottest first; the engine fills {p.n_prefilled} "
-                     f"of the {p.slots * (p.n_layers - p.n_whole)} slots it looks up from it at load")
+                     f"of the {sum(l.slots for l in p.layers if not l.whole)} slots it looks up from it at load")
     if p.trace_tokens and p.hit_rate is not None and p.h_layer is not None:
         lines += [
             f"held out   hit rate {p.hit_rate.mean:.4f} [{p.hit_rate.low:.4f}, {p.hit_rate.high:.4f}], "
@@ -128,6 +210,7 @@ def format_plan(p: Plan, profile_path: str | None) -> str:
     else:
         lines.append("held out   no traces: give --trace T.bin to rank a profile and estimate the hit rate")
     lines += [f"warning    {w}" for w in p.warnings]
+    lines += format_devices(p)
     splitting = any(l.cpu_per_token for l in p.layers)  # upload mode's split: misses computed on the CPU
     lines += ["", "layer  slots  hit rate (held out)  misses/token" + ("  of them on the CPU" if splitting else "")]
     for l in p.layers:

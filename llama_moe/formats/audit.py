@@ -130,6 +130,22 @@ class LayerSnapshot:
     misses: int
     resident: tuple[int, ...]
     refused: int = 0
+    device: str | None = None  # the device that holds its slots (None in a log of a build before devices)
+
+
+@dataclass(frozen=True)
+class CacheDevice:
+    """A device that holds slots (``cache_devices``): the layers whose slots it holds, its slots per layer and
+    in all, its memory for the cache, and its layers' counters when the record was written."""
+    name: str
+    description: str
+    layers: tuple[int, ...]
+    slots: int
+    slots_total: int
+    bytes: int
+    hits: int
+    misses: int
+    cpu: int
 
 
 @dataclass(frozen=True)
@@ -161,6 +177,7 @@ class LoadRecord(AuditRecord):
     devices: tuple[DeviceInfo, ...]
     profile: ProfileInfo | None
     layers: tuple[LayerSnapshot, ...]
+    cache_devices: tuple[CacheDevice, ...] = ()  # empty in a log of a build before devices
 
 
 @dataclass(frozen=True)
@@ -184,6 +201,7 @@ class RequestRecord(AuditRecord):
 class ExitRecord(AuditRecord):
     layers: tuple[LayerSnapshot, ...]
     perf: PerfInfo
+    cache_devices: tuple[CacheDevice, ...] = ()
 
 
 # ----------------------------------------------------------------------------------------------- validation
@@ -283,8 +301,35 @@ def _layers(f: _Fields, name: str) -> tuple[LayerSnapshot, ...]:
         if not all(isinstance(e, int) and not isinstance(e, bool) and e >= 0 for e in resident):
             f.problems.append((where + ".resident", "expected a list of expert ids (integers >= 0)"))
             resident = []
+        device = None
+        if "device" in item:
+            ok, device = lf._get("device")
+            if device is not None and not isinstance(device, str):
+                lf._bad("device", "a string or null", device)
+                device = None
         lf.done()
-        out.append(LayerSnapshot(il, slots, hits, prof, miss, tuple(resident), refused))
+        out.append(LayerSnapshot(il, slots, hits, prof, miss, tuple(resident), refused, device))
+    return tuple(out)
+
+
+def _cache_devices(f: _Fields) -> tuple[CacheDevice, ...]:
+    """``cache_devices``, where the record has it (a build before devices wrote none)."""
+    if "cache_devices" not in f.obj:
+        return ()
+    out = []
+    for i, item in enumerate(f.list_("cache_devices")):
+        where = f"{f.prefix}cache_devices[{i}]"
+        if not isinstance(item, dict):
+            f.problems.append((where, f"expected an object, got {_describe(item)}"))
+            continue
+        df = _Fields(item, where + ".", f.problems, f.extra)
+        layers = df.list_("layers")
+        if not all(isinstance(e, int) and not isinstance(e, bool) and e >= 0 for e in layers):
+            f.problems.append((where + ".layers", "expected a list of layer numbers (integers >= 0)"))
+            layers = []
+        out.append(CacheDevice(df.str("name"), df.str("description"), tuple(layers), df.int("slots"),
+                               df.int("slots_total"), df.int("bytes"), df.int("hits"), df.int("misses"), df.int("cpu")))
+        df.done()
     return tuple(out)
 
 
@@ -331,7 +376,7 @@ def _load(f: _Fields, base: dict) -> LoadRecord:
                                   refused=pf.str("refused") if "refused" in pf.obj else None)
         pf.done()
     return LoadRecord(**base, model=model, params=params, cache=cache, load_ms=f.num("load_ms"),
-                      devices=tuple(devices), profile=profile, layers=_layers(f, "layers"))
+                      devices=tuple(devices), profile=profile, layers=_layers(f, "layers"), cache_devices=_cache_devices(f))
 
 
 def _request(f: _Fields, base: dict) -> RequestRecord:
@@ -350,7 +395,7 @@ def _exit(f: _Fields, base: dict) -> ExitRecord:
         perf = PerfInfo(p.int("n_prompt"), p.int("n_gen"), p.num("t_prompt_ms"), p.num("t_gen_ms"),
                         p.num("prompt_tps"), p.num("gen_tps"))
         p.done()
-    return ExitRecord(**base, layers=layers, perf=perf)
+    return ExitRecord(**base, layers=layers, perf=perf, cache_devices=_cache_devices(f))
 
 
 def _parse(obj: Any, line: int, extra: list[str]) -> AuditRecord:

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import math
 import os
+from typing import Sequence
+
+import numpy as np
 
 from ..errors import CacheBudgetError
 from ..experts import ExpertLayout
@@ -112,6 +115,46 @@ def mib_for_slots(layout: ExpertLayout, slots: int, hybrid: bool) -> float:
     return math.ceil(cache_bytes_for_slots(layout, slots, hybrid) / MiB * 100) / 100
 
 
+def layer_devices(n_layer: int, tensor_split: Sequence[float]) -> list[int]:
+    """Layer -> index of the device llama.cpp computes it on, for every layer offloaded (-ngl all, as with
+    --cpu-moe) and the layers split by ``tensor_split`` (-ts: each device's share, in the model's device order):
+    llama_model::load_tensors' rule in its own float32 arithmetic. The split points are the running sums of the
+    shares over their total; the n_layer repeating layers and the output layer are n_layer + 1 places, and
+    place il goes to the first device whose split point exceeds il / (n_layer + 1)."""
+    shares = [float(x) for x in tensor_split]
+    if not shares or not any(shares) or any(not math.isfinite(x) or x < 0 for x in shares):
+        raise CacheBudgetError(f"a tensor split is one share >= 0 per device, not all zero, got {list(tensor_split)!r}")
+    sums = np.cumsum(np.asarray(shares, dtype=np.float32), dtype=np.float32)
+    points = (sums / sums[-1]).astype(np.float32)
+    places = np.float32(n_layer + 1)
+    return [int(np.searchsorted(points, np.float32(il) / places, side="right")) for il in range(n_layer)]
+
+
+def cache_device_layers(layout: ExpertLayout, tensor_split: Sequence[float]) -> list[tuple[int, tuple[int, ...]]]:
+    """The MoE cache's devices for a split: (device index, its MoE layers), in the order their first layer
+    comes, as llama_moe_cache_devices_assign groups them (each layer's slots on the device that computes it)."""
+    where = layer_devices(layout.n_layer, tensor_split)
+    groups: dict[int, list[int]] = {}
+    for l in layout.layers:
+        groups.setdefault(where[l.il], []).append(l.il)
+    return [(dev, tuple(ils)) for dev, ils in groups.items()]
+
+
+def engine_device_slots(layout: ExpertLayout, layers: Sequence[int], cache_bytes: int, hybrid: bool) -> int:
+    """Slots per layer the engine gives a device holding ``layers`` when the layers are split across devices
+    (llama_moe_cache_devices_plan): ``cache_bytes`` is that device's budget, less its layers' maps (and the
+    hybrid's null slots), over the bytes of one slot in each of its layers, at most the most experts of its
+    layers. 0: the device cannot hold one slot per layer (the engine leaves its layers on llama.cpp's path).
+    Before the device's free memory, which can only lower it."""
+    mine = [l for l in layout.layers if l.il in set(layers)]
+    if not mine:
+        raise CacheBudgetError(f"no MoE layer among {list(layers)!r}")
+    row = sum(l.bytes_per_expert + (l.bias_bytes_per_expert if hybrid else 0) for l in mine)
+    fixed = sum(_map_bytes(l.n_expert) for l in mine) + (row if hybrid else 0)
+    slots = max(cache_bytes - fixed, 0) // row
+    return int(min(slots, max(l.n_expert for l in mine))) if slots >= 1 else 0
+
+
 def non_expert_bytes(model_path: str | os.PathLike[str], layout: ExpertLayout) -> int:
     """Bytes of the model's tensors other than the experts: what -ngl 999 --cpu-moe puts on the GPU."""
     from ..gguf.reader import read_gguf
@@ -133,6 +176,6 @@ def cache_mib_for_vram(model_path: str | os.PathLike[str], layout: ExpertLayout,
 
 
 __all__ = [
-    "GiB", "MAX_UBATCH", "MiB", "cache_bytes_for_slots", "cache_mib_for_vram", "engine_buffer_bytes", "engine_slots",
+    "GiB", "MAX_UBATCH", "MiB", "cache_bytes_for_slots", "cache_device_layers", "engine_device_slots", "layer_devices", "cache_mib_for_vram", "engine_buffer_bytes", "engine_slots",
     "mib_for_slots", "mib_to_bytes", "non_expert_bytes", "slot_row_bytes", "slots_beside_whole",
 ]

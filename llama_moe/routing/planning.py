@@ -14,6 +14,7 @@ from .budget import (MAX_UBATCH, MiB, cache_mib_for_vram, engine_buffer_bytes, e
                      non_expert_bytes, slot_row_bytes, slots_beside_whole)
 from ..errors import CacheBudgetError, ToolInputError
 from .heldout import Estimate, FoldCounts, Folds, KFoldResult, choose_folds, fold_counts, kfold_result, t_interval
+from .placement import DeviceSplit
 from .misscurves import lru_miss_curves, split_slots, static_curves
 from .policies import Job, Meter, PolicyResult, replay_jobs
 from .ranking import prefill_resident
@@ -70,6 +71,22 @@ class PerLayerSlots:
 
 
 @dataclass(frozen=True)
+class DevicePlan:
+    """One device of a cache whose layers are split across devices: its layers, the slots in each, the memory
+    the engine allocates on it, and its layers' figures held out, pooled over them (the CPU's share of the
+    misses included, as the engine's per-device counters count them)."""
+    name: str
+    description: str
+    layers: tuple[int, ...]
+    slots: int                      # per layer (a layer with fewer experts is held whole)
+    buffer_bytes: int               # the engine's buffer on it: its layers' slots, null slots and maps
+    hit_rate: Estimate | None       # held out, per fold: hits / (hits + misses) of its layers
+    pooled_hit_rate: float | None   # the folds pooled
+    misses_per_token: float | None  # held out, its layers together
+    cpu_per_token: float | None     # (upload mode) of them, computed on the CPU by the split
+
+
+@dataclass(frozen=True)
 class Plan:
     model: str
     hybrid: bool
@@ -95,6 +112,7 @@ class Plan:
     warnings: tuple[str, ...] = ()  # what the budget cannot do (upload mode: ubatches it splits with the CPU)
     held_out: str = ""              # how the estimates were held out: "leave one of 4 traces out", ...
     per_layer: PerLayerSlots | None = None  # --per-layer: slots per layer from miss curves
+    devices: tuple[DevicePlan, ...] = ()    # layers split across devices: one entry per device, cache_mib each
 
 
 def split_warnings(layout: ExpertLayout, slots: dict[int, int], hybrid: bool,
@@ -187,17 +205,27 @@ def plan_cache(model: str, layout: ExpertLayout, cache_mib: float, hybrid: bool,
                routes: Routes | TraceRoutes | None = None, folds: int | str | Folds | None = None,
                whole_layers: int = 0, budget: str = "",
                progress: Callable[[int, int], None] | None = None, per_layer: bool = False,
-               min_slots: int | None = None) -> tuple[Plan, Profile | None]:
+               min_slots: int | None = None, devices: Sequence[DeviceSplit] = ()) -> tuple[Plan, Profile | None]:
     """The plan for a cache of ``cache_mib`` and, with routing, its profile (every selected pair, hottest
     first) scored by k-fold: ``folds`` as ``heldout.choose_folds`` takes them (by default one per trace with
     two or more trace files, else 10 contiguous blocks). ``whole_layers``: report the N layers that gain most
     from being held whole. ``per_layer``: split the same bytes across the layers by their miss curves
     (``per_layer_slots``; each fold held out with a split made on the other folds), each layer at least
     ``min_slots``.
+    ``devices``: the layers split across devices (``placement``), ``cache_mib`` on each: each device's layers get
+    its slots, and the plan reports every device's layers, slots, bytes and held-out hit rate.
     Streamed trace files are read once to count the folds (the profile is their sum), once to replay every
     fold and the in-sample figure, and once more for the whole-layers alternative."""
-    slots = engine_slots(layout, mib_to_bytes(cache_mib), hybrid)
-    n_per_layer = next(iter(slots.values()))
+    if devices:
+        slots = device_slots(layout, devices)
+        if per_layer:
+            raise ToolInputError("--per-layer: the engine gives the layers of each device equal slots from that device's "
+                                 "budget and does not apply a profile's per-layer counts across devices")
+        if whole_layers:
+            raise ToolInputError("--whole-layers reports a budget on one device; the layers here are split across devices")
+    else:
+        slots = engine_slots(layout, mib_to_bytes(cache_mib), hybrid)
+    n_per_layer = min(slots.values())
     n_expert = layout.n_expert
     policy = "static" if hybrid else "lru"
     whole = {il for il, n in slots.items() if n >= n_expert}
@@ -209,7 +237,9 @@ def plan_cache(model: str, layout: ExpertLayout, cache_mib: float, hybrid: bool,
         if per_layer:
             raise ToolInputError("--per-layer needs routing (--trace T.bin) for the layers' miss curves")
         layers = tuple(LayerPlan(il, n, il in whole, None, None) for il, n in slots.items())
-        return Plan(*head, 0, 0, None, None, None, None, None, layers, None, split_warnings(layout, slots, hybrid)), None
+        warnings = split_warnings(layout, slots, hybrid) if not devices else device_warnings(layout, devices, slots, hybrid)
+        return Plan(*head, 0, 0, None, None, None, None, None, layers, None, warnings,
+                    devices=_device_plans(layout, devices, slots, hybrid, None, 0)), None
 
     n = routes.n_tokens
     scheme = choose_folds(routes, folds)
@@ -233,7 +263,7 @@ def plan_cache(model: str, layout: ExpertLayout, cache_mib: float, hybrid: bool,
                              pooled.per_layer.get(il, (0, 0))[1] / test_tokens,
                              pooled.per_layer_cpu.get(il, 0) / test_tokens)
                    for il, n_slots in slots.items())
-    warnings = split_warnings(layout, slots, hybrid, pooled, test_tokens)
+    warnings = split_warnings(layout, slots, hybrid, pooled, test_tokens) if not devices else device_warnings(layout, devices, slots, hybrid)
 
     def replay(slot_map: dict[int, int]) -> KFoldResult:
         return kfold_result(replay_jobs(routes, fold_jobs(slot_map), n_expert, meter.part(w_replay)))
@@ -253,8 +283,61 @@ def plan_cache(model: str, layout: ExpertLayout, cache_mib: float, hybrid: bool,
     if split is not None:
         profile = with_layer_slots(profile, split.slots)
     plan = Plan(*head, n, scheme.k, len(profile.ranked), prefilled, scored.hit_rate, scored.h_layer,
-                in_sample.hit_rate, layers, report, warnings, scheme.describe(), split)
+                in_sample.hit_rate, layers, report, warnings, scheme.describe(), split,
+                _device_plans(layout, devices, slots, hybrid, scored, test_tokens))
     return plan, profile
+
+
+def _on(layout: ExpertLayout, layers: Sequence[int]) -> ExpertLayout:
+    """The layout of ``layers`` alone: what one device of a split budgets for."""
+    return ExpertLayout(layout.n_layer, layout.n_expert, layout.n_expert_used,
+                        tuple(l for l in layout.layers if l.il in set(layers)))
+
+
+def device_warnings(layout: ExpertLayout, devices: Sequence[DeviceSplit], slots: dict[int, int],
+                    hybrid: bool) -> tuple[str, ...]:
+    """``split_warnings`` for each device, its sizes per device (its own layers' bytes), named."""
+    return tuple(f"{d.name}: {w}" for d in devices for w in split_warnings(_on(layout, d.layers), slots, hybrid))
+
+
+def device_slots(layout: ExpertLayout, devices: Sequence[DeviceSplit]) -> dict[int, int]:
+    """Layer -> slots from the devices' slots per layer (each capped at the layer's experts), in model order;
+    ToolInputError unless every MoE layer is on exactly one device."""
+    where: dict[int, DeviceSplit] = {}
+    for d in devices:
+        for il in d.layers:
+            if il in where:
+                raise ToolInputError(f"layer {il} is on both {where[il].name} and {d.name}")
+            where[il] = d
+    missing = [l.il for l in layout.layers if l.il not in where]
+    if missing or len(where) != len(layout.layers):
+        raise ToolInputError(f"the devices' layers {sorted(where)} are not the model's MoE layers "
+                             f"{[l.il for l in layout.layers]}")
+    return {l.il: min(where[l.il].slots, l.n_expert) for l in layout.layers}
+
+
+def _device_plans(layout: ExpertLayout, devices: Sequence[DeviceSplit], slots: dict[int, int], hybrid: bool,
+                  scored: KFoldResult | None, test_tokens: int) -> tuple[DevicePlan, ...]:
+    """Each device's part of the plan: its layers' slots and buffer, and their held-out counts summed (per fold
+    for the estimate, pooled for the rest)."""
+    out = []
+    for d in devices:
+        mine = _on(layout, d.layers)
+        nbytes = d.n_bytes if d.n_bytes is not None else engine_buffer_bytes(mine, slots, hybrid)
+        rate = pooled_rate = misses = cpu = None
+        if scored is not None and scored.pooled is not None and test_tokens:
+            def counts(r: PolicyResult) -> tuple[int, int]:
+                return (sum(r.per_layer.get(il, (0, 0))[0] for il in d.layers),
+                        sum(r.per_layer.get(il, (0, 0))[1] for il in d.layers))
+            per_fold = [counts(r) for i, r in enumerate(scored.folds) if i not in scored.too_short]
+            rates = [h / (h + m) for h, m in per_fold if h + m]
+            rate = t_interval(rates) if len(rates) >= 2 else None
+            h, m = counts(scored.pooled)
+            pooled_rate = h / (h + m) if h + m else None
+            misses = m / test_tokens
+            cpu = sum(scored.pooled.per_layer_cpu.get(il, 0) for il in d.layers) / test_tokens
+        out.append(DevicePlan(d.name, d.description, tuple(d.layers), d.slots, nbytes, rate, pooled_rate, misses, cpu))
+    return tuple(out)
 
 
 def with_layer_slots(profile: Profile, slots: dict[int, int]) -> Profile:

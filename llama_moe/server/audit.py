@@ -71,6 +71,22 @@ def _check_layers(r: LoadRecord | ExitRecord, issues: list[Issue]) -> None:
         if r.layers and per_layer != total:
             issues.append(Issue(r.line, "error", f"field 'layers': the layers' {name} add up to {per_layer}, "
                                                  f"but field '{name}' is {total}"))
+    by_il = {l.il: l for l in r.layers}
+    for d in r.cache_devices:
+        mine = [by_il[il] for il in d.layers if il in by_il]
+        if len(mine) != len(d.layers) or any(l.device not in (None, d.name) for l in mine):
+            issues.append(Issue(r.line, "error", f"field 'cache_devices': {d.name}'s layers {list(d.layers)} are not the "
+                                                 f"layers that name it"))
+        for name in ("hits", "misses"):
+            if mine and sum(getattr(l, name) for l in mine) != getattr(d, name):
+                issues.append(Issue(r.line, "error", f"field 'cache_devices': {d.name}'s layers' {name} add up to "
+                                                     f"{sum(getattr(l, name) for l in mine)}, but its {name} is {getattr(d, name)}"))
+        if d.slots_total != sum(l.slots for l in mine):
+            issues.append(Issue(r.line, "error", f"field 'cache_devices': {d.name} has {d.slots_total} slots, its layers "
+                                                 f"{sum(l.slots for l in mine)}"))
+    if r.cache_devices and sum(d.bytes for d in r.cache_devices) != getattr(getattr(r, "cache", None), "bytes",
+                                                                            sum(d.bytes for d in r.cache_devices)):
+        issues.append(Issue(r.line, "error", "field 'cache_devices': the devices' bytes do not add up to the cache's"))
     for l in r.layers:
         if len(l.resident) > l.slots:
             issues.append(Issue(r.line, "error", f"field 'layers': layer {l.il} holds {len(l.resident)} experts "

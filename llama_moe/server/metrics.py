@@ -121,6 +121,67 @@ class MoeCacheMetrics(HitRate):
     layers_refused: dict[int, int] = field(default_factory=dict)
     n_admit: int = 0
     n_cpu: int = 0
+    devices: tuple["DeviceMetrics", ...] = ()  # the devices that hold slots (a server from older patches: none)
+
+
+@dataclass(frozen=True)
+class DeviceMetrics(HitRate):
+    """One device of the cache as /metrics reports it (``moe_cache_device_*{device="..."}``): the layers whose
+    slots it holds, its slots and bytes, and its layers' counters, which add up to the totals."""
+
+    name: str
+    description: str
+    layers: tuple[int, ...]
+    n_slots: int        # per layer
+    n_slots_total: int
+    n_bytes: int
+    n_hit: int
+    n_miss: int
+    n_cpu: int
+    n_refused: int = 0
+
+
+# series name (without PREFIX) -> the DeviceMetrics field it fills
+PER_DEVICE = {
+    "device_layer_slots": "n_slots",
+    "device_slots": "n_slots_total",
+    "device_bytes": "n_bytes",
+    "device_hits_total": "n_hit",
+    "device_misses_total": "n_miss",
+    "device_cpu_total": "n_cpu",
+}
+
+
+def layer_runs(text: str) -> tuple[int, ...]:
+    """"0-2,5" -> (0, 1, 2, 5); MetricsError for anything else."""
+    out: list[int] = []
+    for part in text.split(",") if text else ():
+        lo, _, hi = part.partition("-")
+        if not lo.isdigit() or (hi and not hi.isdigit()):
+            raise MetricsError(f"layers={text!r}: not runs of layers such as 0-2,5")
+        out += range(int(lo), int(hi or lo) + 1)
+    return tuple(out)
+
+
+def _devices(ours: list[Sample]) -> tuple[DeviceMetrics, ...]:
+    info = [s for s in ours if s.name == PREFIX + "device_info"]
+    values: dict[str, dict[str, int]] = {}
+    for s in ours:
+        short = s.name[len(PREFIX):]
+        if short in PER_DEVICE:
+            dev = s.label("device")
+            if dev is None:
+                raise MetricsError(f"{s.name} needs a device=\"NAME\" label, got {dict(s.labels)}")
+            values.setdefault(dev, {})[PER_DEVICE[short]] = _count(s.value, s.name)
+    out = []
+    for s in info:
+        name = s.label("device") or ""
+        got = values.get(name, {})
+        missing = [PREFIX + k for k, f in PER_DEVICE.items() if f not in got]
+        if missing:
+            raise MetricsError(f"the server's /metrics lacks {', '.join(missing)} for device {name!r}")
+        out.append(DeviceMetrics(name, s.label("description") or "", layer_runs(s.label("layers") or ""), **got))
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -176,7 +237,8 @@ def moe_cache_from_samples(samples: tuple[Sample, ...]) -> MoeCacheMetrics | Non
     ordered = sorted(layers.items())
     return MoeCacheMetrics(**ints, hybrid=scalars["hybrid"] != 0, hit_ratio=scalars["hit_ratio"],
                            layers={il: (v[0], v[1], v[2]) for il, v in ordered},  # type: ignore[misc]
-                           layers_refused={il: v[3] for il, v in ordered})  # type: ignore[misc]
+                           layers_refused={il: v[3] for il, v in ordered},  # type: ignore[misc]
+                           devices=_devices(ours))
 
 
 def parse_moe_cache(text: str) -> MoeCacheMetrics | None:

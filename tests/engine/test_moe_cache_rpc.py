@@ -71,6 +71,16 @@ def test_bad_rpc_addresses_are_refused_before_loading() -> None:
         ModelParams(rpc=("127.0.0.1:5000", "127.0.0.1:5000")).validate()
 
 
+def test_bad_tensor_splits_are_refused(lib, tiny_model_path) -> None:
+    for bad, why in (((-1.0, 1.0), ">= 0"), ((float("nan"),), ">= 0"), ((0.0, 0.0), "every share is 0"),
+                     ("1,1", "tuple"), ((1.0,) * 17, "at most 16"), ((True,), ">= 0")):
+        with pytest.raises(ParameterError, match=why):
+            ModelParams(tensor_split=bad).validate()  # type: ignore[arg-type]
+    # more shares than the model has devices: llama.cpp would read the first ones only
+    with pytest.raises(ParameterError, match="3 shares, but the model has 0 device"):
+        Model(tiny_model_path, ModelParams(cpu_moe=True, repack=False, tensor_split=(1.0, 1.0, 1.0)))
+
+
 def test_a_server_that_does_not_answer_is_a_clear_error(lib, tiny_model_path) -> None:
     port = free_port()  # nothing listens there
     started = time.monotonic()
@@ -265,3 +275,113 @@ def test_a_server_killed_mid_run_ends_the_run_with_a_clear_error(lib, tiny_model
     finally:
         for s in servers:
             s.stop()
+
+
+@pytest.mark.parametrize("split, hybrid", [((1.0, 1.0), False), ((3.0, 1.0), False), ((1.0, 4.0), True), ((0.0, 1.0), True)])
+def test_the_planners_mirror_of_the_split_is_the_engines(rpc_pair, tiny_model_path, split, hybrid) -> None:
+    """routing.placement's mirror of llama.cpp's layer split and the engine's slots per device, against the
+    engine's own placement (Context.cache_devices) on the two servers' devices, for the same tensor split."""
+    from llama_moe.routing.placement import engine_devices, mirrored_devices
+
+    layout = expert_layout(tiny_model_path)
+    mib = 1.0
+    mirrored = mirrored_devices(layout, split, mib, hybrid)
+    placed = engine_devices(str(tiny_model_path), layout, mib, hybrid, tuple(s.endpoint for s in rpc_pair), split)
+    assert [(d.layers, d.slots) for d in placed] == [(d.layers, d.slots) for d in mirrored]
+    # (3, 1) leaves the second device the output layer alone, (0, 1) the first nothing: no MoE layer, no slots there
+    assert len(placed) == {(1.0, 1.0): 2, (3.0, 1.0): 1, (1.0, 4.0): 2, (0.0, 1.0): 1}[split] and {d.description for d in placed} <= {s.endpoint for s in rpc_pair}
+    # the buffer the engine allocates on each device, as the plan reports it
+    from llama_moe.routing.budget import engine_buffer_bytes
+    from llama_moe.routing.planning import device_slots, _on
+
+    slots = device_slots(layout, placed)
+    for d in placed:
+        assert d.n_bytes == engine_buffer_bytes(_on(layout, d.layers), slots, hybrid), d
+
+
+def test_plan_reads_each_devices_layers_and_slots_from_the_engine(rpc_pair, tiny_model_path, tmp_path, capsys) -> None:
+    """``plan --rpc``: the placement read from the engine on the servers; the same plan as the mirror's for the
+    same split, each device's held-out counts the sum of its layers' (the simulator's split counted)."""
+    import json
+
+    from llama_moe.cli import main
+
+    text = tmp_path / "t.txt"
+    text.write_text(" ".join([LONG_PROMPT] * 6), encoding="utf-8")
+    trace = tmp_path / "t.bin"
+    assert main(["trace", str(tiny_model_path), str(text), str(trace), "--ctx", "512", "-q"]) == 0
+
+    def plan(*extra: str) -> dict:
+        capsys.readouterr()
+        assert main(["plan", str(tiny_model_path), "--cache-mib", "1", "--trace", str(trace), "--kfold", "3",
+                     "--json", "-q", *extra]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    engine = plan("--rpc", ",".join(s.endpoint for s in rpc_pair), "--tensor-split", "1,1")
+    mirror = plan("--tensor-split", "1,1")
+    assert [(d["layers"], d["slots"], d["buffer_bytes"]) for d in engine["devices"]] == \
+        [(d["layers"], d["slots"], d["buffer_bytes"]) for d in mirror["devices"]]
+    assert [d["name"] for d in engine["devices"]] != [d["name"] for d in mirror["devices"]]  # RPCn against "device n"
+    assert engine["hit_rate"] == mirror["hit_rate"] and len(engine["devices"]) == 2
+    by_layer = {l["il"]: l for l in engine["layers"]}
+    for d in engine["devices"]:
+        assert all(by_layer[il]["slots"] == d["slots"] for il in d["layers"])
+        misses = sum(by_layer[il]["misses_per_token"] for il in d["layers"])
+        assert d["misses_per_token"] == pytest.approx(misses)
+        assert d["cpu_per_token"] == pytest.approx(sum(by_layer[il]["cpu_per_token"] for il in d["layers"]))
+        assert d["hit_rate"]["low"] <= d["hit_rate"]["mean"] <= d["hit_rate"]["high"]
+        # pooled: hits / (hits + misses) over its layers, from the layers' own rates and misses
+        looked = sum(by_layer[il]["misses_per_token"] / (1 - by_layer[il]["hit_rate"]) for il in d["layers"])
+        assert d["pooled_hit_rate"] == pytest.approx(1 - misses / looked)
+    assert engine["devices"][0]["slots"] < engine["devices"][1]["slots"]  # four layers share one budget, two the other
+
+
+def test_llama_server_reports_each_device_in_metrics_and_audit(rpc_pair, tiny_model_path, tmp_path) -> None:
+    """llama-server with its layers split across the two servers (-ts 1,1): /metrics has each device's layers,
+    slots, bytes and counters beside the unchanged totals, which they add up to; the audit log's load and exit
+    records list the devices and each layer's; the placement is the planner's for the same split."""
+    import requests
+
+    from llama_moe.formats.audit import ExitRecord, LoadRecord, read_audit
+    from llama_moe.routing.placement import mirrored_devices
+    from llama_moe.server import process as server_process
+    from llama_moe.server.audit import check_audit
+    from llama_moe.server.metrics import fetch_metrics_text, parse_moe_cache
+    from support.llama_server import find_server_binary
+
+    layout = expert_layout(tiny_model_path)
+    audit = tmp_path / "audit.jsonl"
+    args = ["-m", str(tiny_model_path), "--rpc", ",".join(s.endpoint for s in rpc_pair), "-ts", "1,1", "-ngl", "99",
+            "--cpu-moe", "--no-repack", "--moe-cache-mib", "1", "-c", "512", "-t", "2", "-np", "1", "--metrics",
+            "--moe-cache-audit", str(audit)]
+    with server_process.start_server(find_server_binary(), args, tmp_path / "server.log") as server:
+        r = requests.post(f"{server.url}/completion", json={"prompt": LONG_PROMPT, "n_predict": 16}, timeout=120)
+        assert r.status_code == 200 and r.json()["tokens_predicted"] == 16
+        text = fetch_metrics_text(server.url)
+        m = parse_moe_cache(text)
+    assert m is not None and len(m.devices) == 2, text[-3000:]
+    planned = mirrored_devices(layout, (1.0, 1.0), 1.0, False)
+    assert [(d.layers, d.n_slots) for d in m.devices] == [(d.layers, d.slots) for d in planned]
+    assert {d.description for d in m.devices} == {s.endpoint for s in rpc_pair}
+    assert all(re.fullmatch(r"RPC\d+", d.name) for d in m.devices)
+    # the totals, unchanged, are the devices' sums; each device's counters its layers'
+    assert m.n_slots == sum(d.n_slots_total for d in m.devices)
+    assert m.n_bytes_cache == sum(d.n_bytes for d in m.devices)
+    assert (m.n_hit, m.n_miss, m.n_cpu) == tuple(sum(getattr(d, f) for d in m.devices) for f in ("n_hit", "n_miss", "n_cpu"))
+    for d in m.devices:
+        assert d.n_slots_total == d.n_slots * len(d.layers)
+        assert (d.n_hit, d.n_miss) == (sum(m.layers[il][0] for il in d.layers), sum(m.layers[il][2] for il in d.layers))
+        assert d.n_hit > 0 and d.n_miss > 0
+        for il in d.layers:
+            assert f'llamacpp:moe_cache_layer_device{{layer="{il}",device="{d.name}"}} 1' in text
+    # the audit log: the devices at load, their counters at exit, each layer's device
+    result = check_audit(audit)
+    assert not result.issues, result.issues  # no error, and no field the reference does not list
+    records = read_audit(audit).records
+    load = next(r for r in records if isinstance(r, LoadRecord))
+    exit_ = next(r for r in records if isinstance(r, ExitRecord))
+    assert [(d.name, d.layers, d.slots, d.bytes) for d in load.cache_devices] == \
+        [(d.name, d.layers, d.n_slots, d.n_bytes) for d in m.devices]
+    assert {l.il: l.device for l in load.layers} == {il: d.name for d in m.devices for il in d.layers}
+    for d, dm in zip(exit_.cache_devices, m.devices):
+        assert (d.hits, d.misses) >= (dm.n_hit, dm.n_miss) and d.hits == sum(l.hits for l in exit_.layers if l.device == d.name)

@@ -310,6 +310,21 @@ def test_bad_input_is_refused_clearly(lib, tiny_model_path, traces, tmp_path, ca
 
 # -- no perfect cache out of nothing -------------------------------------------------------------------------
 
+def test_plan_per_device_refuses_what_it_cannot_plan(lib, tiny_model_path, traces, capsys) -> None:
+    model = str(tiny_model_path)
+    assert "--cache-mib, the size on each device" in _fails(capsys, "plan", model, "--vram-gib", "8", "--tensor-split", "1,1")
+    assert "every share is 0" in _fails(capsys, "plan", model, "--cache-mib", "1", "--tensor-split", "0,0")
+    with pytest.raises(SystemExit):  # argparse's own refusal
+        main(["plan", model, "--cache-mib", "1", "--tensor-split", "1,x"])
+    assert "a comma-separated list of numbers" in capsys.readouterr().err
+    assert "cannot hold one expert in each of device 0's 4 layers" in _fails(capsys, "plan", model, "--cache-mib", "0.1",
+                                                                             "--tensor-split", "1,1")
+    assert "does not apply a profile's per-layer counts across devices" in _fails(
+        capsys, "plan", model, "--cache-mib", "1", "--tensor-split", "1,1", "--per-layer", "--trace", str(traces["train"]))
+    assert "--whole-layers reports a budget on one device" in _fails(
+        capsys, "plan", model, "--cache-mib", "1", "--tensor-split", "1,1", "--whole-layers", "1", "--trace", str(traces["train"]))
+
+
 def test_nothing_looked_up_gives_no_hit_rate() -> None:
     """A layer held whole looks nothing up: no hit rate (None), never 1.0 made out of zero lookups (a cache
     smaller than a token's experts: tests/routing/test_lru_split.py)."""
