@@ -21,8 +21,9 @@ MAX_UPSTREAM_ADDED = 399
 
 def upstream_added_lines(series: PatchSeries) -> dict[str, int]:
     """The lines each upstream file gains, summed over the series' diffs (a file's ``+`` lines, not its header);
-    the new files the patches add are not upstream's and do not count."""
+    the new files the patches add are not upstream's and do not count, in the patch that adds them or later."""
     added: dict[str, int] = {}
+    ours: set[str] = set()
     for name in series.names:
         path, new = None, False
         for line in (series.root / name).read_text().splitlines():
@@ -32,7 +33,9 @@ def upstream_added_lines(series: PatchSeries) -> dict[str, int]:
                 new = line == "--- /dev/null"
             elif line.startswith("+++ "):
                 path = line[4:].removeprefix("b/")
-            elif line.startswith("+") and path is not None and not new:
+                if new:
+                    ours.add(path)
+            elif line.startswith("+") and path is not None and path not in ours:
                 added[path] = added.get(path, 0) + 1
     return added
 
@@ -49,8 +52,11 @@ def test_the_count_reads_a_diffs_added_lines_only(tmp_path) -> None:
     (tmp_path / "0001-a.patch").write_text(
         "diff --git a/src/a.c b/src/a.c\n--- a/src/a.c\n+++ b/src/a.c\n@@ -1,2 +1,3 @@\n int a;\n-int b;\n+int c;\n+int d;\n"
         "diff --git a/src/n.c b/src/n.c\nnew file mode 100644\n--- /dev/null\n+++ b/src/n.c\n@@ -0,0 +1,2 @@\n+int e;\n+int f;\n")
-    (tmp_path / "series").write_text("0001-a.patch\n")
-    assert upstream_added_lines(PatchSeries(tmp_path)) == {"src/a.c": 2}
+    (tmp_path / "0002-b.patch").write_text(  # a later change to a file of the series' own: not upstream's either
+        "diff --git a/src/n.c b/src/n.c\n--- a/src/n.c\n+++ b/src/n.c\n@@ -1,2 +1,3 @@\n int e;\n+int g;\n int f;\n"
+        "diff --git a/src/a.c b/src/a.c\n--- a/src/a.c\n+++ b/src/a.c\n@@ -1,3 +1,4 @@\n int a;\n+int h;\n int c;\n int d;\n")
+    (tmp_path / "series").write_text("0001-a.patch\n0002-b.patch\n")
+    assert upstream_added_lines(PatchSeries(tmp_path)) == {"src/a.c": 3}
 
 
 @pytest.fixture(scope="module")
