@@ -32,6 +32,7 @@ import math
 import sys
 import time
 from collections import OrderedDict
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -179,6 +180,35 @@ def _arc(col: list[list[int]], c: int, filled: list[int], admit: int) -> tuple[i
     return hits, misses
 
 
+def shape_arguments(ap: argparse.ArgumentParser, pcts: str = "25,50") -> None:
+    """--shapes, --seed and --pcts (slots per layer in percent of a layer's experts), as every table here takes."""
+    ap.add_argument("--shapes", default="qwen3-30b-a3b,gpt-oss-120b")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--pcts", default=pcts, help="slots per layer, in percent of its experts")
+
+
+def sizes(pcts: str, n_layer: int, n_expert: int, floor: int) -> Iterator[tuple[float, int, dict[int, int]]]:
+    """(percent, slots per layer, equal slots per layer) for each of --pcts; at least floor slots a layer."""
+    for pct in (float(p) for p in pcts.split(",")):
+        n_slots = max(floor, round(n_expert * pct / 100))
+        yield pct, n_slots, {il: n_slots for il in range(n_layer)}
+
+
+def held_out(docs: list[list[np.ndarray]], n_layer: int) -> Iterator[tuple[Routes, Routes]]:
+    """Each document held out in turn: (the other documents' routes, its own)."""
+    for i in range(len(docs)):
+        yield (routes_of([p for j, d in enumerate(docs) if j != i for p in d], n_layer), routes_of(docs[i], n_layer))
+
+
+def shape_documents(name: str, seed: int, note: str = "") -> tuple[int, int, int, list[list[np.ndarray]]]:
+    """A shape's layers, experts and experts a token, and its routing's documents, after a line saying so."""
+    shape = SHAPES[name]
+    docs = documents(sample_routes(name, seed=seed))
+    print(f"\n{name}: {shape.n_layer} layers, {shape.n_expert} experts, {shape.n_expert_used} a token; "
+          f"{len(docs)} documents, {sum(len(p) for d in docs for p in d)} tokens{note}\n")
+    return shape.n_layer, shape.n_expert, shape.n_expert_used, docs
+
+
 def cell(values: list[float], digits: int = 3) -> str:
     """A mean with its 95% t interval."""
     e = t_interval(values)
@@ -187,9 +217,7 @@ def cell(values: list[float], digits: int = 3) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shapes", default="qwen3-30b-a3b,gpt-oss-120b")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--pcts", default="12.5,25,50", help="slots per layer, in percent of its experts")
+    shape_arguments(ap, pcts="12.5,25,50")
     ap.add_argument("--policies", default=DEFAULT_POLICIES)
     ap.add_argument("--eviction", default="", help="victim rules for the admitting hybrid, e.g. slru:0.5,lrfu:16,arc")
     ap.add_argument("--eviction-admit", type=int, default=2, help="uploads per layer and decode for --eviction")
@@ -208,9 +236,7 @@ def main() -> int:
         print("| slots per layer | " + " | ".join(policies) + " | admit2 / lru | lru on the CPU |")
         print("|---|" + "---|" * (len(policies) + 2))
         ev_rows = []
-        for pct in (float(p) for p in a.pcts.split(",")):
-            n_slots = max(1, round(shape.n_expert * pct / 100))
-            slots = {il: n_slots for il in range(shape.n_layer)}
+        for pct, n_slots, slots in sizes(a.pcts, shape.n_layer, shape.n_expert, 1):
             rates: dict[str, list[float]] = {p: [] for p in policies}
             ev_rates: dict[str, list[float]] = {r: [] for r in ["lru", *rules]}
             on_cpu = 0

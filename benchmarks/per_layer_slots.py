@@ -26,38 +26,27 @@ import numpy as np
 from llama_moe.routing.misscurves import lru_miss_curves, split_slots, static_curves
 from llama_moe.routing.policies import run_policy
 from llama_moe.routing.ranking import pair_counts, rank_pairs
-from llama_moe.synth import SHAPES, sample_routes
 
-from admit_policies import cell, documents, routes_of  # the same corpus folds and cells as the admission tables
+from admit_policies import cell, held_out, shape_arguments, shape_documents, sizes  # the same corpus folds and cells as the admission tables
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shapes", default="qwen3-30b-a3b,gpt-oss-120b")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--pcts", default="25,50")
+    shape_arguments(ap)
     ap.add_argument("--policies", default="lru,admit2,static")
     a = ap.parse_args()
     policies = a.policies.split(",")
     for name in a.shapes.split(","):
-        shape = SHAPES[name]
-        n_l, n_e, k = shape.n_layer, shape.n_expert, shape.n_expert_used
         t0 = time.monotonic()
-        docs = documents(sample_routes(name, seed=a.seed))
-        print(f"\n{name}: {n_l} layers, {n_e} experts, {k} a token; {len(docs)} documents, "
-              f"{sum(len(p) for d in docs for p in d)} tokens\n")
+        n_l, n_e, k, docs = shape_documents(name, a.seed)
         print("| slots per layer | policy | misses/token, equal | misses/token, per layer | change | "
               "hit rate, equal | hit rate, per layer | slots per layer, split |")
         print("|---|---|---|---|---|---|---|---|")
-        for pct in (float(p) for p in a.pcts.split(",")):
-            n_slots = max(k, round(n_e * pct / 100))
-            equal = {il: n_slots for il in range(n_l)}
+        for pct, n_slots, equal in sizes(a.pcts, n_l, n_e, k):
             res: dict[str, dict[str, list[float]]] = {p: {"me": [], "ms": [], "he": [], "hs": [], "ch": []}
                                                        for p in policies}
             spread: list[int] = []
-            for i in range(len(docs)):
-                train = routes_of([p for j, d in enumerate(docs) if j != i for p in d], n_l)
-                test = routes_of(docs[i], n_l)
+            for train, test in held_out(docs, n_l):
                 profile = rank_pairs(train, n_e)
                 lru_split = split_slots(lru_miss_curves(train, n_e).total(), range(n_l), n_slots * n_l, k)
                 static_split = split_slots(static_curves(pair_counts(train, n_e)), range(n_l), n_slots * n_l, k)

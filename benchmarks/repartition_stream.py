@@ -14,14 +14,12 @@ from llama_moe.routing.policies import drive
 from llama_moe.routing.policies.admit import ADMIT_CHUNK_TOKENS, AdmitReplay
 from llama_moe.synth import SHAPES, sample_routes
 
-from admit_policies import documents, routes_of
+from admit_policies import documents, routes_of, shape_arguments, sizes
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shapes", default="qwen3-30b-a3b,gpt-oss-120b")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--pcts", default="25,50")
+    shape_arguments(ap)
     ap.add_argument("--periods", default="64")
     ap.add_argument("--admit", type=int, default=2)
     a = ap.parse_args()
@@ -34,9 +32,7 @@ def main() -> int:
         docs = documents(sample_routes(name, seed=a.seed))
         halves = [routes_of([p for d in docs[:len(docs) // 2] for p in d], n_l),
                   routes_of([p for d in docs[len(docs) // 2:] for p in d], n_l)]
-        for pct in (float(p) for p in a.pcts.split(",")):
-            n_slots = max(k, round(n_e * pct / 100))
-            equal = {il: n_slots for il in range(n_l)}
+        for pct, n_slots, equal in sizes(a.pcts, n_l, n_e, k):
             base = None
             for r in [0] + [int(x) for x in a.periods.split(",")]:
                 rep = AdmitReplay(halves[0].layers, k, equal, n_e, [], a.admit, repartition=r)

@@ -11,7 +11,6 @@ experts into the servers' slots account for (the engine's n_bytes_upload).
 from __future__ import annotations
 
 import argparse
-import os
 import socket
 import subprocess
 import sys

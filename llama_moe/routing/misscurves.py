@@ -110,10 +110,10 @@ def _curves(policy: str, routes: Routes | TraceRoutes, n_expert: int, bounds: tu
     return MissCurves(policy, tuple(routes.layers), n_expert, routes.k, bounds, misses, lookups)
 
 
-def _hull(m: np.ndarray, lo: int) -> list[int]:
-    """The slot counts (from ``lo``) of the lower convex hull of the points (C, m[C])."""
+def lower_hull(m: Sequence[int] | np.ndarray, lo: int, hi: int | None = None) -> list[int]:
+    """The slot counts in [lo, hi] (by default to the last point) of the lower convex hull of the points (C, m[C])."""
     pts: list[int] = []
-    for c in range(lo, len(m)):
+    for c in range(lo, (len(m) - 1 if hi is None else hi) + 1):
         while len(pts) >= 2:
             a, b = pts[-2], pts[-1]
             # b is above the chord from a to c: not on the lower hull
@@ -146,7 +146,7 @@ def split_slots(curves: np.ndarray, layers: Sequence[int], budget: int, min_slot
         raise CacheBudgetError(f"a budget of {budget} cannot give each of the {n_l} layers {lo} slots")
     segments = []
     for j in range(n_l):
-        pts = _hull(curves[j], lo)
+        pts = lower_hull(curves[j], lo)
         for a, b in zip(pts[:-1], pts[1:]):
             gain = (curves[j, a] - curves[j, b]) / ((b - a) * w[j])
             if gain > 0:

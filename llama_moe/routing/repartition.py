@@ -20,6 +20,8 @@ from __future__ import annotations
 from functools import cmp_to_key
 from typing import Sequence
 
+from .misscurves import lower_hull
+
 HYSTERESIS = 32  # a new split must predict at least 1/32 fewer misses than the current one
 HALVE_ROUNDS = 16  # the histograms halve every 16 rounds: they weigh the conversation so far, the recent text more
 
@@ -58,20 +60,6 @@ def _misses(hist: Sequence[int]) -> list[int]:
     return out
 
 
-def _hull(m: Sequence[int], lo: int, hi: int) -> list[int]:
-    """The slot counts in [lo, hi] of the lower convex hull of the points (C, m[C])."""
-    pts: list[int] = []
-    for c in range(lo, hi + 1):
-        while len(pts) >= 2:
-            a, b = pts[-2], pts[-1]
-            if (m[b] - m[a]) * (c - a) >= (m[c] - m[a]) * (b - a):
-                pts.pop()
-            else:
-                break
-        pts.append(c)
-    return pts
-
-
 def target(hists: Sequence[Sequence[int]], current: Sequence[int], floors: Sequence[int],
            caps: Sequence[int]) -> list[int] | None:
     """The new slots per layer, or None to keep ``current`` (no split predicts 1/HYSTERESIS fewer misses)."""
@@ -84,7 +72,7 @@ def target(hists: Sequence[Sequence[int]], current: Sequence[int], floors: Seque
         return None
     segments: list[tuple[int, int, int, int]] = []  # (gain, width, layer, from)
     for j in range(n):
-        pts = _hull(curves[j], floors[j], caps[j])
+        pts = lower_hull(curves[j], floors[j], caps[j])
         for a, b in zip(pts[:-1], pts[1:]):
             gain = curves[j][a] - curves[j][b]
             if gain > 0:

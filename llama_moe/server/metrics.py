@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass, field
 
 from ..errors import MetricsError, ServerError
-from ..stats import HitRate
+from ..stats import CacheDevice, HitRate
 
 PREFIX = "llamacpp:moe_cache_"
 # series name (without PREFIX) -> the MoeCacheMetrics field it fills; the reference's "Server metrics" table
@@ -125,20 +125,10 @@ class MoeCacheMetrics(HitRate):
 
 
 @dataclass(frozen=True)
-class DeviceMetrics(HitRate):
+class DeviceMetrics(CacheDevice):
     """One device of the cache as /metrics reports it (``moe_cache_device_*{device="..."}``): the layers whose
-    slots it holds, its slots and bytes, and its layers' counters, which add up to the totals."""
-
-    name: str
-    description: str
-    layers: tuple[int, ...]
-    n_slots: int        # per layer
-    n_slots_total: int
-    n_bytes: int
-    n_hit: int
-    n_miss: int
-    n_cpu: int
-    n_refused: int = 0
+    slots it holds, its slots and bytes, and its layers' counters, which add up to the totals; the fields are
+    the engine's own (``CacheDevice``)."""
 
 
 # series name (without PREFIX) -> the DeviceMetrics field it fills
