@@ -27,10 +27,13 @@ MODEL_BAD = {
     "repack": [0, "no", None],
     # not host:port, a port out of range, one string for the tuple, a server named twice
     "rpc": ["127.0.0.1:50052", None, (5,), ("127.0.0.1",), ("h:0",), ("h:70000",), ("h:1,h:2",), ("a:1", "a:1")],
+    # a string, no tuple, all zero, a negative, NaN or infinite, a bool, more devices than llama.cpp has
+    "tensor_split": ["1,1", None, 1.0, (0, 0), (-1.0, 1.0), (float("nan"), 1.0), (float("inf"),), (True, 1),
+                     ("1",), (1.0,) * 17],
 }
 MODEL_GOOD = {"n_gpu_layers": [-1, 0, 999, I32 - 1], "n_cpu_moe": [0, 3, 65535], "main_gpu": [0, np.int32(0)],
               "cpu_tensor_patterns": [(), ["blk\\.0\\."], ("a", "b")], "cpu_moe": [True, False],
-              "rpc": [(), []]}
+              "rpc": [(), []], "tensor_split": [(), [3, 1], (0, 1), (1.0,) * 16]}
 
 CONTEXT_BAD = {
     "n_ctx": [-1, (1 << 24) + 1, U32, I32 * 4, 256.0, "256", None, True],
