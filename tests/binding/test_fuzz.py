@@ -58,16 +58,21 @@ def _mutate(data: bytes, cuts: list[tuple[int, int]]) -> bytes:
     return bytes(out)
 
 
+def _read_mutated(tmp_path, good: bytes, cuts, length: int) -> Profile | None:
+    """The profile reader on good, mutated at cuts and cut at length: the profile, or None when it refused."""
+    path = tmp_path / "p.strp"
+    path.write_bytes(_mutate(good, cuts)[:length])
+    try:
+        return read_profile(path, 6, 32)
+    except ProfileError:
+        return None
+
+
 @FUZZ
 @given(st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)), max_size=8), st.integers(0, len(GOOD_PROFILE)))
 def test_profile_reader_refuses_or_reads(tmp_path, cuts, length) -> None:
-    path = tmp_path / "p.strp"
-    path.write_bytes(_mutate(GOOD_PROFILE, cuts)[:length])
-    try:
-        p = read_profile(path, 6, 32)
-    except ProfileError:
-        return
-    assert all(0 <= il < 6 and 0 <= e < 32 for il, e in p.ranked)
+    p = _read_mutated(tmp_path, GOOD_PROFILE, cuts, length)
+    assert p is None or all(0 <= il < 6 and 0 <= e < 32 for il, e in p.ranked)
 
 
 GOOD_SLOTS_PROFILE = Profile(6, 32, 8, GOOD_PROFILE_RANKED, (4, 9, 0, 40, 1, 16)).to_bytes()
@@ -77,13 +82,8 @@ GOOD_SLOTS_PROFILE = Profile(6, 32, 8, GOOD_PROFILE_RANKED, (4, 9, 0, 40, 1, 16)
 @given(st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)), max_size=8),
        st.integers(0, len(GOOD_SLOTS_PROFILE)))
 def test_profile_reader_refuses_or_reads_a_slot_section(tmp_path, cuts, length) -> None:
-    path = tmp_path / "p.strp"
-    path.write_bytes(_mutate(GOOD_SLOTS_PROFILE, cuts)[:length])
-    try:
-        p = read_profile(path, 6, 32)
-    except ProfileError:
-        return
-    assert p.layer_slots is None or len(p.layer_slots) == 6
+    p = _read_mutated(tmp_path, GOOD_SLOTS_PROFILE, cuts, length)
+    assert p is None or p.layer_slots is None or len(p.layer_slots) == 6
 
 
 @FUZZ

@@ -6,6 +6,7 @@ that do not fit the budget are scaled down by the documented rule, said; a bad s
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -107,6 +108,38 @@ def test_upload_mode_takes_each_layers_slots(lib, tiny_model_path, tmp_path, cap
     assert stats.n_cpu > 0 and stats.n_hit_profile > 0 and stats.n_miss > stats.n_cpu  # every path ran
 
 
+@dataclass(frozen=True)
+class _Run:
+    tokens: list[int]
+    logits: np.ndarray
+    stats: object
+    layers: list
+    records: object
+    resident: dict[int, list[int]]
+
+
+def _plain_and_cached(path: Path, counts: dict[int, int], prompt: str, check=None, **cache) -> tuple[_Run, _Run]:
+    """The same sampled generation, traced, with no cache and with the hybrid on counts slots per layer (cache:
+    its other ContextParams); check(ctx) runs on the cache's context, after its slots are checked."""
+    layout = expert_layout(path)
+    runs = []
+    with Model(path, RAM) as model:
+        for cp in (ContextParams(n_ctx=1024, n_threads=2),
+                   ContextParams(n_ctx=1024, n_threads=2, moe_cache_hybrid=True, moe_cache_mib=_mib(path, counts, True),
+                                 **cache)):
+            with Context(model, cp) as ctx:
+                if cp.moe_cache_hybrid:
+                    _check_slots(path, ctx, counts)
+                    if check is not None:
+                        check(ctx)
+                ctx.start_trace()
+                toks = list(ctx.generate(prompt, N_GEN, SAMPLING, stop_at_eog=False))
+                resident = {l.il: sorted(ctx.resident(l.il).tolist()) for l in layout.layers}
+                runs.append(_Run(toks, ctx.logits().copy(), ctx.moe_cache_stats(), ctx.layer_stats(), ctx.stop_trace(),
+                                 resident))
+    return runs[0], runs[1]
+
+
 @pytest.mark.parametrize("way", ["scheduler", "mailbox"])
 def test_hybrid_takes_each_layers_slots(lib, tiny_model_path, tmp_path, monkeypatch, way) -> None:
     layout = expert_layout(tiny_model_path)
@@ -114,21 +147,14 @@ def test_hybrid_takes_each_layers_slots(lib, tiny_model_path, tmp_path, monkeypa
     profile = _profile(tiny_model_path, tmp_path, counts)
     if way == "mailbox":
         monkeypatch.setenv("LLAMA_MOE_MAILBOX_ON_CPU", "1")
-    out = {}
-    with Model(tiny_model_path, RAM) as model:
-        assert len(model.tokenize(PROMPTS[0])) > 32
-        for name, cp in (("plain", ContextParams(n_ctx=1024, n_threads=2)),
-                         ("cache", ContextParams(n_ctx=1024, n_threads=2, moe_cache_hybrid=True, moe_cache_profile=profile,
-                                                 moe_cache_mib=_mib(tiny_model_path, counts, True)))):
-            with Context(model, cp) as ctx:
-                if name == "cache":
-                    _check_slots(tiny_model_path, ctx, counts)
-                    assert ctx.cache_status().mailbox == (way == "mailbox")
-                ctx.start_trace()
-                toks = list(ctx.generate(PROMPTS[0], N_GEN, SAMPLING, stop_at_eog=False))
-                out[name] = (toks, ctx.logits().copy(), ctx.moe_cache_stats(), ctx.layer_stats(), ctx.stop_trace())
-    (plain, plain_logits, *_), (got, logits, stats, layers, records) = out["plain"], out["cache"]
-    assert got == plain and np.array_equal(logits, plain_logits)
+
+    def check(ctx: Context) -> None:
+        assert len(ctx.tokenize(PROMPTS[0])) > 32
+        assert ctx.cache_status().mailbox == (way == "mailbox")
+
+    plain, run = _plain_and_cached(tiny_model_path, counts, PROMPTS[0], check, moe_cache_profile=profile)
+    stats, layers, records = run.stats, run.layers, run.records
+    assert run.tokens == plain.tokens and np.array_equal(run.logits, plain.logits)
     sim, _, _ = simulate_hybrid(records, counts, layout.n_expert, prefill=_ranked(tiny_model_path))
     assert (stats.n_hit, stats.n_hit_profile, stats.n_miss) == (sim.n_hit, sim.n_hit_profile, sim.n_miss)
     assert {l.il: (l.n_hit, l.n_miss) for l in layers if l.il in sim.per_layer} == sim.per_layer
@@ -141,21 +167,10 @@ def test_adaptive_hybrid_keeps_each_layers_slots(lib, tiny_model_path, tmp_path)
     layout = expert_layout(tiny_model_path)
     counts = _counts(tiny_model_path)
     profile = _profile(tiny_model_path, tmp_path, counts)
-    out = {}
-    with Model(tiny_model_path, RAM) as model:
-        for name, cp in (("plain", ContextParams(n_ctx=1024, n_threads=2)),
-                         ("cache", ContextParams(n_ctx=1024, n_threads=2, moe_cache_hybrid=True, moe_cache_adaptive=True,
-                                                 moe_cache_profile=profile,
-                                                 moe_cache_mib=_mib(tiny_model_path, counts, True)))):
-            with Context(model, cp) as ctx:
-                if name == "cache":
-                    _check_slots(tiny_model_path, ctx, counts)
-                toks = list(ctx.generate(PROMPTS[2], N_GEN, SAMPLING, stop_at_eog=False))
-                resident = {l.il: len(ctx.resident(l.il)) for l in layout.layers}
-                out[name] = (toks, ctx.logits().copy(), ctx.moe_cache_stats(), resident,
-                             {l.il: l.n_slots for l in ctx.layer_stats()})
-    (plain, plain_logits, *_), (got, logits, stats, resident, slots) = out["plain"], out["cache"]
-    assert got == plain and np.array_equal(logits, plain_logits)
+    plain, run = _plain_and_cached(tiny_model_path, counts, PROMPTS[2], moe_cache_adaptive=True, moe_cache_profile=profile)
+    assert run.tokens == plain.tokens and np.array_equal(run.logits, plain.logits)
+    stats, slots = run.stats, {l.il: l.n_slots for l in run.layers}
+    resident = {il: len(held) for il, held in run.resident.items()}
     assert stats.n_swap > 0 and stats.n_hit > 0
     assert slots == {il: min(n, layout.n_expert) for il, n in counts.items()}
     assert all(resident[il] <= slots[il] for il in slots) and resident == slots  # the profile filled every slot
@@ -175,22 +190,9 @@ def test_admitting_hybrid_takes_each_layers_slots(lib, tiny_model_path, tmp_path
                                        tuple(counts.get(il, 0) for il in range(layout.n_layer))))
     monkeypatch.setenv("LLAMA_MOE_CACHE_ADMIT_ASYNC", "1" if background else "0")
     admit = 2
-    out = {}
-    with Model(tiny_model_path, RAM) as model:
-        for name, cp in (("plain", ContextParams(n_ctx=1024, n_threads=2)),
-                         ("cache", ContextParams(n_ctx=1024, n_threads=2, moe_cache_hybrid=True, moe_cache_admit=admit,
-                                                 moe_cache_profile=profile,
-                                                 moe_cache_mib=_mib(tiny_model_path, counts, True)))):
-            with Context(model, cp) as ctx:
-                if name == "cache":
-                    _check_slots(tiny_model_path, ctx, counts)
-                ctx.start_trace()
-                toks = list(ctx.generate(PROMPTS[1], N_GEN, SAMPLING, stop_at_eog=False))
-                resident = {l.il: sorted(ctx.resident(l.il).tolist()) for l in layout.layers}
-                out[name] = (toks, ctx.logits().copy(), ctx.moe_cache_stats(), ctx.layer_stats(), ctx.stop_trace(),
-                             resident)
-    (plain, plain_logits, *_), (got, logits, stats, layers, records, resident) = out["plain"], out["cache"]
-    assert got == plain and np.array_equal(logits, plain_logits)
+    plain, run = _plain_and_cached(tiny_model_path, counts, PROMPTS[1], moe_cache_admit=admit, moe_cache_profile=profile)
+    stats, layers, records, resident = run.stats, run.layers, run.records, run.resident
+    assert run.tokens == plain.tokens and np.array_equal(run.logits, plain.logits)
     ranked = _ranked(tiny_model_path) if with_profile_ranks else ()
     sim, slots, admitted = simulate_hybrid(records, counts, layout.n_expert, admit=admit, prefill=ranked,
                                            background=background)
