@@ -134,7 +134,8 @@ class LayerStats(HitRate):
 class CacheDevice(HitRate):
     """A device that holds MoE cache slots, as the engine placed them (``llama_moe_cache_get_devices``): with the
     model's layers split across devices, each layer's slots are on the device that computes it. ``layers`` are
-    the model layers whose slots it holds, ``n_slots`` the slots per layer, ``n_bytes`` its memory for the cache."""
+    the model layers whose slots it holds, ``n_slots`` the slots per layer (with a profile's per-layer counts,
+    the most of any of its layers: ``Context.layer_stats`` has each), ``n_bytes`` its memory for the cache."""
     name: str
     description: str
     layers: tuple[int, ...]

@@ -186,7 +186,8 @@ def format_plan(p: Plan, profile_path: str | None) -> str:
         (f"budget     {p.budget} ({mode} mode)" if p.devices else
          f"budget     {p.budget + ' -> ' if p.budget else ''}--moe-cache-mib {p.cache_mib:g} ({mode} mode)"),
         (f"slots      {'-'.join(sorted({str(d.slots) for d in p.devices}, key=int))} per layer by device (below), "
-         f"{sum(l.slots for l in p.layers)} in all (each device gives its layers the same); " if p.devices else
+         f"{sum(l.slots for l in p.layers)} in all (each device gives its layers the same"
+         f"{'; the profile carries the per-layer split below, within each device' if p.per_layer else ''}); " if p.devices else
          f"slots      {p.slots} per layer, {p.slots * p.n_layers} in all ("
          f"{'equal slots; the profile carries the per-layer split below' if p.per_layer else 'the engine gives every cached layer the same'}); ")
         +

@@ -155,6 +155,29 @@ def engine_device_slots(layout: ExpertLayout, layers: Sequence[int], cache_bytes
     return int(min(slots, max(l.n_expert for l in mine))) if slots >= 1 else 0
 
 
+def engine_device_layer_slots(layout: ExpertLayout, layers: Sequence[int], cache_bytes: int, slots: dict[int, int],
+                              hybrid: bool) -> dict[int, int]:
+    """Layer -> slots the engine gives a device holding ``layers`` from a profile's per-layer counts ``slots``
+    when the layers are split across devices (llama_moe_cache_devices_plan with the counts): ``engine_layer_slots``
+    on that device's layers alone, ``cache_bytes`` being its budget (less its layers' maps and the hybrid's null
+    slots). {}: the device cannot hold one slot per layer (the engine leaves its layers on llama.cpp's path).
+    CacheBudgetError for a count of 0 in a layer the cache serves: the engine refuses such a profile. Before the
+    device's free memory, which can only lower the counts."""
+    wanted = set(layers)
+    mine = ExpertLayout(layout.n_layer, layout.n_expert, layout.n_expert_used,
+                        tuple(l for l in layout.layers if l.il in wanted))
+    if not mine.layers:
+        raise CacheBudgetError(f"no MoE layer among {list(layers)!r}")
+    for l in mine.layers:
+        if slots.get(l.il, 0) < 1:
+            raise CacheBudgetError(f"the per-layer counts give layer {l.il} no slots, but the cache serves that layer "
+                                   f"(the engine refuses such a profile)")
+    try:
+        return engine_layer_slots(mine, cache_bytes, slots, hybrid)
+    except CacheBudgetError:
+        return {}
+
+
 def non_expert_bytes(model_path: str | os.PathLike[str], layout: ExpertLayout) -> int:
     """Bytes of the model's tensors other than the experts: what -ngl 999 --cpu-moe puts on the GPU."""
     from ..gguf.reader import read_gguf
@@ -176,6 +199,6 @@ def cache_mib_for_vram(model_path: str | os.PathLike[str], layout: ExpertLayout,
 
 
 __all__ = [
-    "GiB", "MAX_UBATCH", "MiB", "cache_bytes_for_slots", "cache_device_layers", "engine_device_slots", "layer_devices", "cache_mib_for_vram", "engine_buffer_bytes", "engine_slots",
+    "GiB", "MAX_UBATCH", "MiB", "cache_bytes_for_slots", "cache_device_layers", "engine_device_layer_slots", "engine_device_slots", "layer_devices", "cache_mib_for_vram", "engine_buffer_bytes", "engine_slots",
     "mib_for_slots", "mib_to_bytes", "non_expert_bytes", "slot_row_bytes", "slots_beside_whole",
 ]

@@ -213,14 +213,13 @@ def plan_cache(model: str, layout: ExpertLayout, cache_mib: float, hybrid: bool,
     (``per_layer_slots``; each fold held out with a split made on the other folds), each layer at least
     ``min_slots``.
     ``devices``: the layers split across devices (``placement``), ``cache_mib`` on each: each device's layers get
-    its slots, and the plan reports every device's layers, slots, bytes and held-out hit rate.
+    its slots, and the plan reports every device's layers, slots, bytes and held-out hit rate; ``per_layer`` then
+    splits each device's bytes across its own layers (the engine sizes each device's layers from the counts
+    within that device's budget).
     Streamed trace files are read once to count the folds (the profile is their sum), once to replay every
     fold and the in-sample figure, and once more for the whole-layers alternative."""
     if devices:
         slots = device_slots(layout, devices)
-        if per_layer:
-            raise ToolInputError("--per-layer: the engine gives the layers of each device equal slots from that device's "
-                                 "budget and does not apply a profile's per-layer counts across devices")
         if whole_layers:
             raise ToolInputError("--whole-layers reports a budget on one device; the layers here are split across devices")
     else:
@@ -277,7 +276,8 @@ def plan_cache(model: str, layout: ExpertLayout, cache_mib: float, hybrid: bool,
     if per_layer:
         lo = default_min_slots(layout, hybrid) if min_slots is None else min_slots
         split = _per_layer(layout, routes, counts, slots, policy, lo, fold_profiles, scored, test_tokens,
-                           meter.part(n), lambda jobs: replay_jobs(routes, jobs, n_expert, meter.part(w_replay)))
+                           meter.part(n), lambda jobs: replay_jobs(routes, jobs, n_expert, meter.part(w_replay)),
+                           [d.layers for d in devices])
     if progress:
         progress(meter.total, meter.total)  # the alternative may not have been replayed: it did not fit
     if split is not None:
@@ -313,7 +313,7 @@ def device_slots(layout: ExpertLayout, devices: Sequence[DeviceSplit]) -> dict[i
     if missing or len(where) != len(layout.layers):
         raise ToolInputError(f"the devices' layers {sorted(where)} are not the model's MoE layers "
                              f"{[l.il for l in layout.layers]}")
-    return {l.il: min(where[l.il].slots, l.n_expert) for l in layout.layers}
+    return {l.il: min(where[l.il].slots_of()[l.il], l.n_expert) for l in layout.layers}
 
 
 def _device_plans(layout: ExpertLayout, devices: Sequence[DeviceSplit], slots: dict[int, int], hybrid: bool,
@@ -347,17 +347,32 @@ def with_layer_slots(profile: Profile, slots: dict[int, int]) -> Profile:
     return Profile(profile.n_layers, profile.n_expert, profile.n_slots, profile.ranked, counts)
 
 
+def split_devices_budget(layout: ExpertLayout, slots: dict[int, int], curves: np.ndarray, layers: Sequence[int],
+                         min_slots: int, groups: Sequence[Sequence[int]] = ()) -> dict[int, int]:
+    """``split_budget`` within each group of layers (``groups``: each device's layers, when the layers are split
+    across devices): a device's bytes stay on its own layers, as the engine sizes each device's layers within its
+    own budget. No groups: one split over all the layers."""
+    if not groups:
+        return split_budget(layout, slots, curves, layers, min_slots)
+    out = dict(slots)
+    for group in groups:
+        out.update(split_budget(layout, {il: slots[il] for il in group if il in slots}, curves, layers, min_slots))
+    return out
+
+
 def _per_layer(layout: ExpertLayout, routes: Routes | TraceRoutes, counts: FoldCounts, slots: dict[int, int],
                policy: str, min_slots: int, fold_profiles: Sequence, scored: KFoldResult, test_tokens: int,
-               progress: Callable[[int, int], None] | None, replay: Callable[[list[Job]], list]) -> PerLayerSlots:
-    """The split on all the routing's curves, and each fold replayed with the split of the other folds'."""
+               progress: Callable[[int, int], None] | None, replay: Callable[[list[Job]], list],
+               groups: Sequence[Sequence[int]] = ()) -> PerLayerSlots:
+    """The split on all the routing's curves, and each fold replayed with the split of the other folds'
+    (``groups``: each device's layers, split within their device's bytes)."""
     if policy == "lru":
         per_fold = lru_miss_curves(routes, layout.n_expert, counts.bounds, progress)
         whole, train = per_fold.total(), [per_fold.total(f) for f in range(len(counts.bounds))]
     else:
         whole, train = static_curves(counts.total), [static_curves(c) for c in counts.train]
-    split = split_budget(layout, slots, whole, routes.layers, min_slots)
-    jobs = [Job(a, b, policy, split_budget(layout, slots, c, routes.layers, min_slots), fp)
+    split = split_devices_budget(layout, slots, whole, routes.layers, min_slots, groups)
+    jobs = [Job(a, b, policy, split_devices_budget(layout, slots, c, routes.layers, min_slots, groups), fp)
             for (a, b), c, fp in zip(counts.bounds, train, fold_profiles)]
     result = kfold_result(replay(jobs))
 

@@ -19,6 +19,7 @@ from llama_moe.errors import ParameterError, RpcServerError
 from llama_moe.experts import expert_layout
 from llama_moe.server.process import free_port
 from oracles.lru import simulate_lru
+from llama_moe.params import mib_to_bytes
 from support.cache_sizes import mib_for_slots
 from support.rpc_servers import RpcServer, find_rpc_server_binary, start_rpc_server
 
@@ -171,6 +172,49 @@ def test_each_layer_s_slots_are_on_its_own_rpc_device(rpc_pair, tiny_model_path,
                          caplog.text), caplog.text[-3000:]
 
 
+# per-layer counts that fit 1 MiB on each device with the split 1,1: fewer than a token's experts (upload mode
+# computes some of every token's experts on the CPU), a few, many, more than the layer's experts (held whole)
+_FITTING = {0: 3, 1: 12, 2: 2, 3: 20, 4: 5, 5: 35}
+
+
+def test_each_device_sizes_its_layers_from_the_profiles_counts(rpc_pair, tiny_model_path, tmp_path, caplog) -> None:
+    """A profile's per-layer slot counts with the layers split across the two servers' devices (-ts 1,1, 1 MiB
+    each): every layer gets its count on its device (read from the engine), nothing is said ignored, the tokens
+    and logits are those of no cache, and the counters those of the independent replay with the same counts."""
+    layout = expert_layout(tiny_model_path)
+    profile = _layer_slots_profile(layout, tmp_path, _FITTING)
+    want = {il: min(n, layout.n_expert) for il, n in _FITTING.items()}
+    base = dict(n_ctx=512, n_threads=2)
+    caplog.set_level(logging.INFO, logger="llama_moe.native")
+    mp = ModelParams(cpu_moe=True, repack=False, rpc=tuple(s.endpoint for s in rpc_pair), tensor_split=(1.0, 1.0))
+    with Model(tiny_model_path, mp) as model:
+        plain_tokens, plain_logits, *_ = _run(model, ContextParams(**base))
+        caplog.clear()
+        tokens, logits, stats, layers, records, status = _run(
+            model, ContextParams(**base, moe_cache_mib=1.0, moe_cache_profile=profile), trace=True)
+        with Context(model, ContextParams(**base, moe_cache_mib=1.0, moe_cache_profile=profile)) as ctx:
+            devices = ctx.cache_devices()
+    assert tokens == plain_tokens
+    np.testing.assert_array_equal(logits, plain_logits)
+    assert status.state == "on" and status.reasons == (), status.text
+    assert "not applied" not in caplog.text
+    assert {l.il: l.n_slots for l in layers} == want
+    assert len(devices) == 2 and [d.layers for d in devices] == [(0, 1, 2, 3), (4, 5)]
+    for d in devices:
+        assert d.n_slots == max(want[il] for il in d.layers)  # the most of its layers, as one device's status
+        assert d.n_slots_total == sum(want[il] for il in d.layers)
+        assert re.search(rf"llama_moe_cache: [\d.]+ MiB on {re.escape(d.name)} \(layers [\d,-]+\): per-layer slots from the "
+                         rf"profile, {min(want[il] for il in d.layers)} to {d.n_slots} of {layout.n_expert} experts, "
+                         rf"{d.n_slots_total} in all: " + " ".join(f"{il}:{want[il]}" for il in d.layers), caplog.text), \
+            caplog.text[-3000:]
+    assert status.n_slots == min(d.n_slots for d in devices) and status.n_layers_whole == 1
+    assert stats is not None and stats.n_slots == sum(want.values())
+    sim = simulate_lru(records, want, layout.n_expert, prefill=_ranked(layout))
+    assert (stats.n_hit, stats.n_hit_profile, stats.n_miss, stats.n_cpu) == (sim.n_hit, sim.n_hit_profile, sim.n_miss,
+                                                                             sim.n_cpu)
+    assert stats.n_cpu > 0 and stats.n_hit_profile > 0
+
+
 LONG_PROMPT = ("In the morning the baker lights the ovens long before the town wakes, shapes the loaves on the floured "
                "table, and listens to the first carts rattle over the cobbles outside the window")
 
@@ -297,6 +341,59 @@ def test_the_planners_mirror_of_the_split_is_the_engines(rpc_pair, tiny_model_pa
     slots = device_slots(layout, placed)
     for d in placed:
         assert d.n_bytes == engine_buffer_bytes(_on(layout, d.layers), slots, hybrid), d
+
+
+def _ranked(layout) -> tuple[tuple[int, int], ...]:
+    return tuple((l.il, (5 * l.il + 3 * i) % layout.n_expert) for i in range(layout.n_expert) for l in layout.layers)
+
+
+def _layer_slots_profile(layout, tmp_path: Path, counts: dict[int, int]) -> Path:
+    """A profile whose per-layer slot section carries ``counts``."""
+    from llama_moe.formats.profile import Profile, write_profile
+
+    out = tmp_path / "layer-slots.strp"
+    write_profile(out, Profile(layout.n_layer, layout.n_expert, 8, _ranked(layout),
+                               tuple(counts.get(il, 0) for il in range(layout.n_layer))))
+    return out
+
+
+# per-layer counts against 1 MiB per device (about 40 slots of the tiny model's experts): fewer than a token's
+# experts, a few, many, more than the layer's experts. Split 1,1 puts layers 0-3 on the first device, whose
+# counts (49 slots) do not fit and are scaled down there, and 4-5 on the second, whose counts fit as they are;
+# split 1,4 puts 2-5 on the second device, which scales them, hybrid's null slots taken first.
+_SCALED = {0: 3, 1: 12, 2: 2, 3: 37, 4: 5, 5: 16}
+
+
+@pytest.mark.parametrize("split, hybrid", [((1.0, 1.0), False), ((1.0, 4.0), True)])
+def test_the_planners_mirror_of_per_layer_counts_across_devices_is_the_engines(rpc_pair, tiny_model_path, tmp_path,
+                                                                              split, hybrid) -> None:
+    """A profile's per-layer counts with the layers split across devices: routing.placement's mirror of each
+    device sizing its own layers from them within its own budget, against the engine's slots for each layer
+    (Context.cache_devices, Context.layer_stats) on the two servers' devices; the buffer as the plan reports it."""
+    from llama_moe.routing.budget import cache_bytes_for_layer_slots, engine_buffer_bytes, engine_device_layer_slots
+    from llama_moe.routing.placement import engine_devices, mirrored_devices
+    from llama_moe.routing.planning import _on, device_slots
+
+    layout = expert_layout(tiny_model_path)
+    profile = _layer_slots_profile(layout, tmp_path, _SCALED)
+    mirrored = mirrored_devices(layout, split, 1.0, hybrid, _SCALED)
+    placed = engine_devices(str(tiny_model_path), layout, 1.0, hybrid, tuple(s.endpoint for s in rpc_pair), split,
+                            str(profile))
+    assert [(d.layers, d.slots, d.layer_slots) for d in placed] == [(d.layers, d.slots, d.layer_slots) for d in mirrored]
+    assert len(placed) == 2 and {d.description for d in placed} == {s.endpoint for s in rpc_pair}
+    slots = device_slots(layout, placed)
+    scaled = 0
+    for d in placed:
+        assert d.n_bytes == engine_buffer_bytes(_on(layout, d.layers), slots, hybrid), d
+        asked = {il: min(_SCALED[il], layout.n_expert) for il in d.layers}
+        # each device within its own budget, its counts kept where they fit it
+        assert cache_bytes_for_layer_slots(_on(layout, d.layers), d.slots_of(), hybrid) <= mib_to_bytes(1.0)
+        if cache_bytes_for_layer_slots(_on(layout, d.layers), asked, hybrid) <= mib_to_bytes(1.0):
+            assert d.slots_of() == asked
+        else:
+            scaled += 1
+            assert d.slots_of() == engine_device_layer_slots(layout, d.layers, mib_to_bytes(1.0), _SCALED, hybrid) != asked
+    assert scaled == 1
 
 
 def test_plan_reads_each_devices_layers_and_slots_from_the_engine(rpc_pair, tiny_model_path, tmp_path, capsys) -> None:
