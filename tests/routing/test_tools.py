@@ -319,10 +319,63 @@ def test_plan_per_device_refuses_what_it_cannot_plan(lib, tiny_model_path, trace
     assert "a comma-separated list of numbers" in capsys.readouterr().err
     assert "cannot hold one expert in each of device 0's 4 layers" in _fails(capsys, "plan", model, "--cache-mib", "0.1",
                                                                              "--tensor-split", "1,1")
-    assert "does not apply a profile's per-layer counts across devices" in _fails(
-        capsys, "plan", model, "--cache-mib", "1", "--tensor-split", "1,1", "--per-layer", "--trace", str(traces["train"]))
     assert "--whole-layers reports a budget on one device" in _fails(
         capsys, "plan", model, "--cache-mib", "1", "--tensor-split", "1,1", "--whole-layers", "1", "--trace", str(traces["train"]))
+
+
+def test_plan_per_layer_splits_each_devices_budget_across_its_layers(lib, tiny_model_path, traces, tmp_path,
+                                                                    capsys) -> None:
+    """``plan --tensor-split 1,1 --per-layer``: each device's bytes split across its own layers (a device's layers
+    never take another's), written into the profile; the engine's rule mirrored per device
+    (``engine_device_layer_slots``) keeps the counts as they are, since each device's fit its budget."""
+    from llama_moe.routing.budget import cache_bytes_for_layer_slots, engine_device_layer_slots
+    from llama_moe.routing.placement import mirrored_devices
+    from llama_moe.routing.planning import _on
+
+    layout = expert_layout(tiny_model_path)
+    out = tmp_path / "split.strp"
+    capsys.readouterr()
+    assert main(["plan", str(tiny_model_path), "--cache-mib", "1", "--tensor-split", "1,1", "--per-layer", "--trace",
+                 str(traces["train"]), "--kfold", "3", "--out", str(out), "--json", "-q"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    split = {int(il): n for il, n in plan["per_layer"]["slots"].items()}
+    devices = mirrored_devices(layout, (1.0, 1.0), 1.0, False)
+    assert [tuple(d["layers"]) for d in plan["devices"]] == [d.layers for d in devices] == [(0, 1, 2, 3), (4, 5)]
+    profile = read_profile(out)
+    assert profile.layer_slots == tuple(split.get(il, 0) for il in range(layout.n_layer))
+    for d in devices:
+        mine = {il: split[il] for il in d.layers}
+        # the device's own bytes: no more than its equal slots take, and not the same split as equal slots
+        assert sum(mine.values()) <= d.slots * len(d.layers) and min(mine.values()) >= layout.n_expert_used
+        assert cache_bytes_for_layer_slots(_on(layout, d.layers), mine, False) <= mib_to_bytes(1.0)
+        assert engine_device_layer_slots(layout, d.layers, mib_to_bytes(1.0), split, False) == mine
+    assert len(set(split.values())) > 1
+    mirrored = mirrored_devices(layout, (1.0, 1.0), 1.0, False, split)
+    assert [dict(zip(d.layers, d.layer_slots)) for d in mirrored] == [{il: split[il] for il in d.layers} for d in devices]
+    # the text report says where the split is made
+    text = _plan_text(capsys, "plan", str(tiny_model_path), "--cache-mib", "1", "--tensor-split", "1,1", "--per-layer",
+                      "--trace", str(traces["train"]), "--kfold", "3")
+    assert "the profile carries the per-layer split below, within each device" in text
+
+
+def test_the_mirror_scales_a_devices_counts_by_the_engines_rule(tiny_model_path) -> None:
+    """Counts that do not fit a device's budget are scaled on that device alone (engine_layer_slots' rule on its
+    layers); a count of 0 for a layer the cache serves is refused, as the engine refuses such a profile."""
+    from llama_moe.routing.budget import engine_device_layer_slots, engine_layer_slots
+    from llama_moe.routing.placement import mirrored_devices
+    from llama_moe.routing.planning import _on
+
+    layout = expert_layout(tiny_model_path)
+    counts = {0: 3, 1: 12, 2: 2, 3: 37, 4: 5, 5: 16}  # the first device's 4 layers ask 49 slots of about 40
+    first = engine_device_layer_slots(layout, (0, 1, 2, 3), mib_to_bytes(1.0), counts, False)
+    assert first == engine_layer_slots(_on(layout, (0, 1, 2, 3)), mib_to_bytes(1.0), counts, False)
+    assert first != {il: min(counts[il], layout.n_expert) for il in (0, 1, 2, 3)} and min(first.values()) >= 1
+    assert engine_device_layer_slots(layout, (4, 5), mib_to_bytes(1.0), counts, False) == {4: 5, 5: 16}
+    assert engine_device_layer_slots(layout, (4, 5), mib_to_bytes(0.01), counts, False) == {}
+    with pytest.raises(CacheBudgetError, match="layer 4 no slots"):
+        engine_device_layer_slots(layout, (4, 5), mib_to_bytes(1.0), {**counts, 4: 0}, False)
+    with pytest.raises(CacheBudgetError, match="cannot hold one expert in each of device 0's 4 layers"):
+        mirrored_devices(layout, (1.0, 1.0), 0.1, False, counts)
 
 
 def test_nothing_looked_up_gives_no_hit_rate() -> None:
