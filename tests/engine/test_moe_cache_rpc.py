@@ -215,6 +215,32 @@ def test_each_device_sizes_its_layers_from_the_profiles_counts(rpc_pair, tiny_mo
     assert stats.n_cpu > 0 and stats.n_hit_profile > 0
 
 
+def test_a_profile_the_engine_refuses_is_refused_across_devices_too(rpc_pair, tiny_model_path, tmp_path) -> None:
+    """A profile for another geometry, or one giving a cached layer no slots, is refused with the layers split
+    across devices as on one device: said (profile_refused), and each device gives its layers equal slots; the
+    planner's read of the engine says the engine refused it."""
+    from llama_moe.errors import MoeCacheWarning, ToolInputError
+    from llama_moe.formats.profile import Profile, write_profile
+    from llama_moe.routing.placement import engine_devices, mirrored_devices
+
+    layout = expert_layout(tiny_model_path)
+    other = tmp_path / "other.strp"
+    write_profile(other, Profile(layout.n_layer + 1, layout.n_expert, 8, _ranked(layout),
+                                 tuple(_FITTING.get(il, 0) for il in range(layout.n_layer + 1))))
+    zero = _layer_slots_profile(layout, tmp_path, {**_FITTING, 4: 0})
+    equal = [(d.layers, d.slots) for d in mirrored_devices(layout, (1.0, 1.0), 1.0, False)]
+    mp = ModelParams(cpu_moe=True, repack=False, rpc=tuple(s.endpoint for s in rpc_pair), tensor_split=(1.0, 1.0))
+    with Model(tiny_model_path, mp) as model:
+        for bad, why in ((other, "layer"), (zero, "gives layer 4 no slots")):
+            with pytest.warns(MoeCacheWarning, match=why):
+                with Context(model, ContextParams(n_ctx=256, n_threads=2, moe_cache_mib=1.0, moe_cache_profile=bad)) as ctx:
+                    status, devices = ctx.cache_status(), ctx.cache_devices()
+            assert "profile_refused" in status.reasons and why in status.text, status.text
+            assert [(d.layers, d.n_slots) for d in devices] == equal
+    with pytest.raises(ToolInputError, match="refused the profile"):
+        engine_devices(str(tiny_model_path), layout, 1.0, False, tuple(s.endpoint for s in rpc_pair), (1.0, 1.0), str(zero))
+
+
 LONG_PROMPT = ("In the morning the baker lights the ovens long before the town wakes, shapes the loaves on the floured "
                "table, and listens to the first carts rattle over the cobbles outside the window")
 
