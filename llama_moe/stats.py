@@ -72,7 +72,8 @@ class MoeCacheStatus:
     """What became of the MoE cache asked for, as the engine decided it when the context was created
     (``llama_moe_cache_get_status``). ``state`` is "on" (as asked), "partial" (a cache, other than asked) or "off";
     ``reasons`` names every condition that made it so (``CACHE_REASONS``), ``reason`` the first, ``text`` says them
-    in words; ``mode`` is the cache made ("upload", "hybrid", "adaptive", or "none" when off)."""
+    in words; ``mode`` is the cache made ("upload", "hybrid", "adaptive", or "none" when off); ``profile_error``
+    says why the profile was refused ("" when it was used, or none was given)."""
 
     state: str
     reason: str | None
@@ -86,6 +87,7 @@ class MoeCacheStatus:
     n_layers: int
     n_layers_whole: int
     n_bytes: int
+    profile_error: str = ""
 
     @property
     def as_asked(self) -> bool:
@@ -102,7 +104,8 @@ class MoeCacheStatus:
                    ffi.string(s.text).decode("utf-8", "replace"),
                    CACHE_MODES[mode] if 0 <= mode < len(CACHE_MODES) else f"unknown ({mode})", bool(s.mailbox),
                    ffi.string(s.device).decode("utf-8", "replace"), int(s.n_slots), int(s.n_slots_asked),
-                   int(s.n_layers), int(s.n_layers_whole), int(s.n_bytes))
+                   int(s.n_layers), int(s.n_layers_whole), int(s.n_bytes),
+                   ffi.string(s.profile_error).decode("utf-8", "replace"))
 
 
 @dataclass(frozen=True)

@@ -78,6 +78,8 @@ def test_a_refused_profile_is_a_warning_and_a_partial_cache(lib, tiny_model_path
         status, said, _ = _open(model, cp)
     assert (status.state, status.reason, status.reasons, status.mode) == ("partial", "profile_refused", ("profile_refused",), "upload")
     assert f"MoE cache profile {path} refused: " in status.text and "the cache starts empty" in status.text
+    # the reason alone, for a caller that shows it without the rest
+    assert status.profile_error and f"refused: {status.profile_error}; the cache starts empty" in status.text
     assert len(said) == 1 and "the MoE expert cache is not as asked: " + status.text in said[0], said
 
 

@@ -5,6 +5,7 @@ counters are those of the independent replays (tests/oracles/lru.py) with the sa
 that do not fit the budget are scaled down by the documented rule, said; a bad section is refused, said."""
 from __future__ import annotations
 
+import re
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -277,6 +278,7 @@ def test_bad_slot_sections_are_refused_with_the_reason(lib, tiny_model_path, tmp
             with ctx:
                 status = ctx.cache_status()
                 assert status.reasons == ("profile_refused",) and why in status.text, name
+                assert re.search(why, status.profile_error), (name, status.profile_error)
                 assert {l.n_slots for l in ctx.layer_stats()} == {equal}, name  # equal slots, as without a section
                 assert ctx.moe_cache_stats().n_prefilled == 0, name
                 assert list(ctx.generate(PROMPTS[0], 4, stop_at_eog=False)), name

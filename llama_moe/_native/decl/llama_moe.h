@@ -36,6 +36,7 @@ struct llama_moe_cache_status {
     uint64_t n_bytes;
     char     device[128];
     char     text[1024];
+    char     profile_error[256];
 };
 
 size_t  llama_moe_cache_status_size(void);
@@ -79,17 +80,6 @@ struct llama_moe_cache_seq_stats {
     uint64_t n_bytes_upload;
     uint64_t n_bytes_cpu;
 };
-
-struct llama_moe_cache_info {
-    char    device[128];
-    char    profile_error[256];
-    bool    profile_refused;
-    int32_t n_slots_layer;
-    int32_t n_layers;
-};
-
-bool llama_moe_cache_get_seq_stats(const struct llama_context * ctx, int32_t seq_id, struct llama_moe_cache_seq_stats * stats);
-bool llama_moe_cache_get_info(const struct llama_context * ctx, struct llama_moe_cache_info * info);
 
 void    llama_moe_trace_start(struct llama_context * ctx);
 void    llama_moe_trace_stop(struct llama_context * ctx);
