@@ -168,7 +168,7 @@ def test_asan_sees_a_model_freed_under_its_context(lib, tiny_model_path) -> None
     proc = run_lifetimes(tiny_model_path, "plant")
     assert "planted: the model freed under its context" in proc.stdout, proc.stdout + proc.stderr[-3000:]
     assert "ERROR: AddressSanitizer: heap-use-after-free" in proc.stderr, proc.stderr[-3000:]
-    assert "llama_moe_cache::upload" in proc.stderr and "planted: rebalance() returned" not in proc.stdout
+    assert "llama_moe_cache::copy_in" in proc.stderr and "planted: rebalance() returned" not in proc.stdout
 
 
 def test_every_order_of_closing_and_collecting_is_clean_under_asan(lib, tiny_model_path) -> None:

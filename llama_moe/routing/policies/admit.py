@@ -26,7 +26,7 @@ LRFU_HALF_LIFE = 16.0  # tokens over which an expert's weight halves (admitN-lrf
 
 
 class AdmitReplay(Replay):
-    """Slot by slot, each layer its own slots and stamps, as the engine counts (count_hybrid_locked, admit)."""
+    """Slot by slot, each layer its own slots and stamps, as the engine counts (llama_moe_policy::count_hybrid, admit)."""
 
     def __init__(self, layers: Sequence[int], k: int, slots: dict[int, int], n_expert: int,
                  profile: Sequence[tuple[int, int]], admit: int, lrfu_half_life: float | None = None,
