@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import gc
 import os
+import re
+import shutil
 import subprocess
 import sys
 import warnings
@@ -186,3 +188,18 @@ def test_a_library_with_its_own_libstdcxx_is_refused_not_crashed_on(tmp_path) ->
     proc = _run_python("import llama_moe; llama_moe.native_version()", LLAMA_MOE_LIB=str(lib))
     assert proc.returncode != 0
     assert "NativeLibraryError" in proc.stderr and "its own copy of libstdc++" in proc.stderr
+
+
+def test_every_llama_moe_function_of_the_library_is_declared_and_exists(lib) -> None:
+    """The binding's declarations (llama_moe/_native/decl/llama_moe.h) and the C API libllama exports name the
+    same llama_moe_* functions: one the declarations lose is unreachable from Python (cffi says only
+    AttributeError at its first call), one they keep after the engine dropped it fails the same way."""
+    nm = shutil.which("nm")
+    if nm is None:
+        pytest.skip("nm (binutils) is not installed")
+    out = subprocess.run([nm, "-D", "--defined-only", llama_moe.native_version()["path"]],
+                         capture_output=True, text=True, check=True).stdout
+    exported = {line.split()[-1] for line in out.splitlines() if line.split() and line.split()[-1].startswith("llama_moe_")}
+    decl = (Path(llama_moe._native.__file__).parent / "decl" / "llama_moe.h").read_text()
+    declared = set(re.findall(r"\b(llama_moe_\w+)\s*\(", decl))
+    assert exported and declared == exported, (sorted(exported - declared), sorted(declared - exported))

@@ -81,6 +81,8 @@ struct llama_moe_cache_seq_stats {
     uint64_t n_bytes_cpu;
 };
 
+bool llama_moe_cache_get_seq_stats(const struct llama_context * ctx, int32_t seq_id, struct llama_moe_cache_seq_stats * stats);
+
 void    llama_moe_trace_start(struct llama_context * ctx);
 void    llama_moe_trace_stop(struct llama_context * ctx);
 int64_t llama_moe_trace_get(const struct llama_context * ctx, int32_t * data, int64_t n_max);
