@@ -120,7 +120,7 @@ def test_rebalance_uploads_at_most_max_swaps_in_all(lib, tiny_model_path) -> Non
 
 
 def test_a_profiles_experts_start_with_a_prior_as_the_replay_has_it(lib, tiny_model_path, tmp_path) -> None:
-    """A profile's experts start with the heat of their share of 64 tokens' picks (llama-moe-cache.h), so a few
+    """A profile's experts start with the heat of their share of 64 tokens' picks (llama-moe-policy.h), so a few
     picks of text do not evict them. The engine's swaps and hits over a generation equal the numpy replay's
     (routing.policies.adaptive) with that prior, and the replay without it swaps more."""
     from llama_moe.routing.policies import PRIOR_TOKENS, adaptive
