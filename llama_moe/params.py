@@ -216,6 +216,9 @@ class ContextParams:
     # the hybrid uploads at most this many of each layer's missed experts between two decodes (0 = none; "auto":
     # as many as the engine measures its copies to fit in half a decode, up to 4)
     moe_cache_admit: int | Literal["auto"] = 0
+    # with admission: every this many decodes the engine moves slots between layers, to where the miss curves it
+    # observes gain most (0 = never: each layer keeps the slots it was sized with)
+    moe_cache_repartition: int = 0
     # sequences decoded together (generate_batch); each has n_ctx // n_seq_max positions of its own
     n_seq_max: int = 1
 
@@ -248,6 +251,11 @@ class ContextParams:
         if self.moe_cache_admit and not self.moe_cache_hybrid:
             raise ParameterError(f"moe_cache_admit={self.moe_cache_admit} needs moe_cache_hybrid=True: the upload cache "
                                  f"already uploads every miss")
+        check_whole("moe_cache_repartition", self.moe_cache_repartition, 0, 999999,
+                    "a whole number of decodes (0: never)")
+        if self.moe_cache_repartition and not self.moe_cache_admit:
+            raise ParameterError(f"moe_cache_repartition={self.moe_cache_repartition} needs moe_cache_admit: the miss "
+                                 f"curves it follows are the admitting hybrid's LRU's")
         mib = self.moe_cache_mib
         if isinstance(mib, bool) or not isinstance(mib, numbers.Real) or not 0 <= mib <= 1 << 24:
             raise ParameterError(f"moe_cache_mib must be a number of MiB from 0 to {1 << 24}, got {mib!r}")
@@ -256,7 +264,8 @@ class ContextParams:
             warnings.warn("moe_cache_adaptive is ignored without moe_cache_hybrid=True: the upload cache is an LRU, "
                           "which already follows the text", MoeCacheWarning, stacklevel=4)
         if mib == 0:
-            given = [name for name in ("moe_cache_profile", "moe_cache_hybrid", "moe_cache_adaptive", "moe_cache_admit")
+            given = [name for name in ("moe_cache_profile", "moe_cache_hybrid", "moe_cache_adaptive", "moe_cache_admit",
+                                       "moe_cache_repartition")
                      if getattr(self, name) not in (None, False, 0)]
             if given:
                 warnings.warn(f"{', '.join(given)} {'does' if len(given) == 1 else 'do'} nothing without moe_cache_mib: "
@@ -286,4 +295,5 @@ class ContextParams:
         p.moe_cache_hybrid = self.moe_cache_hybrid
         p.moe_cache_adaptive = self.moe_cache_adaptive
         p.moe_cache_admit = -1 if self.moe_cache_admit == "auto" else int(self.moe_cache_admit)  # -1: the engine chooses
+        p.moe_cache_repartition = int(self.moe_cache_repartition)
         return p, keep

@@ -33,7 +33,8 @@ class MoeCacheStats(HitRate):
     (the engine refuses no lookup any more), n_resident the slots holding an expert now, n_admit the missed
     experts the hybrid uploaded between decodes (moe_cache_admit), n_cpu (upload mode) the misses the CPU
     computed: those of a ubatch with more distinct experts than a layer's slots that found no slot it did not
-    use (n_bytes_cpu their bytes)."""
+    use (n_bytes_cpu their bytes); n_repartition the rounds that moved slots between layers
+    (moe_cache_repartition) and n_moved the slots they moved."""
 
     n_hit: int
     n_hit_profile: int
@@ -51,13 +52,15 @@ class MoeCacheStats(HitRate):
     n_resident: int = 0
     n_admit: int = 0
     n_cpu: int = 0
+    n_repartition: int = 0
+    n_moved: int = 0
 
     @classmethod
     def _from_native(cls, s: Any) -> "MoeCacheStats":
         return cls(int(s.n_hit), int(s.n_hit_profile), int(s.n_miss), int(s.n_bytes_upload), int(s.n_bytes_cpu),
                    bool(s.hybrid), int(s.n_copy), int(s.n_bytes_copy), int(s.n_slots), int(s.n_prefilled),
                    int(s.n_bytes_cache), int(s.n_swap), int(s.n_refused), int(s.n_resident), int(s.n_admit),
-                   int(s.n_cpu))
+                   int(s.n_cpu), int(s.n_repartition), int(s.n_moved))
 
 
 # llama.h's enums, by their names here
@@ -188,4 +191,7 @@ def cache_lines(c: Any, off_reason: str | None = None, not_as_asked: str | None 
             *([f"             NOT AS ASKED: {not_as_asked}"] if not_as_asked else []),
             f"             hit rate {c.hit_rate:.3f} ({c.n_hit} hits, {c.n_hit_profile} from the profile, {c.n_miss} misses), {moved}",
             "             " + lookups_line(c.n_hit, c.n_miss, c.n_refused, c.hybrid, c.n_swap, c.n_resident, c.n_slots, admit,
-                                              getattr(c, "n_cpu", 0))]
+                                              getattr(c, "n_cpu", 0)),
+            *([f"             {c.n_repartition} re-partition{'s' if c.n_repartition != 1 else ''} moved {c.n_moved} slots "
+               f"between layers"]
+              if getattr(c, "n_repartition", 0) else [])]

@@ -38,6 +38,15 @@ def tiny_q4_model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+@pytest.fixture(scope="session")
+def gpt_oss_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from llama_moe.synth import synthesize
+
+    path = tmp_path_factory.mktemp("models") / "gpt-oss-tiny-mxfp4.gguf"
+    synthesize(path, "gpt-oss-tiny", "mxfp4", seed=0)
+    return path
+
+
 @pytest.fixture
 def cache_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     """The MoE cache on the CPU device (LLAMA_MOE_CACHE_DEVICE=CPU): without a GPU the engine turns the cache

@@ -56,6 +56,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="with --moe-cache-hybrid: upload at most N of each layer's missed experts between two decodes, "
                         "into its least recently used slots; auto: as many as the measured copies fit in half a "
                         "decode (default 0: none)")
+    p.add_argument("--moe-cache-repartition", type=int, default=0, metavar="N",
+                   help="with --moe-cache-admit: move slots between layers every N decodes, to where the observed miss "
+                        "curves gain most (default 0: never)")
     p.add_argument("--no-repack", action="store_true", help="keep CPU weights in their file layout (the cache needs it on a CPU-only build)")
     p.add_argument("--temp", type=float, default=0.8,
                    help="sampling temperature (default 0.8, seeded; 0 is greedy, which loops on the synthetic models)")
@@ -72,14 +75,16 @@ def admit_count(value: str) -> int | str:
     return "auto" if value == "auto" else int(value)
 
 
-def check_cache_options(mib: float, profile: str | None, hybrid: bool, adaptive: bool, admit: int | str = 0) -> None:
+def check_cache_options(mib: float, profile: str | None, hybrid: bool, adaptive: bool, admit: int | str = 0,
+                        repartition: int = 0) -> None:
     """The --moe-cache-* options of a command line, refused with their own names when they contradict each other
     (llama-server only warns and goes on without the cache)."""
     if not mib >= 0 or mib > 1 << 24:  # also NaN
         raise ParameterError(f"--moe-cache-mib must be from 0 to {1 << 24} (MiB), got {mib:g}")
     if mib == 0:
         given = [f for f, v in (("--moe-cache-profile", profile), ("--moe-cache-hybrid", hybrid),
-                                ("--moe-cache-adaptive", adaptive), ("--moe-cache-admit", admit)) if v]
+                                ("--moe-cache-adaptive", adaptive), ("--moe-cache-admit", admit),
+                                ("--moe-cache-repartition", repartition)) if v]
         if given:
             raise ParameterError(f"{', '.join(given)} need{'s' if len(given) == 1 else ''} a cache: give --moe-cache-mib N")
     if adaptive and not hybrid:
@@ -90,6 +95,11 @@ def check_cache_options(mib: float, profile: str | None, hybrid: bool, adaptive:
     if admit and not hybrid:
         raise ParameterError("--moe-cache-admit works with --moe-cache-hybrid only (the upload cache already uploads "
                              "every miss)")
+    if not 0 <= repartition <= 999999:
+        raise ParameterError(f"--moe-cache-repartition must be a number of decodes from 0 to 999999, got {repartition}")
+    if repartition and not admit:
+        raise ParameterError("--moe-cache-repartition works with --moe-cache-admit only (the miss curves it follows are "
+                             "the admitting hybrid's LRU's)")
     if profile is not None and not Path(profile).is_file():
         raise ParameterError(f"--moe-cache-profile {profile}: no such file")
 
@@ -101,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
         return run_server(args)
     explicit_mib = args.moe_cache_mib is not None
     check_cache_options(args.moe_cache_mib if explicit_mib else 1, args.moe_cache_profile, args.moe_cache_hybrid,
-                        args.moe_cache_adaptive, args.moe_cache_admit)
+                        args.moe_cache_adaptive, args.moe_cache_admit, args.moe_cache_repartition)
     for flag, value, low in (("-n/--n-gen", args.n_gen, 1), ("-c/--ctx", args.ctx, 0), ("--n-cpu-moe", args.n_cpu_moe, 0)):
         if value is not None and value < low:
             raise ParameterError(f"{flag} must be >= {low}, got {value}")
@@ -121,7 +131,8 @@ def run(args: argparse.Namespace) -> int:
                      use_mmap=False)  # experts in RAM are read faster from a (pinned, on a GPU build) copy than from mmap
     cp = ContextParams(n_ctx=args.ctx, n_threads=args.threads, moe_cache_mib=mib,
                        moe_cache_profile=args.moe_cache_profile, moe_cache_hybrid=args.moe_cache_hybrid,
-                       moe_cache_adaptive=args.moe_cache_adaptive, moe_cache_admit=args.moe_cache_admit)
+                       moe_cache_adaptive=args.moe_cache_adaptive, moe_cache_admit=args.moe_cache_admit,
+                       moe_cache_repartition=args.moe_cache_repartition)
     prompt, sampling = args.prompt or default_prompt(), Sampling(temperature=args.temp, seed=args.seed)
     with environment(LLAMA_MOE_CACHE_DEVICE=device):  # for these runs only: a caller's process keeps its own
         return _run_and_print(args, model_path, mp, cp, prompt, sampling, mib, where)

@@ -22,6 +22,8 @@ SCALARS = {
     "swaps_total": "n_swap",
     "admissions_total": "n_admit",
     "cpu_total": "n_cpu",
+    "repartitions_total": "n_repartition",
+    "slots_moved_total": "n_moved",
     "hit_ratio": "hit_ratio",
     "slots": "n_slots",
     "resident": "n_resident",
@@ -31,7 +33,8 @@ SCALARS = {
 }
 PER_LAYER = ("layer_hits_total", "layer_hits_profile_total", "layer_misses_total", "layer_refused_total")
 # series later than the first llama-server with a cache: their absence means a server built from older patches
-LATER_SERIES = ("refused_total", "resident", "layer_refused_total", "admissions_total", "cpu_total")
+LATER_SERIES = ("refused_total", "resident", "layer_refused_total", "admissions_total", "cpu_total",
+                "repartitions_total", "slots_moved_total")
 COUNTER_SERIES = tuple(PREFIX + s for s in SCALARS if s.endswith("_total")) + tuple(PREFIX + s for s in PER_LAYER)
 ALL_SERIES = tuple(PREFIX + s for s in SCALARS) + tuple(PREFIX + s for s in PER_LAYER)
 
@@ -121,6 +124,8 @@ class MoeCacheMetrics(HitRate):
     layers_refused: dict[int, int] = field(default_factory=dict)
     n_admit: int = 0
     n_cpu: int = 0
+    n_repartition: int = 0
+    n_moved: int = 0
     devices: tuple["DeviceMetrics", ...] = ()  # the devices that hold slots (a server from older patches: none)
 
 

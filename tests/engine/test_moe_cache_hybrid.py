@@ -102,15 +102,6 @@ def test_adaptive_without_hybrid_is_ignored_with_a_warning(lib, tiny_model_path,
     assert "--moe-cache-adaptive without --moe-cache-hybrid is ignored" in caplog.text
 
 
-@pytest.fixture(scope="module")
-def gpt_oss_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from llama_moe.synth import synthesize
-
-    path = tmp_path_factory.mktemp("models") / "gpt-oss-tiny-mxfp4.gguf"
-    synthesize(path, "gpt-oss-tiny", "mxfp4", seed=0)
-    return path
-
-
 @pytest.mark.parametrize("adaptive", [False, True])
 def test_hybrid_with_expert_biases_is_bit_identical(lib, gpt_oss_path, tmp_path, caplog, adaptive) -> None:
     """gpt-oss adds a bias per expert to gate, up and down: each part adds those of the experts it computes

@@ -166,6 +166,7 @@ struct llama_context_params {
     bool         moe_cache_hybrid;
     bool         moe_cache_adaptive;
     int32_t      moe_cache_admit;
+    int32_t      moe_cache_repartition;
 };
 
 typedef struct llama_sampler_chain_params {

@@ -21,6 +21,8 @@ struct llama_moe_cache_stats {
     uint64_t n_resident;
     uint64_t n_admit;
     uint64_t n_cpu;
+    uint64_t n_repartition;
+    uint64_t n_moved;
 };
 
 struct llama_moe_cache_status {

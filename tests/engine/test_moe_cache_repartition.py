@@ -1,0 +1,124 @@
+"""The admitting hybrid moving slots between layers online (moe_cache_repartition R) on the real patched libllama,
+the CPU as the cache's device: every R decodes the engine splits the slots anew from each layer's observed miss
+curve. Nothing a token computes changes, and the counters, the rounds and each layer's slots are those of the
+simulator's replay of the engine's own routing trace (``admitN-repartR``, llama_moe.routing.repartition)."""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from llama_moe import Context, ContextParams, Model, ModelParams, Sampling
+from llama_moe.errors import ParameterError
+from llama_moe.experts import expert_layout
+from llama_moe.formats.trace import RoutingRecord
+from llama_moe.routing.policies.admit import ADMIT_CHUNK_TOKENS, AdmitReplay
+from llama_moe.routing.policies.base import drive
+from llama_moe.routing.routes import routes_from_records
+from support.cache_sizes import mib_for_slots
+
+PROMPT = "The ship left the harbour at dawn, and the crew sang of the long way home. " * 3  # over 32 tokens
+SAMPLING = Sampling(temperature=0.8, seed=3)
+N_GEN = 256
+SLOTS = 8
+ADMIT = 2
+PERIOD = 16
+RAM = ModelParams(cpu_moe=True, repack=False)
+
+pytestmark = pytest.mark.usefixtures("cache_on_cpu")
+
+
+def _params(path: Path, slots: int = SLOTS, **kw) -> ContextParams:
+    return ContextParams(n_ctx=1024, moe_cache_mib=mib_for_slots(path, slots, hybrid=True), moe_cache_hybrid=True,
+                         moe_cache_admit=ADMIT, moe_cache_repartition=PERIOD, **kw)
+
+
+def _without_cache(model: Model, n_gen: int = N_GEN) -> tuple[list[int], np.ndarray]:
+    with Context(model, ContextParams(n_ctx=1024)) as ctx:
+        return list(ctx.generate(PROMPT, n_gen, SAMPLING, stop_at_eog=False)), ctx.logits().copy()
+
+
+def _before_last_decode(records: list[RoutingRecord]) -> list[RoutingRecord]:
+    """The records of every ubatch but the last: the engine admits a decode's misses when the next one starts."""
+    starts = [i for i, r in enumerate(records) if i == 0 or r.il <= records[i - 1].il]
+    return records[:starts[-1]]
+
+
+def _replay(path: Path, records: list[RoutingRecord], slots: int) -> AdmitReplay:
+    layout = expert_layout(path)
+    routes = routes_from_records(records)
+    replay = AdmitReplay(routes.layers, routes.k, {l.il: slots for l in layout.layers}, layout.n_expert, [], ADMIT,
+                         repartition=PERIOD)
+    drive(replay, routes, ADMIT_CHUNK_TOKENS, None)
+    return replay
+
+
+@pytest.mark.parametrize("way", ["scheduler", "mailbox"])
+def test_repartition_changes_no_token_and_follows_the_simulator(lib, tiny_model_path, caplog, monkeypatch, way) -> None:
+    if way == "mailbox":
+        monkeypatch.setenv("LLAMA_MOE_MAILBOX_ON_CPU", "1")  # one-token decodes hand over through the mailbox
+    caplog.set_level(logging.INFO, logger="llama_moe.native")
+    with Model(tiny_model_path, RAM) as model:
+        plain, plain_logits = _without_cache(model)
+        with Context(model, _params(tiny_model_path, n_threads=2)) as ctx:
+            assert ctx.cache_status().mailbox == (way == "mailbox")
+            ctx.start_trace()
+            got = list(ctx.generate(PROMPT, N_GEN, SAMPLING, stop_at_eog=False))
+            records = ctx.stop_trace()
+            logits = ctx.logits().copy()
+            stats = ctx.moe_cache_stats()
+            per_layer = {l.il: l for l in ctx.layer_stats()}
+    assert got == plain
+    assert np.array_equal(logits, plain_logits)
+    assert records[0].n_tokens > 32  # the prompt took llama.cpp's path, uncounted
+
+    replay = _replay(tiny_model_path, records, SLOTS)
+    result = replay.result()
+    assert result.n_repartition >= 1 and result.n_moved > 0  # the test sees slots move
+    assert (stats.n_repartition, stats.n_moved) == (result.n_repartition, result.n_moved)
+    assert {il: l.n_slots for il, l in per_layer.items()} == replay.slots_now()
+    assert {il: (l.n_hit, l.n_miss) for il, l in per_layer.items()} == result.per_layer
+    assert sum(replay.slots_now().values()) == SLOTS * len(per_layer) == stats.n_slots  # moved, never made
+    assert stats.n_admit == _replay(tiny_model_path, _before_last_decode(records), SLOTS).result().n_swap
+    assert f"moves slots between layers every {PERIOD} decodes" in caplog.text
+
+
+def test_repartition_in_the_background_changes_no_token(lib, tiny_model_path, monkeypatch) -> None:
+    """As on a GPU: admissions upload in the background and land a decode later; a re-partition keeps a slot in
+    flight in its pool entry, so the expert lands where the slot now is."""
+    monkeypatch.setenv("LLAMA_MOE_CACHE_ADMIT_ASYNC", "1")
+    with Model(tiny_model_path, RAM) as model:
+        plain, plain_logits = _without_cache(model)
+        with Context(model, _params(tiny_model_path, slots=6)) as ctx:
+            got = list(ctx.generate(PROMPT, N_GEN, SAMPLING, stop_at_eog=False))
+            logits = ctx.logits().copy()
+            stats = ctx.moe_cache_stats()
+            slots = [l.n_slots for l in ctx.layer_stats()]
+    assert got == plain
+    assert np.array_equal(logits, plain_logits)
+    assert stats.n_moved > 0 and sum(slots) == 6 * len(slots) and len(set(slots)) > 1
+
+
+def test_repartition_with_expert_biases_changes_no_token(lib, gpt_oss_path) -> None:
+    """gpt-oss: the experts' biases share the pool's entries with the experts."""
+    with Model(gpt_oss_path, RAM) as model:
+        plain, plain_logits = _without_cache(model, 128)
+        with Context(model, _params(gpt_oss_path, slots=4)) as ctx:
+            got = list(ctx.generate(PROMPT, 128, SAMPLING, stop_at_eog=False))
+            logits = ctx.logits().copy()
+            assert ctx.moe_cache_stats().n_admit > 0
+    assert got == plain
+    assert np.array_equal(logits, plain_logits)
+
+
+@pytest.mark.parametrize("kw, why", [
+    (dict(moe_cache_repartition=-1), "moe_cache_repartition must be a whole number of decodes"),
+    (dict(moe_cache_repartition=16, moe_cache_admit=0), "moe_cache_repartition=16 needs moe_cache_admit"),
+    (dict(moe_cache_repartition=True), "moe_cache_repartition must be"),
+])
+def test_bad_repartition_settings_are_refused(kw, why) -> None:
+    base = dict(moe_cache_mib=4, moe_cache_hybrid=True, moe_cache_admit=2)
+    with pytest.raises(ParameterError, match=why):
+        ContextParams(**{**base, **kw}).validate()
