@@ -101,7 +101,11 @@ def main() -> int:
              "admit-auto": Mode({**hybrid, "moe_cache_admit": "auto"}),
              # the uploads between decodes instead of in the background (the default on a GPU)
              "admit-sync": Mode({**hybrid, "moe_cache_admit": 1}, {"LLAMA_MOE_CACHE_ADMIT_ASYNC": "0"}),
-             "admit-split": Mode({**hybrid, "moe_cache_admit": 1}, {"LLAMA_MOE_CACHE_NO_MAILBOX": "1"})}
+             "admit-split": Mode({**hybrid, "moe_cache_admit": 1}, {"LLAMA_MOE_CACHE_NO_MAILBOX": "1"}),
+             # slots moved between layers every 16 decodes, with the uploads in the background and between decodes
+             "admit-repart": Mode({**hybrid, "moe_cache_admit": 2, "moe_cache_repartition": 16}),
+             "admit-repart-sync": Mode({**hybrid, "moe_cache_admit": 2, "moe_cache_repartition": 16},
+                                       {"LLAMA_MOE_CACHE_ADMIT_ASYNC": "0"})}
     if args.modes:
         modes = {name: modes[name] for name in args.modes.split(",")}
     ok = True if args.no_prompt else prompt_copies(path, total, profile)
@@ -116,7 +120,7 @@ def main() -> int:
                 ok &= c.ok
                 s = c.stats
                 cache = (f"hit rate {s.hit_rate:.3f}, {s.n_miss} misses ({s.n_cpu} split to the CPU), {s.n_swap} swaps, "
-                         f"{s.n_admit} admitted, {s.n_slots} slots" if s
+                         f"{s.n_admit} admitted, {s.n_slots} slots, {s.n_moved} moved" if s
                          else "no cache (the engine turned it off)")
                 print(f"{prompt[:30]!r:34} {mode:12} {pct:3d}%: {c.describe()} over {args.n} -> {'ok' if c.ok else 'WRONG'}; {cache}")
             # the mailbox with the CPU computing every miss changes where the CPU's experts are computed and how they

@@ -24,7 +24,8 @@ from llama_moe._native.env import environment
 from llama_moe.equivalence import PROMPTS
 from llama_moe.experts import expert_layout
 
-MODES = ("upload", "upload-split", "hybrid", "hybrid-split", "gpu-reads-all", "adaptive", "admit", "admit-split")
+MODES = ("upload", "upload-split", "hybrid", "hybrid-split", "gpu-reads-all", "adaptive", "admit", "admit-split",
+         "admit-repart")
 
 
 def main() -> int:
@@ -50,7 +51,8 @@ def main() -> int:
               "gpu-reads-all": (hybrid, {"LLAMA_MOE_MAILBOX_GPU_SHARE": "1"}),
               "adaptive": ({"moe_cache_hybrid": True, "moe_cache_adaptive": True}, {}),
               "admit": ({**hybrid, "moe_cache_admit": 1}, {}),
-              "admit-split": ({**hybrid, "moe_cache_admit": 1}, {"LLAMA_MOE_CACHE_NO_MAILBOX": "1"})}
+              "admit-split": ({**hybrid, "moe_cache_admit": 1}, {"LLAMA_MOE_CACHE_NO_MAILBOX": "1"}),
+              "admit-repart": ({**hybrid, "moe_cache_admit": 2, "moe_cache_repartition": 2}, {})}
     with Model(path, ModelParams(cpu_moe=True, use_mmap=False)) as model:
         prompt = model.tokenize(" ".join(PROMPTS))
         for name in a.modes.split(","):
@@ -66,7 +68,7 @@ def main() -> int:
                     out += list(ctx.generate([], max_tokens=a.n - a.n // 2, stop_at_eog=False))
                     s = ctx.moe_cache_stats()
             print(f"{name}: prompt of {len(prompt)} tokens, {len(out)} tokens; {s.n_hit} hits, {s.n_miss} misses, "
-                  f"{s.n_copy} prompt copies, {s.n_cpu} split to the CPU, {s.n_swap} swaps, {s.n_admit} admitted", flush=True)
+                  f"{s.n_copy} prompt copies, {s.n_cpu} split to the CPU, {s.n_swap} swaps, {s.n_admit} admitted, {s.n_moved} slots moved", flush=True)
     print("MODES: DONE")
     return 0
 
