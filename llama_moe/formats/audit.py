@@ -21,7 +21,7 @@ REQUEST_COUNTERS = ("req_hits", "req_hits_profile", "req_misses", "req_bytes_upl
 # requests' own add up to the context's; absent from the logs of builds before it
 OWN_COUNTERS = ("own_hits", "own_misses", "own_refused", "own_bytes_upload", "own_bytes_cpu")
 # counters added after the first audit logs: a log written by an earlier build lacks them, and they read as 0
-LATER_COUNTERS = ("refused", "req_refused", "moe_cache_admit")  # fields of later builds: 0 when absent
+LATER_COUNTERS = ("refused", "req_refused", "moe_cache_admit", "moe_cache_repartition")  # fields of later builds: 0 when absent
 _TIME_RE = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}(Z|\+00:00)$")
 
 
@@ -95,6 +95,7 @@ class LoadParams:
     n_ubatch: int
     tensor_overrides: tuple[str, ...]
     moe_cache_admit: int = 0  # later builds: the hybrid's admissions per layer between decodes (-1: auto)
+    moe_cache_repartition: int = 0  # later builds: decodes between moves of slots between layers (0: never)
 
 
 @dataclass(frozen=True)
@@ -352,7 +353,8 @@ def _load(f: _Fields, base: dict) -> LoadRecord:
         params = LoadParams("" if build is None else str(build), p.num("moe_cache_mib"), p.bool("moe_cache_hybrid"),
                             p.bool("moe_cache_adaptive"), p.int("n_gpu_layers", minimum=None), p.int("n_threads"),
                             p.int("n_threads_batch"), p.int("n_ctx"), p.int("n_batch"), p.int("n_ubatch"), patterns,
-                            p.int("moe_cache_admit", minimum=-1))  # -1: auto, the engine chooses
+                            p.int("moe_cache_admit", minimum=-1),  # -1: auto, the engine chooses
+                            p.int("moe_cache_repartition"))
         p.done()
     c = f.obj_("cache")
     cache = CacheInfo(c.int("slots"), c.int("prefilled"), c.int("bytes")) if c else CacheInfo(0, 0, 0)
