@@ -13,9 +13,10 @@
 #                (the default, Q4_0 experts, 16.8 GB) or gpt-oss-120b (MXFP4 experts, 61 GB); the disk holds one
 #   big          waits for the big model, then the hybrids' profile from a third of each topic's paragraphs
 #   tiny         the tiny model (q8_0, seed 0) and its profile
-#   speed        python -m llama_moe bench on the big model: for each "PCT:MODES[:N]" of SPEED (default
+#   speed        python -m llama_moe bench on the big model: for each "PCT:MODES[:N[:R]]" of SPEED (default
 #                "50:hybrid,hybrid-admit,hybrid-adaptive,cpu-moe,vram 25:hybrid,hybrid-admit"), RUNS runs of 128
-#                tokens; N (default ADMIT, 1) the admitting hybrid's uploads per layer and decode (bench_admit.py)
+#                tokens; N (default ADMIT, 1) the admitting hybrid's uploads per layer and decode, R (default 0)
+#                the decodes between its moves of slots between layers (bench_admit.py)
 #   memcheck     compute-sanitizer memcheck over one short decode of each cache mode (sanitize_modes.py)
 #   racecheck    compute-sanitizer racecheck over the mailbox's modes, the mailbox's kernels and MMVQ's only (the
 #                other kernels run uninstrumented: racecheck over every kernel does not finish within a call)
@@ -87,15 +88,17 @@ train_profile(Path('/tmp/tiny.gguf'), Path('/tmp/tiny.strp'), log=lambda s: None
 step_speed() {
   local ok=1
   for item in $SPEED; do
-    local pct modes admit
-    IFS=: read -r pct modes admit <<< "$item"
+    local pct modes admit repart
+    IFS=: read -r pct modes admit repart <<< "$item"
     admit=${admit:-$ADMIT}
+    repart=${repart:-0}
     local name=speed_${pct}_a$admit
+    [ $repart = 0 ] || name=${name}_r$repart
     [ -f $R/done_$name ] && continue
-    timeout $(left $DEADLINE) python3 $here/bench_admit.py --admit $admit -v bench $M -t 16 --runs $RUNS \
+    timeout $(left $DEADLINE) python3 $here/bench_admit.py --admit $admit --repartition $repart -v bench $M -t 16 --runs $RUNS \
         -n 128 --cache-pct $pct --modes $modes --profile $P --json $R/$name.json --md $R/$name.md > $R/$name.log 2>&1 \
         && mark $name || ok=0
-    grep -E "tok/s, pp|hits of|admission|the CPU waited" $R/$name.log | sed -E 's/^ +//' | cut -c1-260
+    grep -E "tok/s, pp|hits of|admission|re-partition|the CPU waited" $R/$name.log | sed -E 's/^ +//' | cut -c1-260
   done
   [ $ok = 1 ] && mark speed
 }

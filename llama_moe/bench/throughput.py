@@ -118,6 +118,7 @@ MODES = ("cpu-moe", "n-cpu-moe", "upload", "hybrid", "hybrid-no-mailbox", "hybri
 CACHE_MODES = ("upload", "hybrid", "hybrid-no-mailbox", "hybrid-adaptive", "hybrid-admit")
 ADMIT = 1  # hybrid-admit: missed experts admitted per layer and decode (the best of 1, 2, 4, 8 held out,
            # benchmarks/admit_policies.py)
+REPARTITION = 0  # hybrid-admit: decodes between moves of slots between layers (0: never)
 
 
 def run_bench(model_path: Path, cache_pcts: list[float], threads: list[int], n_gen: int, n_pp: int, runs: int,
@@ -173,6 +174,7 @@ def run_bench(model_path: Path, cache_pcts: list[float], threads: list[int], n_g
                     cp = ContextParams(n_ctx=n_ctx, n_batch=n_pp, n_ubatch=n_pp, n_threads=t, moe_cache_mib=mib,
                                        moe_cache_hybrid=hybrid, moe_cache_adaptive=mode == "hybrid-adaptive",
                                        moe_cache_admit=ADMIT if mode == "hybrid-admit" else 0,
+                                       moe_cache_repartition=REPARTITION if mode == "hybrid-admit" else 0,
                                        moe_cache_profile=profile if hybrid else None)
                     # hybrid-no-mailbox: the hand-overs through llama.cpp's scheduler (the mailbox's before)
                     with environment(LLAMA_MOE_CACHE_NO_MAILBOX="1") if mode == "hybrid-no-mailbox" else contextlib.nullcontext():
