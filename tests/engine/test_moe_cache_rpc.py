@@ -245,13 +245,15 @@ LONG_PROMPT = ("In the morning the baker lights the ovens long before the town w
                "table, and listens to the first carts rattle over the cobbles outside the window")
 
 
-@pytest.mark.parametrize("mode", ["upload", "hybrid", "adaptive", "admit"])
+@pytest.mark.parametrize("mode", ["upload", "hybrid", "adaptive", "admit", "admit-repart"])
 def test_every_mode_works_per_device(rpc_pair, tiny_model_path, mode) -> None:
     """Each mode on the two servers' devices: the same text and logits as no cache after a prompt of over 32
-    tokens, and the mode's own work."""
+    tokens, and the mode's own work. Slots move between layers within one device only: across two the option is
+    ignored, and the status says why."""
     layout = expert_layout(tiny_model_path)
     hybrid = mode != "upload"
-    kw = dict(moe_cache_hybrid=hybrid, moe_cache_adaptive=mode == "adaptive", moe_cache_admit=2 if mode == "admit" else 0)
+    kw = dict(moe_cache_hybrid=hybrid, moe_cache_adaptive=mode == "adaptive",
+              moe_cache_admit=2 if mode.startswith("admit") else 0, moe_cache_repartition=16 if mode == "admit-repart" else 0)
     base = dict(n_ctx=512, n_threads=2)
     with Model(tiny_model_path, _params(rpc_pair)) as model:
         assert len(model.tokenize(LONG_PROMPT)) > 32
@@ -277,9 +279,12 @@ def test_every_mode_works_per_device(rpc_pair, tiny_model_path, mode) -> None:
         assert stats.n_copy == 0 and stats.n_hit > 0 and all(d.n_hit > 0 for d in devices)
     elif mode == "adaptive":
         assert stats.n_swap > 0 and stats.n_hit > 0
-    elif mode == "admit":
+    elif mode.startswith("admit"):
         assert stats.n_admit > 0 and stats.n_hit > 0
         assert all(d.n_hit > 0 for d in devices)
+        assert stats.n_moved == 0 and ("option_ignored" in status.reasons) == (mode == "admit-repart")
+        if mode == "admit-repart":
+            assert "--moe-cache-repartition 16 moves slots within one device" in status.text
     else:
         assert stats.n_hit == 0 and stats.n_miss > 0  # no profile, nothing admitted: the CPU computes every expert
 
