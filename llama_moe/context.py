@@ -328,7 +328,7 @@ class Context(NativeHandle):
             arr = ffi.new("struct llama_moe_cache_layer_stats[]", max(n, 1))
             n = min(n, self._lib.llama_moe_cache_get_layer_stats(ptr, arr, n))
             return [LayerStats(int(a.il), int(a.n_slots), int(a.n_hit), int(a.n_hit_profile), int(a.n_miss),
-                               int(a.n_refused), int(a.n_cpu)) for a in arr[0:n]]
+                               int(a.n_refused), int(a.n_cpu), int(a.n_slots_peer), int(a.n_hit_peer)) for a in arr[0:n]]
 
     def cache_devices(self) -> list[CacheDevice]:
         """The devices that hold the cache's slots, with the layers each holds (empty without a cache): one, or,

@@ -219,6 +219,9 @@ class ContextParams:
     # with admission: every this many decodes the engine moves slots between layers, to where the miss curves it
     # observes gain most (0 = never: each layer keeps the slots it was sized with)
     moe_cache_repartition: int = 0
+    # with the hybrid and a profile: a second device (by ggml's name, e.g. "CUDA1", "RPC1") that holds the experts
+    # the profile ranks after the cache's and computes them (None: no peer tier)
+    moe_cache_peer: str | None = None
     # sequences decoded together (generate_batch); each has n_ctx // n_seq_max positions of its own
     n_seq_max: int = 1
 
@@ -251,6 +254,13 @@ class ContextParams:
         if self.moe_cache_admit and not self.moe_cache_hybrid:
             raise ParameterError(f"moe_cache_admit={self.moe_cache_admit} needs moe_cache_hybrid=True: the upload cache "
                                  f"already uploads every miss")
+        peer = self.moe_cache_peer
+        if peer is not None:
+            if not isinstance(peer, str) or not peer or "\0" in peer or len(peer.encode()) > 127:
+                raise ParameterError(f"moe_cache_peer must be a device's name (1 to 127 bytes, no NUL) or None, got {peer!r}")
+            if not self.moe_cache_hybrid or self.moe_cache_profile is None:
+                raise ParameterError(f"moe_cache_peer={peer!r} needs moe_cache_hybrid=True and a moe_cache_profile: the peer "
+                                     f"holds the experts the profile ranks after the cache's")
         check_whole("moe_cache_repartition", self.moe_cache_repartition, 0, 999999,
                     "a whole number of decodes (0: never)")
         if self.moe_cache_repartition and not self.moe_cache_admit:
@@ -265,7 +275,7 @@ class ContextParams:
                           "which already follows the text", MoeCacheWarning, stacklevel=4)
         if mib == 0:
             given = [name for name in ("moe_cache_profile", "moe_cache_hybrid", "moe_cache_adaptive", "moe_cache_admit",
-                                       "moe_cache_repartition")
+                                       "moe_cache_repartition", "moe_cache_peer")
                      if getattr(self, name) not in (None, False, 0)]
             if given:
                 warnings.warn(f"{', '.join(given)} {'does' if len(given) == 1 else 'do'} nothing without moe_cache_mib: "
@@ -296,4 +306,8 @@ class ContextParams:
         p.moe_cache_adaptive = self.moe_cache_adaptive
         p.moe_cache_admit = -1 if self.moe_cache_admit == "auto" else int(self.moe_cache_admit)  # -1: the engine chooses
         p.moe_cache_repartition = int(self.moe_cache_repartition)
+        if self.moe_cache_peer is not None:
+            peer = ffi.new("char[]", self.moe_cache_peer.encode())
+            keep.append(peer)
+            p.moe_cache_peer = peer
         return p, keep

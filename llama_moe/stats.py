@@ -34,7 +34,8 @@ class MoeCacheStats(HitRate):
     experts the hybrid uploaded between decodes (moe_cache_admit), n_cpu (upload mode) the misses the CPU
     computed: those of a ubatch with more distinct experts than a layer's slots that found no slot it did not
     use (n_bytes_cpu their bytes); n_repartition the rounds that moved slots between layers
-    (moe_cache_repartition) and n_moved the slots they moved."""
+    (moe_cache_repartition) and n_moved the slots they moved; n_hit_peer, of the misses, those the peer tier
+    computed (moe_cache_peer), and n_slots_peer its slots."""
 
     n_hit: int
     n_hit_profile: int
@@ -54,13 +55,15 @@ class MoeCacheStats(HitRate):
     n_cpu: int = 0
     n_repartition: int = 0
     n_moved: int = 0
+    n_hit_peer: int = 0
+    n_slots_peer: int = 0
 
     @classmethod
     def _from_native(cls, s: Any) -> "MoeCacheStats":
         return cls(int(s.n_hit), int(s.n_hit_profile), int(s.n_miss), int(s.n_bytes_upload), int(s.n_bytes_cpu),
                    bool(s.hybrid), int(s.n_copy), int(s.n_bytes_copy), int(s.n_slots), int(s.n_prefilled),
                    int(s.n_bytes_cache), int(s.n_swap), int(s.n_refused), int(s.n_resident), int(s.n_admit),
-                   int(s.n_cpu), int(s.n_repartition), int(s.n_moved))
+                   int(s.n_cpu), int(s.n_repartition), int(s.n_moved), int(s.n_hit_peer), int(s.n_slots_peer))
 
 
 # llama.h's enums, by their names here
@@ -76,7 +79,8 @@ class MoeCacheStatus:
     (``llama_moe_cache_get_status``). ``state`` is "on" (as asked), "partial" (a cache, other than asked) or "off";
     ``reasons`` names every condition that made it so (``CACHE_REASONS``), ``reason`` the first, ``text`` says them
     in words; ``mode`` is the cache made ("upload", "hybrid", "adaptive", or "none" when off); ``profile_error``
-    says why the profile was refused ("" when it was used, or none was given)."""
+    says why the profile was refused ("" when it was used, or none was given); ``peer`` names the peer tier's
+    device ("" when none)."""
 
     state: str
     reason: str | None
@@ -91,6 +95,7 @@ class MoeCacheStatus:
     n_layers_whole: int
     n_bytes: int
     profile_error: str = ""
+    peer: str = ""
 
     @property
     def as_asked(self) -> bool:
@@ -108,7 +113,7 @@ class MoeCacheStatus:
                    CACHE_MODES[mode] if 0 <= mode < len(CACHE_MODES) else f"unknown ({mode})", bool(s.mailbox),
                    ffi.string(s.device).decode("utf-8", "replace"), int(s.n_slots), int(s.n_slots_asked),
                    int(s.n_layers), int(s.n_layers_whole), int(s.n_bytes),
-                   ffi.string(s.profile_error).decode("utf-8", "replace"))
+                   ffi.string(s.profile_error).decode("utf-8", "replace"), ffi.string(s.peer).decode("utf-8", "replace"))
 
 
 @dataclass(frozen=True)
@@ -134,6 +139,8 @@ class LayerStats(HitRate):
     n_miss: int
     n_refused: int = 0
     n_cpu: int = 0
+    n_slots_peer: int = 0  # the peer tier's slots for the layer (moe_cache_peer), and of its misses those the peer
+    n_hit_peer: int = 0    # computed
 
 
 @dataclass(frozen=True)
@@ -192,6 +199,8 @@ def cache_lines(c: Any, off_reason: str | None = None, not_as_asked: str | None 
             f"             hit rate {c.hit_rate:.3f} ({c.n_hit} hits, {c.n_hit_profile} from the profile, {c.n_miss} misses), {moved}",
             "             " + lookups_line(c.n_hit, c.n_miss, c.n_refused, c.hybrid, c.n_swap, c.n_resident, c.n_slots, admit,
                                               getattr(c, "n_cpu", 0)),
+            *([f"             the peer tier computed {c.n_hit_peer} of the {c.n_miss} misses in its {c.n_slots_peer} slots"]
+              if getattr(c, "n_slots_peer", 0) else []),
             *([f"             {c.n_repartition} re-partition{'s' if c.n_repartition != 1 else ''} moved {c.n_moved} slots "
                f"between layers"]
               if getattr(c, "n_repartition", 0) else [])]

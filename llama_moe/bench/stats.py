@@ -51,7 +51,7 @@ def run_main_job(model_path: Path, model_params: ModelParams, ctx_params: Contex
     with Model(model_path, model_params) as model:
         plain = _run_one(model, model_path, model_params, layout, replace(
             ctx_params, moe_cache_mib=0, moe_cache_profile=None, moe_cache_hybrid=False, moe_cache_adaptive=False,
-            moe_cache_admit=0, moe_cache_repartition=0), prompt, n_gen, sampling)
+            moe_cache_admit=0, moe_cache_repartition=0, moe_cache_peer=None), prompt, n_gen, sampling)
         cached = _run_one(model, model_path, model_params, layout, ctx_params, prompt, n_gen, sampling)
     return Comparison(plain, cached, _same_prefix(plain.tokens, cached.tokens))
 

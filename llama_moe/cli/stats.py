@@ -59,6 +59,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--moe-cache-repartition", type=int, default=0, metavar="N",
                    help="with --moe-cache-admit: move slots between layers every N decodes, to where the observed miss "
                         "curves gain most (default 0: never)")
+    p.add_argument("--moe-cache-peer", metavar="DEVICE",
+                   help="with --moe-cache-hybrid and --moe-cache-profile: a second device (e.g. CUDA1, RPC1) holds the "
+                        "experts the profile ranks after the cache's and computes them")
     p.add_argument("--no-repack", action="store_true", help="keep CPU weights in their file layout (the cache needs it on a CPU-only build)")
     p.add_argument("--temp", type=float, default=0.8,
                    help="sampling temperature (default 0.8, seeded; 0 is greedy, which loops on the synthetic models)")
@@ -76,7 +79,7 @@ def admit_count(value: str) -> int | str:
 
 
 def check_cache_options(mib: float, profile: str | None, hybrid: bool, adaptive: bool, admit: int | str = 0,
-                        repartition: int = 0) -> None:
+                        repartition: int = 0, peer: str | None = None) -> None:
     """The --moe-cache-* options of a command line, refused with their own names when they contradict each other
     (llama-server only warns and goes on without the cache)."""
     if not mib >= 0 or mib > 1 << 24:  # also NaN
@@ -84,7 +87,7 @@ def check_cache_options(mib: float, profile: str | None, hybrid: bool, adaptive:
     if mib == 0:
         given = [f for f, v in (("--moe-cache-profile", profile), ("--moe-cache-hybrid", hybrid),
                                 ("--moe-cache-adaptive", adaptive), ("--moe-cache-admit", admit),
-                                ("--moe-cache-repartition", repartition)) if v]
+                                ("--moe-cache-repartition", repartition), ("--moe-cache-peer", peer)) if v]
         if given:
             raise ParameterError(f"{', '.join(given)} need{'s' if len(given) == 1 else ''} a cache: give --moe-cache-mib N")
     if adaptive and not hybrid:
@@ -100,6 +103,9 @@ def check_cache_options(mib: float, profile: str | None, hybrid: bool, adaptive:
     if repartition and not admit:
         raise ParameterError("--moe-cache-repartition works with --moe-cache-admit only (the miss curves it follows are "
                              "the admitting hybrid's LRU's)")
+    if peer is not None and (not hybrid or profile is None):
+        raise ParameterError("--moe-cache-peer works with --moe-cache-hybrid and --moe-cache-profile (the peer holds the "
+                             "experts the profile ranks after the cache's)")
     if profile is not None and not Path(profile).is_file():
         raise ParameterError(f"--moe-cache-profile {profile}: no such file")
 
@@ -111,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
         return run_server(args)
     explicit_mib = args.moe_cache_mib is not None
     check_cache_options(args.moe_cache_mib if explicit_mib else 1, args.moe_cache_profile, args.moe_cache_hybrid,
-                        args.moe_cache_adaptive, args.moe_cache_admit, args.moe_cache_repartition)
+                        args.moe_cache_adaptive, args.moe_cache_admit, args.moe_cache_repartition, args.moe_cache_peer)
     for flag, value, low in (("-n/--n-gen", args.n_gen, 1), ("-c/--ctx", args.ctx, 0), ("--n-cpu-moe", args.n_cpu_moe, 0)):
         if value is not None and value < low:
             raise ParameterError(f"{flag} must be >= {low}, got {value}")
@@ -132,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
     cp = ContextParams(n_ctx=args.ctx, n_threads=args.threads, moe_cache_mib=mib,
                        moe_cache_profile=args.moe_cache_profile, moe_cache_hybrid=args.moe_cache_hybrid,
                        moe_cache_adaptive=args.moe_cache_adaptive, moe_cache_admit=args.moe_cache_admit,
-                       moe_cache_repartition=args.moe_cache_repartition)
+                       moe_cache_repartition=args.moe_cache_repartition, moe_cache_peer=args.moe_cache_peer)
     prompt, sampling = args.prompt or default_prompt(), Sampling(temperature=args.temp, seed=args.seed)
     with environment(LLAMA_MOE_CACHE_DEVICE=device):  # for these runs only: a caller's process keeps its own
         return _run_and_print(args, model_path, mp, cp, prompt, sampling, mib, where)

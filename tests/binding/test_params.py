@@ -51,6 +51,7 @@ CONTEXT_BAD = {
     "moe_cache_adaptive": [1, "no", None],
     "moe_cache_admit": [-1, 10000, I32, 2.0, "2", None, True],
     "moe_cache_repartition": [-1, 1000000, I32, 2.0, "16", None, True],
+    "moe_cache_peer": ["", 5, b"CUDA1", "a\0b", "x" * 128, "CUDA1"],
     "n_seq_max": [0, -1, 257, U32, 2.0, "4", None, True],
 }
 CONTEXT_GOOD = {"n_ctx": [0, 256, np.int64(512)], "n_batch": [1, 1 << 24], "n_threads": [None, 1, 1024],

@@ -513,3 +513,70 @@ def test_llama_server_reports_each_device_in_metrics_and_audit(rpc_pair, tiny_mo
     assert {l.il: l.device for l in load.layers} == {il: d.name for d in m.devices for il in d.layers}
     for d, dm in zip(exit_.cache_devices, m.devices):
         assert (d.hits, d.misses) >= (dm.n_hit, dm.n_miss) and d.hits == sum(l.hits for l in exit_.layers if l.device == d.name)
+
+
+def _peer_run(rpc_pair, tiny_model_path: Path, tmp_path: Path, peer: str, split: tuple[float, float], slots: int = 4):
+    from llama_moe.formats.profile import Profile, write_profile
+
+    layout = expert_layout(tiny_model_path)
+    profile = tmp_path / "ranked.strp"
+    write_profile(profile, Profile(layout.n_layer, layout.n_expert, 8, _ranked(layout)))
+    mp = ModelParams(cpu_moe=True, repack=False, rpc=tuple(s.endpoint for s in rpc_pair), tensor_split=split)
+    with Model(tiny_model_path, mp) as model:
+        plain = _run(model, ContextParams(n_ctx=512, n_threads=2))
+        import warnings
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a refused peer is said in the status, read below
+            got = _run(model, ContextParams(n_ctx=512, n_threads=2, moe_cache_mib=mib_for_slots(tiny_model_path, slots, hybrid=True),
+                                            moe_cache_hybrid=True, moe_cache_profile=profile, moe_cache_peer=peer), trace=True)
+    return layout, plain, got
+
+
+def test_a_peer_device_computes_the_experts_the_profile_ranks_next(rpc_pair, tiny_model_path, tmp_path, caplog) -> None:
+    """--moe-cache-peer: all layers on the first server, the cache there, and the second server's device holding
+    each layer's experts the profile ranks after the cache's: it computes their rows, the CPU the rest; the tokens
+    and logits are no cache's, and every lookup is where the rule puts it."""
+    caplog.set_level(logging.INFO, logger="llama_moe.native")
+    layout, (plain_tokens, plain_logits, *_), got = _peer_run(rpc_pair, tiny_model_path, tmp_path, "RPC1", (1.0, 0.0))
+    tokens, logits, stats, layers, records, status = got
+    assert tokens == plain_tokens
+    np.testing.assert_array_equal(logits, plain_logits)
+    assert status.device == "RPC0" and status.peer == "RPC1" and status.as_asked and not status.mailbox
+    assert "llama_moe_cache: peer tier on RPC1: " in caplog.text
+    # the rule: a layer's ranked experts, the first in the cache's slots, the next in the peer's
+    expected = {}
+    for l in layers:
+        ranked = list(dict.fromkeys(e for il, e in _ranked(layout) if il == l.il))
+        cache, peer = set(ranked[:l.n_slots]), set(ranked[l.n_slots:l.n_slots + l.n_slots_peer])
+        hits = on_peer = on_cpu = 0
+        for r in records:
+            if r.il != l.il or r.n_tokens > 32:
+                continue
+            distinct = set(e for e in r.experts.reshape(-1).tolist() if e >= 0)
+            hits += len(distinct & cache)
+            on_peer += len(distinct & peer)
+            on_cpu += len(distinct - cache - peer)
+        expected[l.il] = (hits, on_peer + on_cpu, on_peer)
+        assert l.n_slots_peer > 0
+    assert {l.il: (l.n_hit, l.n_miss, l.n_hit_peer) for l in layers} == expected
+    assert stats.n_hit_peer == sum(p for _, _, p in expected.values()) > 0
+    assert stats.n_slots_peer == sum(l.n_slots_peer for l in layers)
+
+
+@pytest.mark.parametrize("peer, split, why", [
+    ("RPC0", (1.0, 0.0), "--moe-cache-peer RPC0 is the device that holds the cache"),
+    ("CUDA7", (1.0, 0.0), "--moe-cache-peer CUDA7 is not one of the model's devices (RPC0, RPC1)"),
+    ("RPC1", (1.0, 1.0), "--moe-cache-peer RPC1 takes the experts of a cache on one device, and the layers are split"),
+])
+def test_a_peer_that_cannot_apply_is_refused_with_its_reason(rpc_pair, tiny_model_path, tmp_path, peer, split, why) -> None:
+    _, (plain_tokens, plain_logits, *_), got = _peer_run(rpc_pair, tiny_model_path, tmp_path, peer, split)
+    tokens, logits, stats, layers, _, status = got
+    assert tokens == plain_tokens
+    np.testing.assert_array_equal(logits, plain_logits)
+    assert "option_ignored" in status.reasons and why in status.text and status.peer == ""
+    assert stats.n_slots_peer == 0 and all(l.n_slots_peer == 0 for l in layers)
+
+
+def test_a_peer_needs_the_hybrid_and_a_profile() -> None:
+    with pytest.raises(ParameterError, match="moe_cache_peer='RPC1' needs moe_cache_hybrid=True and a moe_cache_profile"):
+        ContextParams(moe_cache_mib=4, moe_cache_hybrid=True, moe_cache_peer="RPC1").validate()

@@ -66,6 +66,8 @@ llamacpp:moe_cache_cpu_total 0
 llamacpp:moe_cache_repartitions_total 0
 # TYPE llamacpp:moe_cache_slots_moved_total counter
 llamacpp:moe_cache_slots_moved_total 0
+# TYPE llamacpp:moe_cache_peer_hits_total counter
+llamacpp:moe_cache_peer_hits_total 0
 # TYPE llamacpp:moe_cache_hit_ratio gauge
 llamacpp:moe_cache_hit_ratio 0.999595
 # TYPE llamacpp:moe_cache_slots gauge

@@ -167,6 +167,7 @@ struct llama_context_params {
     bool         moe_cache_adaptive;
     int32_t      moe_cache_admit;
     int32_t      moe_cache_repartition;
+    const char * moe_cache_peer;
 };
 
 typedef struct llama_sampler_chain_params {

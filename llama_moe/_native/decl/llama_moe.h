@@ -23,6 +23,8 @@ struct llama_moe_cache_stats {
     uint64_t n_cpu;
     uint64_t n_repartition;
     uint64_t n_moved;
+    uint64_t n_hit_peer;
+    uint64_t n_slots_peer;
 };
 
 struct llama_moe_cache_status {
@@ -39,6 +41,7 @@ struct llama_moe_cache_status {
     char     device[128];
     char     text[1024];
     char     profile_error[256];
+    char     peer[128];
 };
 
 size_t  llama_moe_cache_status_size(void);
@@ -67,6 +70,8 @@ struct llama_moe_cache_layer_stats {
     uint64_t n_miss;
     uint64_t n_refused;
     uint64_t n_cpu;
+    int32_t  n_slots_peer;
+    uint64_t n_hit_peer;
 };
 
 bool    llama_moe_cache_get_stats(const struct llama_context * ctx, struct llama_moe_cache_stats * stats);
