@@ -115,7 +115,9 @@ def format_report(r: StatsReport) -> str:
     ]
     lines += cache_lines(c, r.cache_off_reason, r.cache_not_as_asked)
     header = "layer  experts  used/token  bytes/expert  expert type"
-    lines += ["", header + ("  slots   hits  misses  refused  hit rate" if c is not None else "")]
+    peer = any(l.n_slots_peer for l in r.cache_layers)  # the peer tier's columns: its slots, the misses it computed
+    lines += ["", header + ("  slots   hits  misses  refused  hit rate" if c is not None else "") +
+              ("  peer slots  peer hits" if peer else "")]
     per_layer = {l.il: l for l in r.cache_layers}
     for layer in lay.layers:
         line = f"{layer.il:5d}  {layer.n_expert:7d}  {lay.n_expert_used:10d}  {layer.bytes_per_expert:12,d}  {layer.type_name:11s}"
@@ -123,6 +125,7 @@ def format_report(r: StatsReport) -> str:
         if cached is not None:
             line += (f"  {cached.n_slots:5d}  {cached.n_hit:5d}  {cached.n_miss:6d}  {cached.n_refused:7d}"
                      f"  {cached.hit_rate:8.3f}")
+            line += f"  {cached.n_slots_peer:10d}  {cached.n_hit_peer:9d}" if peer else ""
         lines.append(line)
     lines += ["", f"text: {r.text!r}"]
     return "\n".join(lines)
@@ -157,7 +160,9 @@ def format_comparison(c: Comparison, where: str | None = None) -> str:
     lines += cache_lines(r.cache, r.cache_off_reason, r.cache_not_as_asked)
     s = r.cache
     if s is not None and s.n_lookup:
-        moved = (f"the CPU computed the {s.n_miss + s.n_refused} others" if s.hybrid else
+        on_cpu = s.n_miss + s.n_refused - s.n_hit_peer
+        moved = (f"the CPU computed the {on_cpu} others" if s.hybrid and not s.n_hit_peer else
+                 f"the peer tier computed {s.n_hit_peer} and the CPU the {on_cpu} others" if s.hybrid else
                  f"{s.n_bytes_upload / 2**20:.2f} MiB uploaded for the misses")
         lines.append(f"saved        {s.n_hit} of {s.n_lookup} expert lookups ({100.0 * s.n_hit / s.n_lookup:.1f}%) ran on the "
                      f"cache's copy instead of the CPU's; {moved}")
