@@ -121,8 +121,8 @@ step_lifecycle() {
 }
 step_equivalence() {
   for s in tiny gpt-oss-tiny; do
-    timeout $(cap 150) python3 $here/equivalence.py --shape $s --experts q8_0 -n 128 --no-prompt --pcts 25,50 \
-        --modes upload,hybrid,adaptive,admit,admit4,admit-auto,admit-sync,admit-split > $R/eq_$s.txt 2>&1
+    timeout $(cap 200) python3 $here/equivalence.py --shape $s --experts q8_0 -n 128 --no-prompt --pcts 25,50 \
+        --modes upload,hybrid,adaptive,admit,admit4,admit-auto,admit-sync,admit-split,admit-repart,admit-repart-sync > $R/eq_$s.txt 2>&1
     echo "$s: $(grep -c -- '-> ok' $R/eq_$s.txt) ok, $(grep -c WRONG $R/eq_$s.txt) wrong; $(tail -1 $R/eq_$s.txt | cut -c1-160)"
   done
   grep -qE "^(EQUIVALENT|DIFFERENT)" $R/eq_gpt-oss-tiny.txt && mark equivalence
