@@ -25,6 +25,7 @@ SCALARS = {
     "repartitions_total": "n_repartition",
     "slots_moved_total": "n_moved",
     "peer_hits_total": "n_hit_peer",
+    "peer_slots": "n_slots_peer",
     "hit_ratio": "hit_ratio",
     "slots": "n_slots",
     "resident": "n_resident",
@@ -35,7 +36,7 @@ SCALARS = {
 PER_LAYER = ("layer_hits_total", "layer_hits_profile_total", "layer_misses_total", "layer_refused_total")
 # series later than the first llama-server with a cache: their absence means a server built from older patches
 LATER_SERIES = ("refused_total", "resident", "layer_refused_total", "admissions_total", "cpu_total",
-                "repartitions_total", "slots_moved_total", "peer_hits_total")
+                "repartitions_total", "slots_moved_total", "peer_hits_total", "peer_slots")
 COUNTER_SERIES = tuple(PREFIX + s for s in SCALARS if s.endswith("_total")) + tuple(PREFIX + s for s in PER_LAYER)
 ALL_SERIES = tuple(PREFIX + s for s in SCALARS) + tuple(PREFIX + s for s in PER_LAYER)
 
@@ -128,6 +129,7 @@ class MoeCacheMetrics(HitRate):
     n_repartition: int = 0
     n_moved: int = 0
     n_hit_peer: int = 0
+    n_slots_peer: int = 0
     devices: tuple["DeviceMetrics", ...] = ()  # the devices that hold slots (a server from older patches: none)
 
 

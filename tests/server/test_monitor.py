@@ -61,6 +61,7 @@ def metrics_text(scrape: int, cache: bool = True) -> str:
         series("moe_cache_repartitions_total", "counter", 0, "MoE cache: rounds that moved slots between layers")
         series("moe_cache_slots_moved_total", "counter", 0, "MoE cache: slots those rounds moved")
         series("moe_cache_peer_hits_total", "counter", 0, "MoE cache: of the misses, those the peer computed")
+        series("moe_cache_peer_slots", "gauge", 0, "MoE cache: the peer tier's expert slots")
         series("moe_cache_hit_ratio", "gauge", h / (h + m + r), "MoE cache: hits / (hits + misses + refused)")
         series("moe_cache_slots", "gauge", 78, "MoE cache: expert slots")
         series("moe_cache_resident", "gauge", 75, "MoE cache: slots that hold an expert now")

@@ -68,6 +68,8 @@ llamacpp:moe_cache_repartitions_total 0
 llamacpp:moe_cache_slots_moved_total 0
 # TYPE llamacpp:moe_cache_peer_hits_total counter
 llamacpp:moe_cache_peer_hits_total 0
+# TYPE llamacpp:moe_cache_peer_slots gauge
+llamacpp:moe_cache_peer_slots 0
 # TYPE llamacpp:moe_cache_hit_ratio gauge
 llamacpp:moe_cache_hit_ratio 0.999595
 # TYPE llamacpp:moe_cache_slots gauge
