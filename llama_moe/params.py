@@ -219,8 +219,9 @@ class ContextParams:
     # with admission: every this many decodes the engine moves slots between layers, to where the miss curves it
     # observes gain most (0 = never: each layer keeps the slots it was sized with)
     moe_cache_repartition: int = 0
-    # with the hybrid and a profile: a second device (by ggml's name, e.g. "CUDA1", "RPC1") that holds the experts
-    # the profile ranks after the cache's and computes them (None: no peer tier)
+    # with the hybrid: a second device (by ggml's name, e.g. "CUDA1", "RPC1") that holds experts the cache lacks and
+    # computes them: the profile's next ranked after the cache's, and with admission the ones the cache evicts
+    # (None: no peer tier)
     moe_cache_peer: str | None = None
     # sequences decoded together (generate_batch); each has n_ctx // n_seq_max positions of its own
     n_seq_max: int = 1
@@ -258,9 +259,10 @@ class ContextParams:
         if peer is not None:
             if not isinstance(peer, str) or not peer or "\0" in peer or len(peer.encode()) > 127:
                 raise ParameterError(f"moe_cache_peer must be a device's name (1 to 127 bytes, no NUL) or None, got {peer!r}")
-            if not self.moe_cache_hybrid or self.moe_cache_profile is None:
-                raise ParameterError(f"moe_cache_peer={peer!r} needs moe_cache_hybrid=True and a moe_cache_profile: the peer "
-                                     f"holds the experts the profile ranks after the cache's")
+            if not self.moe_cache_hybrid or (self.moe_cache_profile is None and not self.moe_cache_admit):
+                raise ParameterError(f"moe_cache_peer={peer!r} needs moe_cache_hybrid=True, and a moe_cache_profile (the peer "
+                                     f"takes the experts it ranks after the cache's) or moe_cache_admit (the peer takes the "
+                                     f"experts the cache evicts)")
         check_whole("moe_cache_repartition", self.moe_cache_repartition, 0, 999999,
                     "a whole number of decodes (0: never)")
         if self.moe_cache_repartition and not self.moe_cache_admit:

@@ -60,8 +60,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="with --moe-cache-admit: move slots between layers every N decodes, to where the observed miss "
                         "curves gain most (default 0: never)")
     p.add_argument("--moe-cache-peer", metavar="DEVICE",
-                   help="with --moe-cache-hybrid and --moe-cache-profile: a second device (e.g. CUDA1, RPC1) holds the "
-                        "experts the profile ranks after the cache's and computes them")
+                   help="with --moe-cache-hybrid and a profile or admission: a second device (e.g. CUDA1, RPC1) holds "
+                        "experts the cache lacks (the profile's next, those admission evicts) and computes them")
     p.add_argument("--no-repack", action="store_true", help="keep CPU weights in their file layout (the cache needs it on a CPU-only build)")
     p.add_argument("--temp", type=float, default=0.8,
                    help="sampling temperature (default 0.8, seeded; 0 is greedy, which loops on the synthetic models)")
@@ -103,9 +103,10 @@ def check_cache_options(mib: float, profile: str | None, hybrid: bool, adaptive:
     if repartition and not admit:
         raise ParameterError("--moe-cache-repartition works with --moe-cache-admit only (the miss curves it follows are "
                              "the admitting hybrid's LRU's)")
-    if peer is not None and (not hybrid or profile is None):
-        raise ParameterError("--moe-cache-peer works with --moe-cache-hybrid and --moe-cache-profile (the peer holds the "
-                             "experts the profile ranks after the cache's)")
+    if peer is not None and (not hybrid or (profile is None and not admit)):
+        raise ParameterError("--moe-cache-peer works with --moe-cache-hybrid, and --moe-cache-profile (the peer takes the "
+                             "experts it ranks after the cache's) or --moe-cache-admit (the peer takes the experts the "
+                             "cache evicts)")
     if profile is not None and not Path(profile).is_file():
         raise ParameterError(f"--moe-cache-profile {profile}: no such file")
 

@@ -563,6 +563,94 @@ def test_a_peer_device_computes_the_experts_the_profile_ranks_next(rpc_pair, tin
     assert stats.n_slots_peer == sum(l.n_slots_peer for l in layers)
 
 
+def _replay_admit_with_peer(records, slots: int, peer_slots: dict[int, int], admit: int) -> dict[int, tuple[int, int, int]]:
+    """The admitting hybrid with a peer, written from its description: per ubatch and layer, an expert in the
+    cache's slots is a hit; one the peer holds is the peer's (a miss of the cache, its peer slot marked used);
+    every miss (once per ubatch) waits for admission. When the next decode starts, each layer admits its first
+    ``admit`` waiting experts into its first free slot, else its least recently used one (the lowest of equals),
+    as just used; the expert that slot held goes to the peer (kept and marked used if the peer has it, else into
+    the peer's first free slot, else its least recently used one), as just used. (hits, misses, peer's) a layer."""
+    cache: dict[int, list] = {}
+    peer: dict[int, list] = {}
+    queue: dict[int, list[int]] = {}
+    count: dict[int, list[int]] = {}
+    clock, prev = 0, None
+
+    def lru(table: list, free_first: bool = True) -> int:
+        expert_in, last = table
+        free = [s for s, e in enumerate(expert_in) if e < 0]
+        return free[0] if free else min(range(len(expert_in)), key=lambda s: (last[s], s))
+
+    def admit_all() -> None:
+        nonlocal clock
+        clock += 1
+        for il, q in queue.items():
+            n = 0
+            for e in q:
+                if n >= admit:
+                    break
+                if e in cache[il][0]:
+                    continue
+                s = lru(cache[il])
+                evicted = cache[il][0][s]
+                cache[il][0][s], cache[il][1][s] = e, clock
+                n += 1
+                if evicted >= 0:
+                    pin, plast = peer[il]
+                    if evicted in pin:
+                        plast[pin.index(evicted)] = clock
+                    else:
+                        ps = lru(peer[il])
+                        pin[ps], plast[ps] = evicted, clock
+            q.clear()
+
+    for r in records:
+        if prev is not None and r.il <= prev:
+            admit_all()
+        prev = r.il
+        clock += 1
+        if r.n_tokens > 32:
+            continue
+        cache.setdefault(r.il, [[-1] * slots, [0] * slots])
+        peer.setdefault(r.il, [[-1] * peer_slots[r.il], [0] * peer_slots[r.il]])
+        q, c = queue.setdefault(r.il, []), count.setdefault(r.il, [0, 0, 0])
+        seen: set[int] = set()
+        for e in r.experts.reshape(-1).tolist():
+            if e < 0 or e in seen:
+                continue
+            seen.add(e)
+            if e in cache[r.il][0]:
+                c[0] += 1
+                cache[r.il][1][cache[r.il][0].index(e)] = clock
+                continue
+            c[1] += 1
+            if e in peer[r.il][0]:
+                c[2] += 1
+                peer[r.il][1][peer[r.il][0].index(e)] = clock
+            q.append(e)
+    return {il: tuple(c) for il, c in count.items()}
+
+
+def test_with_admission_the_peer_takes_what_the_cache_evicts(rpc_pair, tiny_model_path, caplog) -> None:
+    """No profile: the admitting hybrid's evictions fill the peer, which then holds the ranks of recency after
+    the cache's. Tokens and logits are no cache's, and every lookup is where an independent replay puts it."""
+    caplog.set_level(logging.INFO, logger="llama_moe.native")
+    mp = ModelParams(cpu_moe=True, repack=False, rpc=tuple(s.endpoint for s in rpc_pair), tensor_split=(1.0, 0.0))
+    with Model(tiny_model_path, mp) as model:
+        plain_tokens, plain_logits, *_ = _run(model, ContextParams(n_ctx=512, n_threads=2))
+        tokens, logits, stats, layers, records, status = _run(model, ContextParams(
+            n_ctx=512, n_threads=2, moe_cache_mib=mib_for_slots(tiny_model_path, 4, hybrid=True), moe_cache_hybrid=True,
+            moe_cache_admit=2, moe_cache_peer="RPC1"), trace=True)
+    assert tokens == plain_tokens
+    np.testing.assert_array_equal(logits, plain_logits)
+    assert status.peer == "RPC1" and status.as_asked
+    expected = _replay_admit_with_peer(records, 4, {l.il: l.n_slots_peer for l in layers}, 2)
+    assert {l.il: (l.n_hit, l.n_miss, l.n_hit_peer) for l in layers} == expected
+    assert stats.n_hit_peer > 0 and all(l.n_slots_peer > 0 for l in layers)
+    assert re.search(r"llama_moe_cache: peer RPC1 computed \d+ of the \d+ misses, the CPU the others; [1-9]\d* experts the "
+                     r"cache evicted went to it", caplog.text)
+
+
 @pytest.mark.parametrize("peer, split, why", [
     ("RPC0", (1.0, 0.0), "--moe-cache-peer RPC0 is the device that holds the cache"),
     ("CUDA7", (1.0, 0.0), "--moe-cache-peer CUDA7 is not one of the model's devices (RPC0, RPC1)"),
@@ -578,5 +666,5 @@ def test_a_peer_that_cannot_apply_is_refused_with_its_reason(rpc_pair, tiny_mode
 
 
 def test_a_peer_needs_the_hybrid_and_a_profile() -> None:
-    with pytest.raises(ParameterError, match="moe_cache_peer='RPC1' needs moe_cache_hybrid=True and a moe_cache_profile"):
+    with pytest.raises(ParameterError, match="moe_cache_peer='RPC1' needs moe_cache_hybrid=True, and a moe_cache_profile"):
         ContextParams(moe_cache_mib=4, moe_cache_hybrid=True, moe_cache_peer="RPC1").validate()
