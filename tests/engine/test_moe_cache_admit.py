@@ -18,6 +18,7 @@ from llama_moe.errors import ParameterError
 from llama_moe.experts import expert_layout
 from llama_moe.formats.trace import RoutingRecord
 from support.cache_sizes import mib_for_slots
+from support.traced import traced_generation
 
 PROMPT = "The ship left the harbour at dawn, and the crew"
 SAMPLING = Sampling(temperature=0.8, seed=3)  # sampled text: greedy decoding of a bigram model loops
@@ -113,15 +114,11 @@ def test_admission_changes_no_token_and_counts_as_its_replay(lib, tiny_model_pat
     with Model(tiny_model_path, RAM) as model:
         plain, plain_logits = _without_cache(model)
         with Context(model, _admitting(tiny_model_path, admit)) as ctx:
-            ctx.start_trace()
-            got = list(ctx.generate(PROMPT, N_GEN, SAMPLING, stop_at_eog=False))
-            records = ctx.stop_trace()
-            logits = ctx.logits().copy()
-            stats = ctx.moe_cache_stats()
-            per_layer = {l.il: l for l in ctx.layer_stats()}
-            resident = {il: sorted(ctx.resident(il).tolist()) for il in per_layer}
-    assert got == plain
-    assert np.array_equal(logits, plain_logits)
+            run = traced_generation(ctx, PROMPT, N_GEN, SAMPLING)
+            resident = {il: sorted(ctx.resident(il).tolist()) for il in run.layers}
+    records, stats, per_layer = run.records, run.stats, run.layers
+    assert run.tokens == plain
+    assert np.array_equal(run.logits, plain_logits)
     layers, admitted = replay(records, SLOTS, admit, background)
     # the last decode's misses wait for a next decode that never came
     assert stats.n_admit == admitted > 0

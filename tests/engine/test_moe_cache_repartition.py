@@ -18,6 +18,7 @@ from llama_moe.routing.policies.admit import ADMIT_CHUNK_TOKENS, AdmitReplay
 from llama_moe.routing.policies.base import drive
 from llama_moe.routing.routes import routes_from_records
 from support.cache_sizes import mib_for_slots
+from support.traced import traced_generation
 
 PROMPT = "The ship left the harbour at dawn, and the crew sang of the long way home. " * 3  # over 32 tokens
 SAMPLING = Sampling(temperature=0.8, seed=3)
@@ -64,14 +65,10 @@ def test_repartition_changes_no_token_and_follows_the_simulator(lib, tiny_model_
         plain, plain_logits = _without_cache(model)
         with Context(model, _params(tiny_model_path, n_threads=2)) as ctx:
             assert ctx.cache_status().mailbox == (way == "mailbox")
-            ctx.start_trace()
-            got = list(ctx.generate(PROMPT, N_GEN, SAMPLING, stop_at_eog=False))
-            records = ctx.stop_trace()
-            logits = ctx.logits().copy()
-            stats = ctx.moe_cache_stats()
-            per_layer = {l.il: l for l in ctx.layer_stats()}
-    assert got == plain
-    assert np.array_equal(logits, plain_logits)
+            run = traced_generation(ctx, PROMPT, N_GEN, SAMPLING)
+    records, stats, per_layer = run.records, run.stats, run.layers
+    assert run.tokens == plain
+    assert np.array_equal(run.logits, plain_logits)
     assert records[0].n_tokens > 32  # the prompt took llama.cpp's path, uncounted
 
     replay = _replay(tiny_model_path, records, SLOTS)
