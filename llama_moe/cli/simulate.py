@@ -10,7 +10,7 @@ import argparse
 from .common import add_output_options, check_files, emit, kfold_arg, model_layout, progress, rate, read_traces
 from ..errors import ToolInputError
 from ..routing.heldout import Estimate
-from ..routing.policies import ALL_POLICIES, POLICIES, PolicyResult
+from ..routing.policies import ALL_POLICIES, POLICIES, PolicyResult, describe
 from ..routing.simulation import SimulateReport, SizeResult, simulate_sizes
 
 
@@ -56,10 +56,6 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-_WHAT = {"lru": "upload mode, LRU", "static": "hybrid, the profile's experts stay",
-         "adaptive": "hybrid, hot experts swapped in", "belady": "ceiling: knows the future"}
-
-
 def _notes(r: PolicyResult) -> str:
     notes = []
     if r.n_slots and r.n_resident < r.n_slots:
@@ -69,6 +65,10 @@ def _notes(r: PolicyResult) -> str:
                      f"than slots: the split)")
     if r.policy == "adaptive":
         notes.append(f"{r.n_swap} swaps, {r.n_fill} fills")
+    elif r.policy.startswith("admit"):
+        notes.append(f"{r.n_swap} admitted")
+        if r.n_repartition:
+            notes.append(f"{r.n_moved} slots moved in {r.n_repartition} rounds")
     return "; ".join(notes)
 
 
@@ -82,7 +82,7 @@ def format_report(r: SimulateReport) -> str:
              "           each token is its own ubatch, as in generation; hit rate = hits / (hits + misses) of "
              "the distinct experts looked up, the misses upload mode computes on the CPU included (n/a: nothing "
              "looked up); h_layer = share of (layer, token) with all its experts resident", ""]
-    head = f"{'MiB':>8s} {'slots':>5s}  {'policy':8s}"
+    head = f"{'MiB':>8s} {'slots':>5s}  {'policy':{_width(r)}s}"
     if r.test_tokens:
         head += f"  {'hit rate':>8s}  {'h_layer':>7s}"
     if r.folds:
@@ -96,9 +96,9 @@ def format_report(r: SimulateReport) -> str:
 def _size_lines(r: SimulateReport, s: SizeResult) -> list[str]:
     if s.whole:
         return [f"{s.cache_mib:8.2f} {s.slots:5d}  every layer held whole: no lookups, every expert resident"]
-    out = []
+    out, w = [], _width(r)
     for i, name in enumerate(r.policies):
-        line = f"{s.cache_mib:8.2f} {s.slots:5d}  {name:8s}" if i == 0 else f"{'':8s} {'':5s}  {name:8s}"
+        line = f"{s.cache_mib:8.2f} {s.slots:5d}  {name:{w}s}" if i == 0 else f"{'':8s} {'':5s}  {name:{w}s}"
         result = None
         if s.heldout is not None:
             result = s.heldout[name]
@@ -109,11 +109,16 @@ def _size_lines(r: SimulateReport, s: SizeResult) -> list[str]:
             result = result or k.pooled
         short = s.kfold[name].short_note() if s.kfold is not None else ""
         notes = [x for x in (_notes(result) if result else "", short and f"k-fold: {short}") if x]
-        out.append(line + f"  {_WHAT[name]}" + "".join(f"; {x}" for x in notes))
+        out.append(line + f"  {describe(name)}" + "".join(f"; {x}" for x in notes))
     if s.in_sample is not None:
-        out.append(f"{'':8s} {'':5s}  {'':8s}  in-sample static {rate(s.in_sample.hit_rate).strip()} (the profile on "
+        out.append(f"{'':8s} {'':5s}  {'':{w}s}  in-sample static {rate(s.in_sample.hit_rate).strip()} (the profile on "
                    f"its own train routing: optimistic, for contrast only)")
     return out
+
+
+def _width(r: SimulateReport) -> int:
+    """The policy column's width: the longest name asked for, at least 8."""
+    return max(8, *(len(x) for x in r.policies))
 
 
 def _interval(e: Estimate | None) -> str:

@@ -5,6 +5,7 @@ written here in the reference format, one per corpus topic), through the API and
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -232,3 +233,25 @@ def test_predict_trains_and_scores_on_different_traces(tiny_model_path: Path, ti
     assert "held out   trained on the first half of one trace, scored on the second: within one document" in out
     two = _json(capsys, "predict", model, *traces[:2])
     assert two["held_out"] == "trained on trace 1 of 2, scored on trace 2" and two["n_train"] == lengths[0]
+
+
+def test_simulate_prints_every_policy_it_accepts(tiny_model_path: Path, tiny_topics: list[Path], capsys) -> None:
+    """The text report (not only --json) of the admitting policies and their variants: each row names its policy
+    and says what it is, with the admissions it made (and the slots the re-partitioning moved)."""
+    from llama_moe.routing.policies import ALL_POLICIES, describe
+
+    assert all(describe(name) for name in ALL_POLICIES)
+    with pytest.raises(ValueError, match="unknown policy"):
+        describe("admit3")
+    model = str(tiny_model_path)
+    policies = ["lru", "admit2", "admit1-lrfu", "admit4-repart16", "belady"]
+    out = _text(capsys, "simulate", model, "--cache-mib", "1.4", "--hybrid", "--policies", ",".join(policies),
+                "--train", str(tiny_topics[0]), "--test", str(tiny_topics[1]), "--kfold", "3")
+    rows = {m.group(1): line for line in out.splitlines()
+            if (m := re.match(r"\s*(?:[\d.]+\s+\d+\s+)?([a-z][\w-]*)\s", line)) and m.group(1) in policies}
+    assert sorted(rows) == sorted(policies), out
+    for name in policies:
+        assert describe(name) in rows[name]
+    assert "hybrid admitting 2 misses per layer and decode" in rows["admit2"]
+    assert re.search(r"; \d+ admitted", rows["admit2"]) and re.search(r"; \d+ admitted", rows["admit1-lrfu"])
+    assert re.search(r"; \d+ slots moved in \d+ rounds", rows["admit4-repart16"]), rows["admit4-repart16"]

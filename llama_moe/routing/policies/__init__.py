@@ -68,6 +68,26 @@ REPLAYS: dict[str, tuple[ReplayFactory, int]] = {
 POLICIES = ("lru", "static", "adaptive", "belady")  # the default set
 ALL_POLICIES = (*REPLAYS, "belady")
 
+# What each policy is, in a few words (the reports' column beside the figures): every name of ALL_POLICIES.
+DESCRIPTIONS: dict[str, str] = {
+    "lru": "upload mode, LRU",
+    "static": "hybrid, the profile's experts stay",
+    "adaptive": "hybrid, hot experts swapped in",
+    "belady": "ceiling: knows the future",
+    **{f"admit{n}": f"hybrid admitting {n} miss{'es' if n > 1 else ''} per layer and decode" for n in (1, 2, 4, 8)},
+    **{f"admit{n}-lrfu": f"hybrid admitting {n} per layer and decode, victims by recency and frequency (simulator only)"
+       for n in (1, 2, 4, 8)},
+    **{f"admit{n}-repart{r}": f"hybrid admitting {n} per layer and decode, slots moved between layers every {r} "
+       "decodes (simulator only)" for n in (1, 2, 4, 8) for r in REPARTITION_PERIODS},
+}
+
+
+def describe(name: str) -> str:
+    """What the policy ``name`` (one of ALL_POLICIES) is, in a few words."""
+    if name not in DESCRIPTIONS:
+        raise _unknown(name)
+    return DESCRIPTIONS[name]
+
 BELADY_GROUP_BYTES = 16 << 20  # a streamed belady reads as many layers' ids per pass as fit in this (at least one)
 
 
@@ -186,8 +206,8 @@ def replay_jobs(routes: Routes | TraceRoutes, jobs: Sequence[Job], n_expert: int
 
 
 __all__ = [
-    "ALL_POLICIES", "BELADY_GROUP_BYTES", "HALF_LIFE_TOKENS", "POLICIES", "PRIOR_TOKENS", "REPLAYS", "AdaptiveReplay",
+    "ALL_POLICIES", "BELADY_GROUP_BYTES", "DESCRIPTIONS", "HALF_LIFE_TOKENS", "POLICIES", "PRIOR_TOKENS", "REPLAYS", "AdaptiveReplay",
     "AdmitReplay", "Job",
     "LruLoopReplay", "LruTokensReplay", "Meter", "PolicyResult", "Replay", "StaticReplay", "drive", "adaptive", "belady",
-    "lru", "merge_results", "replay_jobs", "replayer", "run_policy", "static",
+    "describe", "lru", "merge_results", "replay_jobs", "replayer", "run_policy", "static",
 ]
