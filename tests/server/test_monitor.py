@@ -1,12 +1,17 @@
-"""The monitor (``python -m llama_moe monitor``, monitor.html) against a stub /metrics server that stands in for
-llama-server: the proxy, the command, and the page itself rendered by a real headless Chromium."""
+"""The monitor (``python -m llama_moe monitor``, monitor.html): the proxy, the command, and the page itself
+rendered by a real headless Chromium, against a stub /metrics server that stands in for llama-server and against
+real llama-servers (the admitting hybrid, and the admitting hybrid with a peer on two rpc-servers), whose every
+tile must be the value of its /metrics series."""
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
 import sys
 import threading
+from dataclasses import dataclass
+from decimal import ROUND_HALF_UP, Decimal
 from html.parser import HTMLParser
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -15,15 +20,16 @@ import pytest
 import requests
 
 from llama_moe.server.monitor import MonitorServer, monitor_html
-from llama_moe.server.metrics import MoeCacheMetrics, parse_moe_cache
+from llama_moe.server.metrics import PREFIX, MoeCacheMetrics, parse_moe_cache, parse_prometheus
 
 LAYERS = 6
 EXPERT = 26112
 
 
-def metrics_text(scrape: int, cache: bool = True) -> str:
-    """What llama-server --metrics writes for a tiny model with a 2 MiB upload cache, after `scrape` polls'
-    worth of generation: the counters grow, and the deeper layers miss more."""
+def metrics_text(scrape: int, cache: bool = True, peer: bool = False) -> str:
+    """What llama-server --metrics writes for a tiny model with a 2 MiB upload cache (``peer``: the admitting
+    hybrid with a peer tier), after `scrape` polls' worth of generation: the counters grow, and the deeper
+    layers miss more."""
     lines: list[str] = []
 
     def series(name: str, kind: str, values: dict[str, float] | float, help_: str) -> None:
@@ -52,22 +58,28 @@ def metrics_text(scrape: int, cache: bool = True) -> str:
         series("moe_cache_hits_profile_total", "counter", 0, "MoE cache: hits on experts the profile put there")
         series("moe_cache_misses_total", "counter", m, "MoE cache: selected experts the cache did not hold")
         series("moe_cache_refused_total", "counter", r, "MoE cache: selected experts of the lookups refused")
-        series("moe_cache_upload_bytes_total", "counter", m * EXPERT, "MoE cache: bytes uploaded")
-        series("moe_cache_cpu_bytes_total", "counter", 0, "MoE cache: bytes of the experts the CPU computed")
+        # upload mode: a fifth of the misses split to the CPU; the hybrid: the CPU computes them, the peer a third,
+        # and admission uploads 12345 a poll (five digits, so that the page's count shows every one)
+        cpu_misses = 0 if peer else m // 5
+        admitted = 12345 * (scrape + 1) if peer else 0
+        series("moe_cache_upload_bytes_total", "counter", (admitted if peer else m - cpu_misses) * EXPERT,
+               "MoE cache: bytes uploaded")
+        series("moe_cache_cpu_bytes_total", "counter", (m - m // 3 if peer else cpu_misses) * EXPERT,
+               "MoE cache: bytes of the experts the CPU computed")
         series("moe_cache_copies_total", "counter", 3 * n, "MoE cache: experts large batches copied from the cache")
         series("moe_cache_swaps_total", "counter", 0, "MoE cache: experts the adaptive cache swapped in")
-        series("moe_cache_admissions_total", "counter", 0, "MoE cache: missed experts the hybrid uploaded between decodes")
-        series("moe_cache_cpu_total", "counter", 0, "MoE cache: upload mode's misses the CPU computed")
+        series("moe_cache_admissions_total", "counter", admitted, "MoE cache: missed experts the hybrid uploaded between decodes")
+        series("moe_cache_cpu_total", "counter", cpu_misses, "MoE cache: upload mode's misses the CPU computed")
         series("moe_cache_repartitions_total", "counter", 0, "MoE cache: rounds that moved slots between layers")
         series("moe_cache_slots_moved_total", "counter", 0, "MoE cache: slots those rounds moved")
-        series("moe_cache_peer_hits_total", "counter", 0, "MoE cache: of the misses, those the peer computed")
-        series("moe_cache_peer_slots", "gauge", 0, "MoE cache: the peer tier's expert slots")
+        series("moe_cache_peer_hits_total", "counter", m // 3 if peer else 0, "MoE cache: of the misses, those the peer computed")
+        series("moe_cache_peer_slots", "gauge", 48 if peer else 0, "MoE cache: the peer tier's expert slots")
         series("moe_cache_hit_ratio", "gauge", h / (h + m + r), "MoE cache: hits / (hits + misses + refused)")
         series("moe_cache_slots", "gauge", 78, "MoE cache: expert slots")
         series("moe_cache_resident", "gauge", 75, "MoE cache: slots that hold an expert now")
         series("moe_cache_prefilled", "gauge", 0, "MoE cache: slots the profile filled")
         series("moe_cache_bytes", "gauge", 2 << 20, "MoE cache: device memory")
-        series("moe_cache_hybrid", "gauge", 0, "MoE cache: 1 in hybrid mode")
+        series("moe_cache_hybrid", "gauge", 1 if peer else 0, "MoE cache: 1 in hybrid mode")
         series("moe_cache_layer_hits_total", "counter", hits, "MoE cache: hits per layer")
         series("moe_cache_layer_hits_profile_total", "counter", prof, "MoE cache: profile hits per layer")
         series("moe_cache_layer_misses_total", "counter", miss, "MoE cache: misses per layer")
@@ -81,8 +93,8 @@ class StubLlamaServer(ThreadingHTTPServer):
 
     daemon_threads = True
 
-    def __init__(self, cache: bool = True, status: int = 200) -> None:
-        self.cache, self.status = cache, status
+    def __init__(self, cache: bool = True, status: int = 200, peer: bool = False) -> None:
+        self.cache, self.status, self.peer = cache, status, peer
         self.served: list[str] = []
         self.lock = threading.Lock()
         super().__init__(("127.0.0.1", 0), _StubHandler)
@@ -104,7 +116,7 @@ class _StubHandler(BaseHTTPRequestHandler):
             body, status = b'{"error":{"code":501,"message":"This server does not support metrics endpoint."}}', s.status
         else:
             with s.lock:
-                text = metrics_text(len(s.served), s.cache)
+                text = metrics_text(len(s.served), s.cache, s.peer)
                 s.served.append(text)
             body, status = text.encode(), 200
         self.send_response(status)
@@ -249,38 +261,89 @@ class _Dom(HTMLParser):
                 self.cells[(int(a["data-layer"]), a["data-kind"])] += data
 
 
-def _fmt_count(n: int) -> str:   # monitor.html's fmtCount
-    if n < 10000:
-        return str(n)
-    for d, u in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if n >= d:
-            return f"{n / d:#.3g}".rstrip(".") + u
-    raise AssertionError
+# The series the page shows in its tiles (monitor.html's data-series, each a llamacpp:moe_cache_* name): every
+# one must be the server's value, as it wrote it.
+TILE_SERIES = {"hit_ratio", "hits_total", "hits_profile_total", "misses_total", "admissions_total", "cpu_total",
+               "peer_hits_total", "peer_slots", "refused_total", "upload_bytes_total", "cpu_bytes_total",
+               "copies_total", "swaps_total", "bytes", "slots", "resident", "prefilled"}
+BYTE_SERIES = {"upload_bytes_total", "cpu_bytes_total", "bytes"}
 
 
-def _check_dom(dom: _Dom, stub: StubLlamaServer) -> None:
-    served = [parse_moe_cache(t) for t in stub.served]
-    assert len(served) >= 2, "the page polled fewer than twice"
-    shown = dom.by_id["hit-ratio"]
-    # the last poll the page rendered (one more may have been in flight when Chromium stopped)
-    c = next((c for c in reversed(served) if f"{c.hit_ratio:.3f}" == shown), None)
-    assert c is not None, f"hit ratio {shown!r} is none of those served"
-    assert dom.by_id["misses"] == _fmt_count(c.n_miss) and dom.by_id["hits"] == _fmt_count(c.n_hit)
-    assert dom.by_id["refused"] == _fmt_count(c.n_refused) and c.n_refused > 0
-    assert dom.by_id["lookups"] == (f"{_fmt_count(c.n_hit)} hits of {_fmt_count(c.n_lookup)} lookups "
-                                    f"({_fmt_count(c.n_miss)} admitted, {_fmt_count(c.n_refused)} refused, "
-                                    f"cache {100 * 75 / 78:.2f}% full)")
-    assert re.fullmatch(r"0\.\d{3}", dom.by_id["hit-ratio-recent"]), dom.by_id["hit-ratio-recent"]
-    assert dom.by_id["cache-size"] == "2.00 MiB" and dom.by_id["slots"] == "78"
-    assert dom.by_id["mode"] == "upload mode" and "live" in dom.by_id["status"]
-    assert re.fullmatch(r"\d+\.\d\d MiB", dom.by_id["bytes-upload"])
-    assert set(dom.cells) == {(il, k) for il in range(LAYERS) for k in ("rate", "recent", "hits", "misses", "refused")}
+def _to_fixed(x: float, digits: int) -> str:
+    """JavaScript's Number.prototype.toFixed: the exact value of the double, a tie rounded up."""
+    return str(Decimal(x).quantize(Decimal(1).scaleb(-digits), rounding=ROUND_HALF_UP))
+
+
+def _fmt_count(n: float) -> str:   # monitor.html's fmtCount: every digit, grouped by three
+    return f"{round(n):,}"
+
+
+def _fmt_bytes(b: float) -> str:   # monitor.html's fmtBytes
+    for d, u in ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
+        if b >= d:
+            return f"{_to_fixed(b / d, 2)} {u}"
+    return f"{round(b)} B"
+
+
+def _as_shown(series: str, value: float) -> str:
+    if series == "hit_ratio":
+        return _to_fixed(value, 3)
+    return _fmt_bytes(value) if series in BYTE_SERIES else _fmt_count(value)
+
+
+def _series(text: str) -> dict[str, float]:
+    """A /metrics text's llamacpp:moe_cache_* series without labels, by their names without the prefix."""
+    return {s.name[len(PREFIX):]: s.value for s in parse_prometheus(text) if s.name.startswith(PREFIX) and not s.labels}
+
+
+def _tiles(dom: _Dom) -> dict[str, tuple[str, str | None, str]]:
+    """{element id: (series, the value the page read, the text it shows)} of every element that shows a series."""
+    return {i: (a["data-series"], a.get("data-value"), dom.by_id[i].strip()) for i, a in dom.attrs.items() if "data-series" in a}
+
+
+def _check_tiles(tiles: dict[str, tuple[str, str | None, str]], text: str) -> None:
+    """Every tile is its series as the server wrote it in ``text``: the value the page read, exactly, and the text
+    it shows, that value formatted; and every series of TILE_SERIES has its tile."""
+    series = _series(text)
+    assert {s for s, _, _ in tiles.values()} == TILE_SERIES
+    for element, (name, value, shown) in tiles.items():
+        assert name in series, f"#{element} shows {PREFIX}{name}, which the server does not write"
+        assert value is not None and float(value) == series[name], \
+            f"#{element} read {value} where {PREFIX}{name} is {series[name]}"
+        assert shown == _as_shown(name, series[name]), f"#{element} shows {shown!r}, {PREFIX}{name} is {series[name]}"
+
+
+def _check_layers(dom: _Dom, c: MoeCacheMetrics) -> None:
+    assert {il for il, _ in dom.cells} == set(c.layers)
     for il, (hits, _, misses) in c.layers.items():
         refused = c.layers_refused[il]
         assert dom.cells[(il, "hits")] == _fmt_count(hits) and dom.cells[(il, "misses")] == _fmt_count(misses)
         assert dom.cells[(il, "refused")] == _fmt_count(refused)
-        assert dom.cells[(il, "rate")] == f"{hits / (hits + misses + refused):.2f}"
-        assert re.fullmatch(r"[01]\.\d\d", dom.cells[(il, "recent")])
+        looked = hits + misses + refused
+        assert dom.cells[(il, "rate")] == (_to_fixed(hits / looked, 2) if looked else "\u2013")
+
+
+def _rendered(dom: _Dom, served: list[str]) -> str:
+    """The scrape the page rendered last (one more may have been in flight when Chromium stopped)."""
+    assert len(served) >= 2, "the page polled fewer than twice"
+    shown = dom.attrs["hits"].get("data-value")
+    text = next((t for t in reversed(served) if str(_series(t)["hits_total"]) == str(float(shown or "nan"))), None)
+    assert text is not None, f"hits {shown!r} is none of those served"
+    return text
+
+
+def _check_dom(dom: _Dom, stub: StubLlamaServer) -> None:
+    text = _rendered(dom, stub.served)
+    c = parse_moe_cache(text)
+    _check_tiles(_tiles(dom), text)
+    _check_layers(dom, c)
+    assert c.n_refused > 0 and c.n_cpu > 0 and c.n_admit == 0
+    assert "lookups" not in dom.by_id and "admitted" not in dom.by_id["cpu-misses-what"]
+    assert dom.by_id["cpu-misses-what"] == "no slot the ubatch left free" and "peer-tile" in dom.hidden
+    assert re.fullmatch(r"0\.\d{3}", dom.by_id["hit-ratio-recent"]), dom.by_id["hit-ratio-recent"]
+    assert dom.by_id["mode"] == "upload mode" and "live" in dom.by_id["status"]
+    assert set(dom.cells) == {(il, k) for il in range(LAYERS) for k in ("rate", "recent", "hits", "misses", "refused")}
+    assert all(re.fullmatch(r"[01]\.\d\d", dom.cells[(il, "recent")]) for il in range(LAYERS))
     assert "notice" in dom.hidden
     # generation from the counters (the stub's gauge, reset by every scrape, alternates 0 and 2119.84)
     assert dom.by_id["gen-tps"] == f"{16 / 0.0071:.0f} tok/s", dom.by_id["gen-tps"]
@@ -335,40 +398,141 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.slow
-def test_the_page_against_a_live_llama_server(tmp_path: Path, lib, tiny_model_path: Path) -> None:
-    """A real llama-server with the cache (in RAM) under requests, the monitor in front of it, headless Chromium
-    reading the page: the numbers shown are the server's, and they move while requests run."""
-    from support.llama_server import find_server_binary, start_server, stop_server
+# ----------------------------------------------------------------------------------------------- real servers
 
-    binary = find_server_binary()
-    proc, url = start_server(binary, ["-m", str(tiny_model_path), "--cpu-moe", "--no-repack", "--moe-cache-mib", "2",
-                                      "--metrics", "-c", "512"], tmp_path / "server.log")
-    m = MonitorServer(url, port=0)
+PROMPTS = ("The ship left the harbour at dawn, and the crew", "To grow tomatoes in a cold spring, gardeners",
+           "The orchestra tuned while the conductor")
+
+
+def _stats(url: str, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "llama_moe", "stats", "--server", url, *extra],
+                          capture_output=True, text=True, timeout=60)
+
+
+@dataclass
+class Watched:
+    """What the page showed of an idle server, the /metrics scrapes around it, and what stats --server said."""
+
+    url: str
+    dom: _Dom
+    metrics: str        # scraped right after Chromium dumped the page
+    stats_text: str
+    stats_json: dict
+    log: str            # the server's log, after it stopped
+
+
+def _serve_and_watch(tmp_path: Path, start, n_predict: int = 32) -> Watched:
+    """Starts a server (``start() -> (RunningServer)``), sends PROMPTS one after the other, then, with the server
+    idle: a /metrics scrape, the page in Chromium through the monitor, a scrape again (the same cache series:
+    nothing moved), stats --server; stops the server with one SIGTERM so that it logs its exit lines."""
+    server = start()
+    m = MonitorServer(server.url, port=0)
     m.start()
     try:
-        requests.post(url + "/completion", json={"prompt": "The ship", "n_predict": 16}, timeout=60).raise_for_status()
-        before = parse_moe_cache(requests.get(url + "/metrics", timeout=30).text)
-        first = _Dom(_browse(tmp_path, m.url, "--dump-dom"))
-        assert first.by_id["hit-ratio"] == f"{before.hit_ratio:.3f}" and first.by_id["hits"] == _fmt_count(before.n_hit)
-        assert {il for il, _ in first.cells} == set(before.layers) and "live" in first.by_id["status"]
-        requests.post(url + "/completion", json={"prompt": "To grow tomatoes", "n_predict": 16}, timeout=60).raise_for_status()
-        after = parse_moe_cache(requests.get(url + "/metrics", timeout=30).text)
-        second = _Dom(_browse(tmp_path, m.url, "--dump-dom"))
-        assert after.n_hit > before.n_hit and second.by_id["hits"] == _fmt_count(after.n_hit)
-        html = (Path(__file__).resolve().parents[2] / "llama_moe" / "server" / "monitor" / "monitor.html").read_text()
-        # nothing the page fetches leaves 127.0.0.1: no absolute URLs to anywhere else
-        assert not [u for u in re.findall(r"https?://[^\s\"'<>)]+", html) if not u.startswith("http://127.0.0.1")]
+        for i, prompt in enumerate(PROMPTS):
+            r = requests.post(server.url + "/completion", json={"prompt": prompt, "n_predict": n_predict,
+                                                                 "temperature": 0.8, "seed": i}, timeout=300)
+            assert r.status_code == 200, r.text
+        before = requests.get(server.url + "/metrics", timeout=30).text
+        dom = _Dom(_browse(tmp_path, m.url, "--dump-dom"))
+        after = requests.get(server.url + "/metrics", timeout=30).text
+        assert _series(after) == _series(before), "the server moved while the page was read: it must be idle"
+        text, js = _stats(server.url), _stats(server.url, "--json")
+        assert text.returncode == 0 and js.returncode == 0, text.stderr + js.stderr
     finally:
         m.shutdown()
         m.server_close()
-        stop_server(proc)
+        assert server.stop() == 0
+    return Watched(server.url, dom, after, text.stdout, json.loads(js.stdout), server.log.read_text(errors="replace"))
+
+
+def _check_stats(w: Watched) -> None:
+    """stats --server says the same series: its JSON field by field, its lines with the values of the scrape,
+    and its lookups line is the one the engine logged at exit (nothing decoded in between)."""
+    series, c = _series(w.metrics), parse_moe_cache(w.metrics)
+    js = w.stats_json["moe_cache"]
+    for name, field in (("hits_total", "n_hit"), ("hits_profile_total", "n_hit_profile"), ("misses_total", "n_miss"),
+                        ("refused_total", "n_refused"), ("admissions_total", "n_admit"), ("cpu_total", "n_cpu"),
+                        ("peer_hits_total", "n_hit_peer"), ("peer_slots", "n_slots_peer"),
+                        ("upload_bytes_total", "n_bytes_upload"), ("cpu_bytes_total", "n_bytes_cpu"),
+                        ("copies_total", "n_copy"), ("swaps_total", "n_swap"), ("hit_ratio", "hit_ratio"),
+                        ("slots", "n_slots"), ("resident", "n_resident"), ("prefilled", "n_prefilled"),
+                        ("bytes", "n_bytes_cache")):
+        assert js[field] == series[name], f"stats --server --json {field} = {js[field]}, {PREFIX}{name} = {series[name]}"
+    lines = w.stats_text.splitlines()
+    assert f"hit rate {series['hit_ratio']:.3f} ({c.n_hit} hits, {c.n_hit_profile} from the profile, {c.n_miss} misses)" in lines[4]
+    assert (f"{c.n_admit} admitted between decodes ({c.n_bytes_upload / 2**20:.2f} MiB uploaded)" in lines[4]) == (c.n_admit > 0)
+    assert f"{c.n_copy} experts copied from the cache by large batches, {c.n_swap} swapped in" in w.stats_text
+    exit_line = re.findall(r"llama_moe_cache: (\d+ hits of \d+ lookups = .*)$", w.log, re.M)
+    assert exit_line and lines[5].strip() == exit_line[-1].strip(), (lines[5], exit_line)
+    table = lines[lines.index("layer   hits  from profile  misses  refused  hit rate") + 1:]
+    assert [tuple(map(int, l.split()[1:5])) for l in table] == \
+        [(h, p, m, c.layers_refused[il]) for il, (h, p, m) in c.layers.items()]
+
+
+@pytest.mark.slow
+def test_the_page_shows_the_admitting_hybrid_s_series(tmp_path: Path, lib, tiny_model_path: Path) -> None:
+    """A real llama-server with the admitting hybrid (its cache in RAM) after a few requests, idle; the page in
+    headless Chromium through the monitor: each tile is exactly its /metrics series of a scrape taken right after
+    (admissions, the misses computed on the CPU, refused, bytes, the hit ratio gauge), the per-layer table the
+    layers' series; and stats --server says the same."""
+    from support.llama_server import find_server_binary
+    from llama_moe.server import process as server_process
+
+    binary = find_server_binary()
+    args = ["-m", str(tiny_model_path), "--cpu-moe", "--no-repack", "--moe-cache-mib", "2", "--moe-cache-hybrid",
+            "--moe-cache-admit", "2", "--metrics", "-c", "512", "-np", "1", "-v"]
+    w = _serve_and_watch(tmp_path, lambda: server_process.start_server(
+        binary, args, tmp_path / "server.log", env={"LLAMA_MOE_CACHE_DEVICE": "CPU"}))
+    c = parse_moe_cache(w.metrics)
+    assert c is not None and c.hybrid and c.n_admit > 0 and c.n_hit > 0 and c.n_miss > 0
+    tiles = _tiles(w.dom)
+    _check_tiles(tiles, w.metrics)
+    _check_layers(w.dom, c)
+    assert tiles["admissions"] == ("admissions_total", str(c.n_admit), _fmt_count(c.n_admit))
+    assert w.dom.by_id["mode"] == "hybrid mode" and "live" in w.dom.by_id["status"]
+    assert "peer-tile" in w.dom.hidden and c.n_slots_peer == 0
+    assert w.dom.by_id["cpu-misses-what"] == "upload mode's split; the hybrid's misses run on the CPU"
+    assert w.dom.by_id["requests"] == "0"
+    _check_stats(w)
+
+
+@pytest.mark.slow
+def test_the_page_shows_the_peer_s_series(tmp_path: Path, lib, tiny_model_path: Path) -> None:
+    """The admitting hybrid with a peer tier: the model's layers on one rpc-server, its experts in RAM, the cache
+    there and the peer on a second rpc-server. The peer's tile appears, and it and every other tile are exactly
+    the /metrics series; stats --server says the same."""
+    from support.llama_server import find_server_binary
+    from support.rpc_servers import find_rpc_server_binary, start_rpc_server
+    from llama_moe.server import process as server_process
+
+    rpc = [start_rpc_server(find_rpc_server_binary(), tmp_path / f"rpc{i}.log") for i in range(2)]
+    try:
+        args = ["-m", str(tiny_model_path), "--rpc", ",".join(s.endpoint for s in rpc), "-ts", "1,0", "-ngl", "99",
+                "--cpu-moe", "--no-repack", "--moe-cache-mib", "1", "--moe-cache-hybrid", "--moe-cache-admit", "2",
+                "--moe-cache-peer", "RPC1", "--metrics", "-c", "512", "-t", "2", "-np", "1", "-v"]
+        w = _serve_and_watch(tmp_path, lambda: server_process.start_server(
+            find_server_binary(), args, tmp_path / "server.log"), n_predict=16)
+    finally:
+        for s in rpc:
+            s.stop()
+    c = parse_moe_cache(w.metrics)
+    assert c is not None and c.hybrid and c.n_slots_peer > 0 and c.n_hit_peer > 0 and c.n_admit > 0
+    tiles = _tiles(w.dom)
+    _check_tiles(tiles, w.metrics)
+    _check_layers(w.dom, c)
+    assert "peer-tile" not in w.dom.hidden
+    assert tiles["peer-hits"] == ("peer_hits_total", str(c.n_hit_peer), _fmt_count(c.n_hit_peer))
+    assert w.dom.by_id["cpu-misses-what"] == "upload mode's split; the hybrid's misses run on the CPU or the peer"
+    _check_stats(w)
+    assert f"the peer tier computed {c.n_hit_peer} of the {c.n_miss} misses in its {c.n_slots_peer} slots" in w.stats_text
 
 
 # ----------------------------------------------------------------------------------------------- the script under node
 
 # A stand-in for the few DOM calls monitor.html makes, so that its script runs under node on a /metrics text
-# where no browser is installed; prints every element's text and the heat map's cells as JSON.
+# where no browser is installed; prints every element's text, the value it read (data-value), whether it is
+# hidden, and the heat map's cells as JSON.
 _NODE_HARNESS = r"""
 const fs = require("fs");
 const html = fs.readFileSync(process.argv[2], "utf8");
@@ -391,17 +555,15 @@ function done() {
   const cells = {};
   for (const m of el("layers").tBodies[0].innerHTML.matchAll(/data-layer="(\d+)" data-kind="(\w+)"[^>]*>([^<]*)</g))
     cells[m[1] + "/" + m[2]] = m[3];
-  const text = {};
-  for (const [id, e] of Object.entries(els)) text[id] = e.textContent;
-  console.log(JSON.stringify({text, cells, heat: el("chart-heat").dataset}));
+  const text = {}, values = {}, hidden = {};
+  for (const [id, e] of Object.entries(els)) { text[id] = e.textContent; values[id] = e.dataset.value; hidden[id] = e.hidden; }
+  console.log(JSON.stringify({text, values, hidden, cells, heat: el("chart-heat").dataset}));
 }
 """
 
 
 def _run_page_script(tmp_path: Path, *metrics: str) -> dict:
     """The page's script polling each metrics text in turn, one second apart."""
-    import json
-
     node = shutil.which("node")
     if node is None:
         pytest.skip("node is not installed")
@@ -417,25 +579,44 @@ def _run_page_script(tmp_path: Path, *metrics: str) -> dict:
     return json.loads(done.stdout)
 
 
-def test_the_page_script_shows_refused_lookups(tmp_path: Path) -> None:
-    """The page's own script (run under node, no browser needed) on a server's metrics: the refused tile, the
-    lookups line, and per-layer hit rates with the refused selections in their denominator."""
+def _script_tiles(out: dict) -> dict[str, tuple[str, str | None, str]]:
+    """_tiles of the node run: the elements that show a series are those of the page with a data-series."""
+    static = _Dom(monitor_html().decode())
+    return {i: (a["data-series"], out["values"].get(i), out["text"].get(i, "")) for i, a in static.attrs.items()
+            if "data-series" in a}
+
+
+def test_the_page_script_shows_the_series_as_they_are(tmp_path: Path) -> None:
+    """The page's own script (run under node, no browser needed), four polls a second apart: every tile is its
+    series as the last poll read it (upload mode with its split to the CPU; the admitting hybrid with a peer),
+    the rates are the series' per second, and the per-layer hit rates have the refused selections in their
+    denominator, as the server's gauge."""
+    for peer in (False, True):
+        polls = [metrics_text(i, peer=peer) for i in range(4)]
+        out = _run_page_script(tmp_path, *polls)
+        _check_tiles(_script_tiles(out), polls[-1])
+        c = parse_moe_cache(polls[-1])
+        text, cells = out["text"], out["cells"]
+        assert out["hidden"]["peer-tile"] is not peer
+        assert text["admission-rate"] == ("12345.0" if peer else "0.0")
+        assert text["peer-hit-rate"] == (f"{(c.n_hit_peer - parse_moe_cache(polls[0]).n_hit_peer) / 3:.1f}" if peer else "0.0")
+        assert text["cpu-misses-what"] == ("upload mode's split; the hybrid's misses run on the CPU or the peer"
+                                           if peer else "no slot the ubatch left free")
+        assert text["mode"] == ("hybrid mode" if peer else "upload mode")
+        for il, (hits, _, misses) in c.layers.items():
+            refused = c.layers_refused[il]
+            assert cells[f"{il}/refused"] == _fmt_count(refused)
+            assert cells[f"{il}/rate"] == _to_fixed(hits / (hits + misses + refused), 2)
+    # a server built before refused lookups, the split, admission and the peer: those tiles say they do not know
     metrics = metrics_text(3)
-    c = parse_moe_cache(metrics)
-    out = _run_page_script(tmp_path, metrics)
-    text, cells = out["text"], out["cells"]
-    assert text["refused"] == _fmt_count(c.n_refused) and text["hit-ratio"] == f"{c.hit_ratio:.3f}"
-    assert text["lookups"] == (f"{_fmt_count(c.n_hit)} hits of {_fmt_count(c.n_lookup)} lookups ({_fmt_count(c.n_miss)} "
-                               f"admitted, {_fmt_count(c.n_refused)} refused, cache {100 * 75 / 78:.2f}% full)")
-    for il, (hits, _, misses) in c.layers.items():
-        refused = c.layers_refused[il]
-        assert cells[f"{il}/refused"] == _fmt_count(refused)
-        assert cells[f"{il}/rate"] == f"{hits / (hits + misses + refused):.2f}"
-    # a server built before refused lookups were counted: the page says it does not know, and still works
-    older = "\n".join(l for l in metrics.splitlines() if "refused" not in l and "resident" not in l) + "\n"
+    later = ("refused", "resident", "admissions_total", "cpu_total", "peer_", "repartitions", "slots_moved")
+    older = "\n".join(l for l in metrics.splitlines() if not any(k in l for k in later)) + "\n"
     out = _run_page_script(tmp_path, older)
-    assert out["text"]["refused"] == "\u2013" and "? refused, cache ? full" in out["text"]["lookups"]
-    assert out["cells"]["0/rate"] == f"{c.layers[0][0] / (c.layers[0][0] + c.layers[0][2]):.2f}"
+    for element in ("refused", "resident", "admissions", "cpu-misses", "peer-hits"):
+        assert out["text"][element] == "\u2013" and out["values"][element] == "NaN", element
+    assert out["text"]["hit-ratio"] == _to_fixed(_series(metrics)["hit_ratio"], 3) and out["hidden"]["peer-tile"]
+    hits, _, misses = parse_moe_cache(metrics).layers[0]
+    assert out["cells"]["0/rate"] == _to_fixed(hits / (hits + misses), 2)
 
 
 def test_generation_comes_from_the_counters_not_the_gauge(tmp_path: Path) -> None:
