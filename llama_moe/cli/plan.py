@@ -43,7 +43,9 @@ def add_plan_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kfold", type=kfold_arg, metavar="K", help="folds of the held-out estimate: K contiguous blocks of "
                    "the tokens, or 'trace' (leave one trace out); default: one per trace with two or more traces, "
                    "else 10 contiguous blocks")
-    p.add_argument("--whole-layers", type=int, default=0, metavar="N", help="report the N layers that gain most from being held whole")
+    p.add_argument("--whole-layers", type=int, default=0, metavar="N",
+                   help="report the N layers that gain most from being held whole, and the same budget with them whole "
+                   "(a report: the profile written does not carry it; --per-layer writes a split the engine takes)")
     p.add_argument("--per-layer", action="store_true",
                    help="split the same bytes across the layers by the routing's miss curves (plan: needs --trace): the slots per "
                    "layer in the report and its JSON (per_layer.slots), held out; the profile written (--out / -o) carries them, "
@@ -222,22 +224,25 @@ def format_plan(p: Plan, profile_path: str | None) -> str:
         lines.append(line)
     s = p.per_layer
     if s is not None:
-        def est(e) -> str:
-            return "n/a" if e is None else f"{e.mean:.4f} [{e.low:.4f}, {e.high:.4f}]"
+        def est(e, digits: int = 4) -> str:
+            return "n/a" if e is None else f"{e.mean:.{digits}f} [{e.low:.{digits}f}, {e.high:.{digits}f}]"
         counts = [s.slots[l.il] for l in p.layers]
         lines += ["", f"per layer  ({s.note})",
                   f"  {sum(counts)} slots in all split by the layers' {s.curve} miss curves, each at least "
                   f"{s.min_slots}: {min(counts)} to {max(counts)} per layer",
-                  f"  held out (each fold split on the others' curves): hit rate {est(s.hit_rate)}, "
-                  f"{s.misses_per_token:.3f} misses/token; equal slots: {est(s.uniform_hit_rate)}, "
-                  f"{s.uniform_misses_per_token:.3f} misses/token",
+                  f"  held out (each fold split on the others' curves; misses per token and the share of the selected "
+                  f"experts resident count every selection, a layer held whole as resident: the same lookups for both)",
+                  f"    per-layer split  {est(s.misses, 3)} misses/token (pooled {s.misses_per_token:.3f}), "
+                  f"resident {est(s.resident)}",
+                  f"    equal slots      {est(s.uniform_misses, 3)} misses/token (pooled "
+                  f"{s.uniform_misses_per_token:.3f}), resident {est(s.uniform_resident)}",
                   "  slots: " + " ".join(f"{il}:{s.slots[il]}" for il in sorted(s.slots))]
     w = p.whole_layers
     if w is not None:
         lines += ["", f"whole layers ({w.note})"]
         for x in w.layers:
             lines.append(f"  layer {x.il:3d}: {x.misses_per_token:.3f} misses/token removed for {x.extra_mib:.2f} MiB more")
-        if w.resident_share is not None:
+        if w.resident_share is not None and w.uniform_share is not None:
             names = ("layer " if len(w.layers) == 1 else "layers ") + ", ".join(str(x.il) for x in w.layers)
             others = "no other layers" if w.other_slots is None else f"the others {w.other_slots} slots each"
             lines.append(f"  with {names} held whole, the same budget leaves {others}: selected experts resident "

@@ -44,30 +44,65 @@ class WholeLayer:
 @dataclass(frozen=True)
 class WholeLayersReport:
     """Which layers gain most from being held whole, and what holding them whole in the same budget would
-    do: the other layers' slots shrink. A report: the engine gives every cached layer the same slots."""
+    do: the other layers' slots shrink. A report: the profile the plan writes carries no split for it (the
+    engine takes a per-layer split from a profile's slot section, which --per-layer writes)."""
 
     layers: tuple[WholeLayer, ...]
     other_slots: int | None         # slots per other layer with these whole, same budget; None: no fit, or no other layer
     resident_share: Estimate | None  # held out: selected experts resident, the whole layers' included
-    uniform_share: Estimate          # the same for the plan's uniform slots
-    note: str = ("report only: the engine gives every cached layer the same number of slots and does not "
-                 "take a per-layer split")
+    uniform_share: Estimate | None   # the same for the plan's uniform slots
+    note: str = ("report only: the profile written (--out) does not carry it; the engine takes a per-layer split "
+                 "from the profile's slot section, which --per-layer writes")
 
 
 @dataclass(frozen=True)
 class PerLayerSlots:
     """Slots per layer from miss curves, for the same bytes as the plan's equal slots, and what they do held
-    out: each fold is replayed with the split made on the other folds' curves, beside the equal slots."""
+    out: each fold is replayed with the split made on the other folds' curves, beside the equal slots.
+
+    Compare the two by their misses per token, or by the share of the selected experts resident: both count
+    every selection of every layer, so they are over the same lookups for the split and the equal slots. Their
+    hit rates are not: a layer held whole needs no lookups and drops out of its hit rate's denominator, and the
+    split holds other layers whole than the equal slots do."""
 
     curve: str                     # the miss curves: lru (upload mode) or static (the hybrid's profile)
     slots: dict[int, int]          # il -> slots, split on the curves of all the routing
     min_slots: int                 # each layer's least
-    hit_rate: Estimate | None      # held out, with each fold's own split
-    misses_per_token: float        # held out, the folds pooled: misses (the CPU's included)
-    uniform_hit_rate: Estimate | None  # the same folds with the equal slots (the plan's estimate)
+    misses: Estimate | None        # held out, per fold: misses per token (the CPU's included), each fold's own split
+    misses_per_token: float        # held out, the folds pooled
+    uniform_misses: Estimate | None  # the same folds with the equal slots
     uniform_misses_per_token: float
+    resident: Estimate | None      # held out, per fold: share of the selected experts resident, a layer held whole
+                                   # counted as resident (the same selections as uniform_resident's)
+    uniform_resident: Estimate | None
+    hit_rate: Estimate | None      # hits / lookups of the layers looked up: over other lookups than
+    uniform_hit_rate: Estimate | None  # uniform_hit_rate's (the plan's estimate) when they hold other layers whole
+    tokens: int = 0                # of routing the curves were made from
     note: str = ("the profile written with them (--out) carries these counts: the engine sizes each layer from "
                  "them; without it every cached layer gets the same")
+
+    @property
+    def extra_misses(self) -> float | None:
+        """The split's misses per token held out over the equal slots', less one (0.25: 25% more); None when the
+        equal slots miss nothing."""
+        if not self.uniform_misses_per_token:
+            return None
+        return self.misses_per_token / self.uniform_misses_per_token - 1.0
+
+    def loses(self) -> bool:
+        """Whether the split misses more than the equal slots held out: its curves do not carry to new text."""
+        return self.misses_per_token > self.uniform_misses_per_token
+
+    def warning(self) -> str:
+        """The plan's warning when the split loses held out ("" when it does not)."""
+        if not self.loses():
+            return ""
+        more = self.extra_misses
+        pct = f"{more:.0%} more misses" if more is not None else "misses where equal slots miss nothing"
+        return (f"the per-layer split loses held out: {pct} per token than equal slots ({self.misses_per_token:.3f} "
+                f"against {self.uniform_misses_per_token:.3f} misses/token, each fold split on the others' curves); "
+                f"its miss curves ({self.tokens} tokens of routing) do not carry to new text: trace more text, or "
+                f"leave --per-layer out (a profile written with it carries the split to the engine)")
 
 
 @dataclass(frozen=True)
@@ -282,6 +317,8 @@ def plan_cache(model: str, layout: ExpertLayout, cache_mib: float, hybrid: bool,
         progress(meter.total, meter.total)  # the alternative may not have been replayed: it did not fit
     if split is not None:
         profile = with_layer_slots(profile, split.slots)
+        if split.loses():
+            warnings += (split.warning(),)
     plan = Plan(*head, n, scheme.k, len(profile.ranked), prefilled, scored.hit_rate, scored.h_layer,
                 in_sample.hit_rate, layers, report, warnings, scheme.describe(), split,
                 _device_plans(layout, devices, slots, hybrid, scored, test_tokens))
@@ -372,15 +409,27 @@ def _per_layer(layout: ExpertLayout, routes: Routes | TraceRoutes, counts: FoldC
     else:
         whole, train = static_curves(counts.total), [static_curves(c) for c in counts.train]
     split = split_devices_budget(layout, slots, whole, routes.layers, min_slots, groups)
-    jobs = [Job(a, b, policy, split_devices_budget(layout, slots, c, routes.layers, min_slots, groups), fp)
-            for (a, b), c, fp in zip(counts.bounds, train, fold_profiles)]
+    maps = [split_devices_budget(layout, slots, c, routes.layers, min_slots, groups) for c in train]
+    jobs = [Job(a, b, policy, m, fp) for (a, b), m, fp in zip(counts.bounds, maps, fold_profiles)]
     result = kfold_result(replay(jobs))
+    lookups = _fold_lookups(routes, counts)
+    lengths = [b - a for a, b in counts.bounds]
 
     def lost(r: KFoldResult) -> float:
         p = r.pooled
         return p.n_miss / test_tokens if p is not None else 0.0
 
-    return PerLayerSlots(policy, split, min_slots, result.hit_rate, lost(result), scored.hit_rate, lost(scored))
+    return PerLayerSlots(policy, split, min_slots,
+                         _per_token(result, lengths), lost(result), _per_token(scored, lengths), lost(scored),
+                         _share(lookups, routes.layers, result, maps, layout.n_expert),
+                         _share(lookups, routes.layers, scored, [slots] * len(maps), layout.n_expert),
+                         result.hit_rate, scored.hit_rate, routes.n_tokens)
+
+
+def _per_token(result: KFoldResult, lengths: Sequence[int]) -> Estimate | None:
+    """Per fold, misses per token of the fold (a layer held whole misses nothing); None under two folds."""
+    values = [r.n_miss / n for i, (r, n) in enumerate(zip(result.folds, lengths)) if n and i not in result.too_short]
+    return t_interval(values) if len(values) >= 2 else None
 
 
 def _fold_lookups(routes: Routes | TraceRoutes, counts: FoldCounts) -> np.ndarray:
@@ -398,17 +447,20 @@ def _fold_lookups(routes: Routes | TraceRoutes, counts: FoldCounts) -> np.ndarra
     return out
 
 
-def _share(lookups: np.ndarray, layers: Sequence[int], result: KFoldResult, slot_map: dict[int, int],
-           n_expert: int) -> Estimate:
+def _share(lookups: np.ndarray, layers: Sequence[int], result: KFoldResult,
+           slot_maps: dict[int, int] | Sequence[dict[int, int]], n_expert: int) -> Estimate | None:
     """Per fold, the share of selected experts that were resident, the whole layers' counted as resident
-    (the policies do not count layers held whole: they need no lookups)."""
-    whole_js = [j for j, il in enumerate(layers) if slot_map.get(il, 0) >= n_expert]
+    (the policies do not count layers held whole: they need no lookups): the same selections whatever the
+    slots. ``slot_maps``: the slots of every fold, or each fold's own. None under two folds."""
+    maps = [slot_maps] * len(result.folds) if isinstance(slot_maps, dict) else list(slot_maps)
     shares = []
-    for f, r in enumerate(result.folds):
-        served = sum(int(lookups[f, j]) for j in whole_js)
+    for f, (r, slot_map) in enumerate(zip(result.folds, maps)):
+        if f in result.too_short:
+            continue
+        served = sum(int(lookups[f, j]) for j, il in enumerate(layers) if slot_map.get(il, 0) >= n_expert)
         total = r.n_lookup + served
         shares.append((r.n_hit + served) / total if total else 1.0)
-    return t_interval(shares)
+    return t_interval(shares) if len(shares) >= 2 else None
 
 
 def _whole_layers(layout: ExpertLayout, route_layers: Sequence[int], lookups: np.ndarray, test_tokens: int,

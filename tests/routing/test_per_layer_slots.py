@@ -162,6 +162,7 @@ def test_plan_per_layer_writes_the_counts_into_its_json(tiny_model_path: Path, t
     assert main(["plan", model, "--cache-mib", mib, "--trace", *traces, "--per-layer", "-q"]) == 0
     out = capsys.readouterr().out
     assert "per layer  (the profile written with them (--out) carries these counts" in out
+    assert "per-layer split loses" not in out  # the topics' curves carry: the split misses less held out
     for argv, why in ((["--per-layer"], "--per-layer needs routing"), (["--trace", *traces, "--min-slots", "2"],
                                                                       "give --per-layer"),
                       (["--trace", *traces, "--per-layer", "--min-slots", "0"], "--min-slots must be >= 1")):
@@ -189,3 +190,75 @@ def test_plan_per_layer_writes_the_counts_into_its_profile(tiny_model_path: Path
     plain = tmp_path / "plain.strp"
     assert main(["plan", model, "--cache-mib", mib, "--trace", *traces, "--out", str(plain), "-q"]) == 0
     assert read_profile(plain).layer_slots is None and read_profile(plain).ranked == profile.ranked
+
+
+def _cyclic_and_skewed(n: int = 800, seed: int = 0) -> Routes:
+    """Six layers of 32 experts, k=4: layer 0 cycles through all 32 (an LRU hits it only when it holds them all),
+    the others pick by a steep Zipf law: at 12 slots the split holds layer 0 whole, which equal slots do not."""
+    rng = np.random.default_rng(seed)
+    w = 1 / np.arange(1, 33) ** 2.0
+    x = np.zeros((n, 6, 4), dtype=np.int8)
+    for t in range(n):
+        x[t, 0] = (4 * t + np.arange(4)) % 32
+        for j in range(1, 6):
+            x[t, j] = rng.choice(32, 4, replace=False, p=w / w.sum())
+    return Routes(tuple(range(6)), x, np.arange(n + 1, dtype=np.int64))
+
+
+def test_the_split_and_equal_slots_are_compared_over_the_same_lookups() -> None:
+    """A layer held whole needs no lookups: its selections drop out of a hit rate's denominator, so the split's
+    hit rate and the equal slots' count other lookups. Misses per token and the share of the selected experts
+    resident count every selection of every layer, the same for both."""
+    layout = layout_of("tiny")
+    k, n_layers = layout.n_expert_used, layout.n_layer
+    routes = _cyclic_and_skewed()
+    plan, _ = plan_cache("tiny", layout, cache_bytes_for_slots(layout, 12, False) / MiB, False, routes, per_layer=True)
+    s = plan.per_layer
+    assert s is not None and s.slots[0] == layout.n_expert and plan.slots == 12  # the split holds layer 0 whole
+    for resident, misses in ((s.resident, s.misses), (s.uniform_resident, s.uniform_misses)):
+        assert resident is not None and misses is not None
+        # one token a ubatch: k selections per token and layer, every one a hit, a miss or a whole layer's
+        for share, per_token in zip(resident.folds, misses.folds):
+            assert share == pytest.approx(1 - per_token / (k * n_layers))
+    assert s.misses_per_token < s.uniform_misses_per_token and not s.loses() and s.warning() == ""
+    assert s.resident.mean > s.uniform_resident.mean
+    assert s.hit_rate.mean < s.resident.mean - 0.02  # over the looked-up layers alone: layer 0's hits drop out
+    assert s.uniform_hit_rate == plan.hit_rate and s.uniform_resident.mean == pytest.approx(plan.hit_rate.mean)
+
+
+def _swapped(local_first: bool, n: int = 400, seed: int = 0) -> np.ndarray:
+    """Layers 0-2 local (4 of 6 experts) and 3-5 wide (4 of 32), or the other way round."""
+    rng = np.random.default_rng(seed)
+    x = np.zeros((n, 6, 4), dtype=np.int32)
+    for t in range(n):
+        for il in range(6):
+            x[t, il] = (rng.choice(6, 4, replace=False) if (il < 3) == local_first
+                        else rng.choice(32, 4, replace=False))
+    return x
+
+
+def test_plan_warns_when_the_split_loses_held_out(tiny_model_path: Path, tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """Curves from routing that does not carry to the held-out text (here each trace's local layers are the
+    other's wide ones): the split misses more than equal slots held out, and the plan says so with both figures."""
+    from test_heldout_folds import write_routing
+
+    model = str(tiny_model_path)
+    mib = f"{cache_bytes_for_slots(expert_layout(model), 8, False) / MiB:.4f}"
+    traces = [str(write_routing(tmp_path / f"{name}.bin", _swapped(first, seed=i)))
+              for i, (name, first) in enumerate((("a", True), ("b", False)))]
+    argv = ["plan", model, "--cache-mib", mib, "--trace", *traces, "--per-layer", "-q"]
+    capsys.readouterr()
+    assert main([*argv, "--json"]) == 0
+    captured = capsys.readouterr()
+    rep = json.loads(captured.out)["per_layer"]
+    split, equal = rep["misses_per_token"], rep["uniform_misses_per_token"]
+    assert split > 1.05 * equal
+    warning = next(w for w in json.loads(captured.out)["warnings"] if "per-layer split loses" in w)
+    assert f"{split:.3f} against {equal:.3f} misses/token" in warning and "more misses per token" in warning
+    assert f"warning: {warning}" in captured.err
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert f"warning    {warning}" in out
+    assert f"per-layer split  " in out and f"(pooled {split:.3f})" in out and f"(pooled {equal:.3f})" in out
+    assert "the same lookups for both" in out
