@@ -166,9 +166,69 @@ def test_synth_report_cli() -> None:
     rep = json.loads(out.stdout)
     assert len(rep["lru"]) == len(rep["slots"]) == 3 and rep["shape"] == "tiny"  # 4, 8 and 16 of 32: k is 4
     assert rep["checks"] == [] and rep["targets"] is None  # no published or derived figures for tiny
+    # a preset without a calibration says so, and a preset is no custom shape: no warning
+    assert rep["calibration"]["preset"] and not rep["calibration"]["calibrated"]
+    assert rep["calibration"]["label"].startswith("not calibrated: a test shape") and "warning" not in out.stderr
     bad = subprocess.run([sys.executable, "-m", "llama_moe", "synth-report", "--shape", "tiny", "--recency", "-1"],
                          capture_output=True, text=True, timeout=600)
     assert bad.returncode == 2 and "recency" in bad.stderr and "Traceback" not in bad.stderr
+
+
+CALIBRATED = {"qwen3-30b-a3b": ("gajsanders/moe-trace", "0.424 / 0.647 / 0.810 / 0.918"),
+              "flat-512": ("r9700-lru-expert-cache", "0.736")}
+
+
+def test_every_preset_has_its_calibration_or_the_label() -> None:
+    """Each preset says what its routing is calibrated against (the figures and their source) or that it is not;
+    a shape given as k=v is a preset only when its sizes are one's."""
+    from llama_moe.synth.calibration import _PRESETS, calibration_of, custom_shape_warning, preset_name
+
+    assert set(_PRESETS) == set(SHAPES)  # a new preset needs its entry
+    for name in SHAPES:
+        cal = calibration_of(name)
+        assert cal.preset and cal.shape == name and f"--shape {name}" in cal.report
+        if name in CALIBRATED:
+            source, figures = CALIBRATED[name]
+            assert cal.calibrated and cal.label.startswith("calibrated against") and source in cal.label
+            assert figures in cal.label and cal.held_out in cal.label  # and what a real trace says of it
+        else:
+            assert not cal.calibrated and cal.label.startswith("not calibrated: "), name
+        assert custom_shape_warning(name) is None
+    # the gpt-oss presets meet targets derived from another model's figures: not a calibration
+    assert "derived from Qwen3-30B-A3B" in calibration_of("gpt-oss-120b").label
+    assert "5-13 points" in calibration_of("gpt-oss-120b").label
+    assert preset_name("tiny,n_layer=6") == "tiny" and custom_shape_warning("tiny,n_layer=6") is None
+    assert preset_name("qwen3-30b-a3b,n_layer=4") is None
+    custom = calibration_of("qwen3-30b-a3b,n_layer=4")
+    assert not custom.preset and not custom.calibrated and custom.label.startswith("not calibrated: a custom shape")
+    assert "not calibrated" in custom_shape_warning("qwen3-30b-a3b,n_layer=4")
+
+
+def test_the_report_prints_the_calibration_and_a_custom_shape_is_warned_of(tmp_path: Path) -> None:
+    """synth-report's text names the shape's calibration (and says when the run's knobs are not its setting);
+    synth and synth-report warn that a k=v shape's routing is not calibrated."""
+    from dataclasses import replace
+
+    from llama_moe.synth.config import QWEN3_ROUTING
+
+    rep = measure("tiny,n_layer=2", seeds=(0,), sizes=(4,))
+    assert "calibration: not calibrated: a custom shape" in rep.format()
+    as_qwen = replace(rep, shape="qwen3-30b-a3b", routing=QWEN3_ROUTING, targets=None)
+    line = next(l for l in as_qwen.format().splitlines() if l.startswith("calibration: "))
+    assert line.startswith("calibration: calibrated against the published routing of Qwen3-30B-A3B")
+    assert "differ" not in line
+    knobs = replace(as_qwen, routing=replace(QWEN3_ROUTING, skew=0.5)).format()
+    assert "this run's router knobs differ from the shape's setting" in knobs
+    out = subprocess.run([sys.executable, "-m", "llama_moe", "synth-report", "--shape", "tiny,n_layer=2", "--seeds", "0"],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    assert "llama_moe synth-report: warning: --shape tiny,n_layer=2: its routing is not calibrated" in out.stderr
+    assert "\ncalibration: not calibrated: a custom shape" in out.stdout
+    for shape, warned in (("tiny,n_layer=2", True), ("tiny", False)):
+        made = subprocess.run([sys.executable, "-m", "llama_moe", "synth", str(tmp_path / "m.gguf"), "--shape", shape,
+                               "--quiet"], capture_output=True, text=True, timeout=600)
+        assert made.returncode == 0, made.stderr
+        assert ("llama_moe synth: warning: --shape tiny,n_layer=2: its routing is not calibrated" in made.stderr) == warned
 
 
 @pytest.fixture(scope="module")

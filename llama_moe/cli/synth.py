@@ -3,12 +3,14 @@ MoE architecture (archs.py)."""
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 import time
 from dataclasses import replace
 from typing import Any, TextIO
 
 from llama_moe.errors import LlamaMoeError
+from llama_moe.synth.calibration import calibration_of, custom_shape_warning
 from llama_moe.synth.config import RoutingConfig, routing_for
 from llama_moe.synth.shapes import SHAPES, parse_shape
 from llama_moe.synth.archs import CONFIGS as ARCH_CONFIGS
@@ -116,6 +118,7 @@ def run(args: argparse.Namespace) -> int:
             return _wrote(info, t0)
         spec = _shape_for(args.arch, args.shape)
         shape = parse_shape(spec)
+        _warn_if_custom("synth", spec)
         routing = routing_from(_given(args), shape)
         shape_arg = spec if spec in SHAPES else shape
         bar = None if args.quiet else ProgressBar()
@@ -161,8 +164,9 @@ def register_report(subparsers: Any) -> argparse.ArgumentParser:
         help="the synthetic routing's cache hit rates and locality beside real routing's (numpy only)",
         description="Route the embedded corpus (each paragraph one prompt) through a synthetic shape's routers in "
         "numpy and print per-layer LRU and Belady hit rates at 6.25/12.5/25/50%% of the experts, adjacent-token "
-        "overlap by depth, per-prompt concentration and what shuffling the tokens costs, beside the published "
-        "figures of Qwen3-30B-A3B. No native library needed.",
+        "overlap by depth, per-prompt concentration and what shuffling the tokens costs, beside the figures the "
+        "shape is held to, and the shape's calibration (what it is calibrated against, or 'not calibrated', and "
+        "what real traces say of it; a k=v shape is never calibrated). No native library needed.",
     )
     p.add_argument("--shape", default="qwen3-30b-a3b", help="a preset or k=v,... (default qwen3-30b-a3b)")
     p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds, pooled (default 0,1,2)")
@@ -178,6 +182,7 @@ def run_report(args: argparse.Namespace) -> int:
 
     try:
         shape = parse_shape(args.shape)
+        _warn_if_custom("synth-report", args.shape)
         seeds = _seeds(args.seeds)
         routing = routing_from(_given(args), shape)
         name = args.shape if args.shape in SHAPES else shape
@@ -192,10 +197,19 @@ def run_report(args: argparse.Namespace) -> int:
         import json
         from dataclasses import asdict
 
-        print(json.dumps(dict(asdict(rep), checks=[asdict(c) for c in rep.checks()]), indent=1))
+        cal = calibration_of(rep.shape)
+        print(json.dumps(dict(asdict(rep), checks=[asdict(c) for c in rep.checks()],
+                              calibration=dict(asdict(cal), label=rep.calibration_label())), indent=1))
     else:
         print(rep.format())
     return 0
+
+
+def _warn_if_custom(command: str, spec: str) -> None:
+    """A --shape that is no preset: its routing is not calibrated (llama_moe/synth/calibration.py)."""
+    text = custom_shape_warning(spec)
+    if text is not None:
+        logging.getLogger(__name__).warning("llama_moe %s: warning: %s", command, text)
 
 
 def _seeds(text: str) -> tuple[int, ...]:

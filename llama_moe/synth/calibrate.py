@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, fields, replace
 import numpy as np
 
 from llama_moe.errors import LlamaMoeError
+from llama_moe.synth.calibration import calibration_of
 from llama_moe.synth.config import RoutingConfig, routing_for
 from llama_moe.synth.design import build_design
 from llama_moe.synth.corpus import load_corpus, paragraphs
@@ -189,6 +190,13 @@ class CalibrationReport:
                              self.shuffle_cost >= t.shuffle_min, t.shuffle_min))
         return out
 
+    def calibration_label(self) -> str:
+        """The shape's calibration (calibration.py), and whether this run's router knobs are its calibrated ones."""
+        cal = calibration_of(self.shape)
+        changed = cal.preset and self.routing != routing_for(cal.shape)
+        return cal.label + ("; this run's router knobs differ from the shape's setting, so its figures are not "
+                            "the calibration's" if changed else "")
+
     def format(self) -> str:
         t = self.targets
         shown = t.shown if t else {}
@@ -196,7 +204,7 @@ class CalibrationReport:
         lines = [f"shape {self.shape}: seeds {', '.join(map(str, self.seeds))}; {self.n_prompts} prompts "
                  f"(corpus paragraphs), {self.n_tokens} tokens per seed; hit rates per layer, {how}; routing "
                  f"{describe(self.routing)}", f"targets: {t.source if t else 'none for this shape'}",
-                 "", f"{'':36} {'synthetic':>10} {'target':>12}"]
+                 f"calibration: {self.calibration_label()}", "", f"{'':36} {'synthetic':>10} {'target':>12}"]
 
         def row(label: str, got: float, want: float | None, key: str = "") -> None:
             text = shown.get(key) or (f"{want:.3f}" if want is not None else "")
