@@ -101,9 +101,9 @@ def main() -> int:
     ap.add_argument("--direct", action="store_true", help="no relays: tokens per second only")
     args = ap.parse_args()
 
-    import llama_moe
+    from llama_moe._native.loader import llama_binary
 
-    binary = Path(llama_moe.native_version()["path"]).parent / "ggml-rpc-server"
+    binary = llama_binary("ggml-rpc-server")  # $LLAMA_BIN, else next to the loaded libllama
     work = Path(tempfile.mkdtemp(prefix="rpc_traffic-"))
     model_path = work / f"{args.shape}.gguf"
     synthesize(model_path, shape=args.shape, expert_type="q8_0", seed=0)

@@ -118,6 +118,36 @@ def library_path() -> Path | None:
     return _lib_path
 
 
+BIN_ENV = "LLAMA_BIN"
+
+
+def llama_binary(name: str) -> Path:
+    """The llama.cpp program ``name`` (llama-server, llama-bench, ggml-rpc-server, ...) the tools run: in the folder
+    ``$LLAMA_BIN`` names when it is set, else the one built next to the loaded libllama. A set ``$LLAMA_BIN`` that is
+    not a folder, or lacks the program, is an error that names the variable and the path: never a silent fallback
+    to another build."""
+    env = os.environ.get(BIN_ENV)
+    if env:
+        folder = Path(env).expanduser()
+        if not folder.is_dir():
+            what = "is not a folder" if folder.exists() else "does not exist"
+            raise NativeLibraryError(f"{BIN_ENV}={env}: {folder} {what}; set {BIN_ENV} to the folder of the llama.cpp "
+                                     f"programs built from these patches, or unset it to use those next to the library")
+        binary = folder / name
+        if not binary.is_file() or not os.access(binary, os.X_OK):
+            what = "not an executable file" if binary.exists() else "missing"
+            raise NativeLibraryError(f"{BIN_ENV}={env}: {binary} is {what}; {BIN_ENV} must name a folder with {name} "
+                                     f"(a build of these patches: python -m llama_moe build, without --lib-only)")
+        return binary
+    get_lib()
+    assert _lib_path is not None
+    binary = _lib_path.parent / name
+    if not binary.is_file():
+        raise NativeLibraryError(f"{binary} is missing: build the programs (python -m llama_moe build, without "
+                                 f"--lib-only), or set {BIN_ENV} to a folder that has {name}")
+    return binary
+
+
 def manifest() -> dict:
     """The manifest.json beside the loaded library, or {} when there is none (a library from $LLAMA_MOE_LIB)."""
     if _lib_path is None:

@@ -1,4 +1,4 @@
-"""A llama-server process on 127.0.0.1: found next to the loaded libllama, started with its logs in files,
+"""A llama-server process on 127.0.0.1: found in $LLAMA_BIN or next to the loaded libllama, started with its logs in files,
 waited for until healthy (bounded), and stopped with one SIGTERM so that it writes its exit records."""
 from __future__ import annotations
 
@@ -15,18 +15,20 @@ from pathlib import Path
 
 import requests
 
-from ..errors import ServerStartError
+from ..errors import NativeLibraryError, ServerStartError
 
 
 def server_binary() -> Path:
-    """The llama-server built with the loaded libllama (python -m llama_moe build, without --lib-only)."""
+    """The llama-server the tools run: in ``$LLAMA_BIN`` when it is set, else the one built with the loaded libllama
+    (python -m llama_moe build, without --lib-only). ServerStartError, naming the path, when it is not there."""
     from .._native import loader as _loader
 
-    _loader.get_lib()
-    binary = Path(str(_loader.library_path())).parent / "llama-server"
-    if not binary.is_file():
-        raise ServerStartError(f"{binary} is missing: build the tools (python -m llama_moe build, without --lib-only)")
-    return binary
+    try:
+        return _loader.llama_binary("llama-server")
+    except NativeLibraryError as exc:
+        if _loader.library_path() is None and not os.environ.get(_loader.BIN_ENV):
+            raise  # no library to be next to: the loader's error says where it looked
+        raise ServerStartError(str(exc)) from None
 
 
 _PR_SET_PDEATHSIG = 1

@@ -70,3 +70,63 @@ def _children() -> set[int]:
         if int(fields[1]) == me and fields[0] != "Z":
             found.add(int(stat.parent.name))
     return found
+
+
+def test_llama_bin_is_where_the_tools_find_llama_server(binary, tiny_model_path, tmp_path, monkeypatch) -> None:
+    """$LLAMA_BIN names the folder of the llama.cpp programs the tools run: a real llama-server is started from it
+    (here the build folder, under another name, so that the library's own folder would not pass), and serve's
+    command names it."""
+    import subprocess
+    import sys
+
+    import requests
+
+    link = tmp_path / "bin"
+    link.symlink_to(binary.parent, target_is_directory=True)
+    monkeypatch.setenv("LLAMA_BIN", str(link))
+    found = process.server_binary()
+    assert found == link / "llama-server" and found != binary
+    with process.start_server(found, _args(tiny_model_path), tmp_path / "s.log") as server:
+        assert Path(os.readlink(f"/proc/{server.proc.pid}/exe")) == binary.resolve()
+        assert server.proc.args[0] == str(link / "llama-server")
+        r = requests.post(f"{server.url}/completion", json={"prompt": "The ship", "n_predict": 4}, timeout=60)
+        assert r.status_code == 200 and r.json()["tokens_predicted"] == 4
+    plan = subprocess.run([sys.executable, "-m", "llama_moe", "serve", str(tiny_model_path), "--dry-run"],
+                          capture_output=True, text=True, timeout=300)
+    assert plan.returncode == 0, plan.stderr
+    assert f"command      {link / 'llama-server'} -m " in plan.stdout
+    monkeypatch.delenv("LLAMA_BIN")
+    assert process.server_binary() == binary  # unset: the one next to the loaded libllama
+
+
+def test_a_bad_llama_bin_is_an_error_that_names_it(binary, tiny_model_path, tmp_path, monkeypatch) -> None:
+    """A set $LLAMA_BIN that is not a folder, or lacks the program asked for, is an error naming the variable and
+    the path: never a silent fallback to the library's folder."""
+    import subprocess
+    import sys
+
+    from llama_moe._native.loader import llama_binary
+    from llama_moe.errors import NativeLibraryError
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    not_x = tmp_path / "not-executable"
+    not_x.mkdir()
+    (not_x / "llama-server").write_bytes(binary.read_bytes())
+    (not_x / "llama-server").chmod(0o644)
+    cases = [(tmp_path / "nope", "does not exist"), (tiny_model_path, "is not a folder"),
+             (empty, f"{empty / 'llama-server'} is missing"), (not_x, "is not an executable file")]
+    for folder, why in cases:
+        monkeypatch.setenv("LLAMA_BIN", str(folder))
+        with pytest.raises(ServerStartError) as excinfo:
+            process.server_binary()
+        assert f"LLAMA_BIN={folder}: " in str(excinfo.value) and why in str(excinfo.value)
+        with pytest.raises(NativeLibraryError) as excinfo:
+            llama_binary("ggml-rpc-server")  # every program the tools run is looked for there
+        assert f"LLAMA_BIN={folder}: " in str(excinfo.value)
+        assert folder.is_file() or not folder.exists() or "ggml-rpc-server is missing" in str(excinfo.value)
+    out = subprocess.run([sys.executable, "-m", "llama_moe", "serve", str(tiny_model_path), "--dry-run"],
+                         capture_output=True, text=True, timeout=300, env={**os.environ, "LLAMA_BIN": str(empty)})
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.startswith(f"llama_moe serve: error: LLAMA_BIN={empty}: {empty / 'llama-server'} is missing")
+    assert len(out.stderr.strip().splitlines()) == 1

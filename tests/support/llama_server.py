@@ -15,13 +15,16 @@ OUR_OPTIONS = ("--moe-cache-mib", "--moe-cache-profile", "--moe-cache-hybrid", "
 
 
 def find_server_binary() -> Path:
-    """llama-server next to the loaded libllama. It is part of our build (build_native.py makes it with the library),
-    so a missing binary or a missing option of ours fails the test that needs it: it never skips."""
-    import llama_moe
+    """llama-server as the tools find it ($LLAMA_BIN, else next to the loaded libllama). It is part of our build
+    (build_native.py makes it with the library), so a missing binary or a missing option of ours fails the test that
+    needs it: it never skips."""
+    from llama_moe._native.loader import llama_binary
+    from llama_moe.errors import NativeLibraryError
 
-    binary = Path(llama_moe.native_version()["path"]).parent / "llama-server"
-    if not binary.is_file():
-        pytest.fail(f"no llama-server next to the loaded libllama ({binary}): build_native.py builds it with the library")
+    try:
+        binary = llama_binary("llama-server")
+    except NativeLibraryError as exc:
+        pytest.fail(f"no llama-server: {exc} (build_native.py builds it with the library)")
     helptext = subprocess.run([str(binary), "--help"], capture_output=True, text=True, timeout=60)
     missing = [o for o in OUR_OPTIONS if o not in helptext.stdout + helptext.stderr]
     if missing:

@@ -22,14 +22,15 @@ START_TIMEOUT_S = 30.0
 
 
 def find_rpc_server_binary() -> Path:
-    """ggml-rpc-server next to the loaded libllama: build_native.py builds it with the library, so a missing one
-    fails the test that needs it, never skips it."""
-    import llama_moe
+    """ggml-rpc-server as the tools find it ($LLAMA_BIN, else next to the loaded libllama): build_native.py builds it
+    with the library, so a missing one fails the test that needs it, never skips it."""
+    from llama_moe._native.loader import llama_binary
+    from llama_moe.errors import NativeLibraryError
 
-    binary = Path(llama_moe.native_version()["path"]).parent / RPC_SERVER
-    if not binary.is_file():
-        pytest.fail(f"no {RPC_SERVER} next to the loaded libllama ({binary}): build_native.py builds it with the library")
-    return binary
+    try:
+        return llama_binary(RPC_SERVER)
+    except NativeLibraryError as exc:
+        pytest.fail(f"no {RPC_SERVER}: {exc} (build_native.py builds it with the library)")
 
 
 def _preexec(parent: int):
