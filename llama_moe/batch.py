@@ -6,6 +6,10 @@ ubatch of as many tokens as there are live sequences. Each sequence has its own 
 ``max_tokens`` and its own end; the others go on when one finishes. Sequence ``i`` is llama.cpp's sequence
 ``i``, with ``n_ctx // n_seq_max`` positions of its own. A run starts from an empty context and leaves it
 empty (``n_past`` 0): the sequences' KV is dropped at the end.
+
+Greedy, every cache mode gives each sequence exactly the tokens of the same batch without a cache. A sequence's
+tokens need not be those its prompt gets decoded alone: the batched products round differently, and a near-tie
+can go the other way.
 """
 from __future__ import annotations
 
@@ -213,7 +217,9 @@ def stream_batch(ctx: Context, prompts: Sequence[str | Sequence[int]], max_token
 
 def generate_batch(ctx: Context, prompts: Sequence[str | Sequence[int]], max_tokens: int | Sequence[int] = 128,
                    sampling: Sampling | Sequence[Sampling] | None = None, stop_at_eog: bool = True) -> BatchResult:
-    """Every sequence to its end; the context's lock is held throughout, so a concurrent call waits its turn."""
+    """Every sequence to its end; the context's lock is held throughout, so a concurrent call waits its turn.
+    Greedy, any cache mode gives the tokens of the same batch without a cache, not necessarily each prompt's tokens
+    decoded alone (see the module's docstring)."""
     with ctx._lock:
         stream = stream_batch(ctx, prompts, max_tokens, sampling, stop_at_eog)
         for _ in stream:

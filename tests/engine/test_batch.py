@@ -1,6 +1,8 @@
-"""Several sequences in one context on the real patched libllama (the CPU as the cache device): the tokens of
-each sequence are those it gets decoded alone, in every cache mode, while the cache sees ubatches of several
-tokens and counts them as the routing says; sequences end at different times; bad input is refused."""
+"""Several sequences in one context on the real patched libllama (the CPU as the cache device): every cache mode
+gives exactly the tokens of the same batch without a cache (a long prompt beside a short one too), while the cache
+sees ubatches of several tokens and counts them as the routing says; sequences end at different times; bad input
+is refused. A batch is not bound to give each prompt the tokens it gets decoded alone: the batched products round
+differently, and a near-tie can go the other way (these short prompts happen to match theirs)."""
 from __future__ import annotations
 
 import threading
@@ -102,6 +104,55 @@ def test_each_sequence_gets_the_tokens_it_gets_alone_and_the_counters_add_up(mod
         assert stats.n_bytes_upload == 0
     else:  # adaptive: every distinct expert of a small ubatch is a hit or a miss, and swaps follow the text
         assert stats.n_hit + stats.n_miss == distinct and stats.n_swap > 0
+
+
+# a ~150-token prompt (two corpus paragraphs) beside a short one: decoded alone, the long one's greedy tokens part
+# from its batched ones after about twenty (a near-tie the batched products round the other way), so the batch
+# without a cache is the reference every cache mode must give exactly
+LONG_SHORT_MODES = {
+    "upload": dict(slots=8),
+    "hybrid": dict(slots=8, moe_cache_hybrid=True, profile=True),
+    "adaptive": dict(slots=8, moe_cache_hybrid=True, moe_cache_adaptive=True),
+    "hybrid-admit": dict(slots=8, moe_cache_hybrid=True, moe_cache_admit=2),
+    "hybrid-admit-repartition": dict(slots=8, moe_cache_hybrid=True, moe_cache_admit=2, moe_cache_repartition=4),
+}
+
+
+@pytest.fixture(scope="module")
+def long_and_short(model) -> list[list[int] | str]:
+    from llama_moe.synth.corpus import load_corpus, paragraphs
+
+    texts = [p for t in load_corpus().values() for p in paragraphs(t)]
+    long = model.tokenize(texts[45] + " " + texts[46], add_special=False)[:154]
+    assert len(long) == 154
+    return [long, "The ship left the harbour"]
+
+
+@pytest.fixture(scope="module")
+def batch_without_cache(model, long_and_short) -> list[list[int]]:
+    with Context(model, ContextParams(n_ctx=1024, n_threads=2, n_seq_max=2)) as ctx:
+        return [list(c.tokens) for c in ctx.generate_batch(long_and_short, 48, stop_at_eog=False).completions]
+
+
+@pytest.mark.parametrize("mode", LONG_SHORT_MODES)
+def test_every_cache_mode_gives_the_tokens_of_the_batch_without_a_cache(model, tiny_model_path, profile_path,
+                                                                         long_and_short, batch_without_cache,
+                                                                         mode) -> None:
+    """The guarantee a batch has: greedy, with a prompt longer than a cache ubatch (32 tokens: llama.cpp's path,
+    with the copies from the cache) beside a short one, each cache mode gives each sequence exactly the tokens
+    the same batch gives without a cache; the cache did look experts up (hits and misses)."""
+    opts = dict(LONG_SHORT_MODES[mode])
+    slots, profile = opts.pop("slots"), opts.pop("profile", False)
+    mib = mib_for_slots(tiny_model_path, slots, hybrid=bool(opts.get("moe_cache_hybrid")))
+    params = ContextParams(n_ctx=1024, n_threads=2, n_seq_max=2, moe_cache_mib=mib,
+                           moe_cache_profile=profile_path if profile else None, **opts)
+    with Context(model, params) as ctx:
+        res = ctx.generate_batch(long_and_short, 48, stop_at_eog=False)
+        stats = ctx.moe_cache_stats()
+    assert [list(c.tokens) for c in res.completions] == batch_without_cache
+    assert stats is not None and stats.n_hit > 0 and stats.n_miss > 0
+    if mode.startswith("hybrid-admit"):
+        assert stats.n_admit > 0
 
 
 def test_sampled_sequences_keep_their_own_sampler(model) -> None:
