@@ -15,6 +15,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     c = actions.add_parser("check", help="validate every record and the invariants between them (exit 1 on errors)")
     c.add_argument("file", nargs="+", help="the audit log; several files are one rotated log, oldest first "
                                            "(a.jsonl.1 a.jsonl)")
+    c.add_argument("--model", metavar="MODEL.gguf",
+                   help="the model the log's server ran, when the path its load record names is not readable here: "
+                   "its experts per layer bound the resident expert ids")
     c.add_argument("-q", "--quiet", action="store_true", help="print errors only")
     c.set_defaults(func=run_check)
     s = actions.add_parser("summary", help="one line per run: requests, hit rate, bytes moved")
@@ -24,10 +27,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_check(args: argparse.Namespace) -> int:
-    result = check_audit(args.file)
+    result = check_audit(args.file, args.model)
     for issue in result.issues:
         if issue.severity == "error" or not args.quiet:
             print(f"{issue.path or result.path}: {issue}")
+    if not args.quiet:
+        for note in result.notes:
+            print(f"{result.path}: note: {note}")
     pids = ", ".join(map(str, sorted({run.pid for run in result.runs})))
     n, runs = len(result.errors), len(result.runs)
     verdict = "OK" if result.ok else f"{n} error{'s' if n > 1 else ''}"

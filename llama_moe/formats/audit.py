@@ -13,6 +13,7 @@ from typing import Any, Iterable
 from ..errors import AuditError, problems_text
 
 EVENTS = ("load", "ready", "request", "exit")
+_SHA256_RE = re.compile(r"[0-9a-fA-F]{64}")  # hash_sha256_hex writes lower case
 # the context's counters since its creation, in every record (the C API's llama_moe_cache_stats)
 COUNTERS = ("hits", "hits_profile", "misses", "bytes_upload", "bytes_cpu", "copies", "bytes_copy", "swaps", "refused")
 # a request's own counters: the context's counters at its end minus those at its start
@@ -299,9 +300,11 @@ def _layers(f: _Fields, name: str) -> tuple[LayerSnapshot, ...]:
         il, slots = lf.int("il"), lf.int("slots")
         hits, prof, miss, refused = lf.int("hits"), lf.int("hits_profile"), lf.int("misses"), lf.int("refused")
         resident = lf.list_("resident")
-        if not all(isinstance(e, int) and not isinstance(e, bool) and e >= 0 for e in resident):
-            f.problems.append((where + ".resident", "expected a list of expert ids (integers >= 0)"))
+        if not all(isinstance(e, int) and not isinstance(e, bool) for e in resident):
+            f.problems.append((where + ".resident", f"expected a list of expert ids (integers), got "
+                                                    f"{_describe(resident)}"))
             resident = []
+        # ids out of range (negative, or not below the layer's n_expert) are the checker's: the record stays
         device = None
         if "device" in item:
             ok, device = lf._get("device")
@@ -374,7 +377,10 @@ def _load(f: _Fields, base: dict) -> LoadRecord:
         if "error" in pf.obj:
             profile = ProfileInfo(pf.str("path"), error=pf.str("error"))
         else:
-            profile = ProfileInfo(pf.str("path"), pf.int("bytes"), pf.str("sha256"),
+            sha256 = pf.str("sha256")
+            if "sha256" in pf.obj and isinstance(pf.obj["sha256"], str) and not _SHA256_RE.fullmatch(sha256):
+                pf._bad("sha256", "64 hex digits (the profile's SHA-256)", sha256)
+            profile = ProfileInfo(pf.str("path"), pf.int("bytes"), sha256,
                                   refused=pf.str("refused") if "refused" in pf.obj else None)
         pf.done()
     return LoadRecord(**base, model=model, params=params, cache=cache, load_ms=f.num("load_ms"),

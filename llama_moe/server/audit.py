@@ -10,9 +10,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
-from ..errors import AuditError
+from ..errors import AuditError, GgufError
 from ..formats.audit import (COUNTERS, REQUEST_COUNTERS, AuditRecord, ExitRecord, Issue, LoadRecord, ReadyRecord,
                              RequestRecord, read_audit)
 
@@ -64,7 +64,26 @@ def split_runs(records: Iterable[AuditRecord], first_file_lines: int = 0) -> tup
                  for rs in runs)
 
 
-def _check_layers(r: LoadRecord | ExitRecord, issues: list[Issue]) -> None:
+def _check_resident(r: LoadRecord | ExitRecord, issues: list[Issue], n_expert: Mapping[int, int] | None) -> None:
+    """Each layer's resident expert ids: none negative, none twice, and each below the layer's n_expert (the
+    model's, ``n_expert``: layer -> experts, when the model is known; the record does not say)."""
+    for i, l in enumerate(r.layers):
+        where = f"field 'layers[{i}].resident'"
+        n = n_expert.get(l.il) if n_expert is not None else None
+        bad = [e for e in l.resident if e < 0 or (n is not None and e >= n)]
+        if bad:
+            ids = f"expert id{'s' if len(bad) > 1 else ''} {', '.join(map(str, bad))}"
+            issues.append(Issue(r.line, "error", f"{where}: layer {l.il} holds {ids}, outside 0..{n - 1} (the "
+                                                 f"model's layer {l.il} has {n} experts)" if n is not None else
+                                                 f"{where}: layer {l.il} holds {ids}: an expert id is >= 0"))
+        twice = sorted({e for e in l.resident if l.resident.count(e) > 1})
+        if twice:
+            issues.append(Issue(r.line, "error", f"{where}: layer {l.il} holds expert "
+                                                 f"{', '.join(map(str, twice))} in more than one slot"))
+
+
+def _check_layers(r: LoadRecord | ExitRecord, issues: list[Issue], n_expert: Mapping[int, int] | None = None) -> None:
+    _check_resident(r, issues, n_expert)
     for name, total in (("hits", r.counters.hits), ("hits_profile", r.counters.hits_profile),
                         ("misses", r.counters.misses), ("refused", r.counters.refused)):
         per_layer = sum(getattr(l, name) for l in r.layers)
@@ -101,8 +120,9 @@ def _exact_one_slot(run: Run) -> bool:
     return len({r.slot for r in run.requests}) <= 1
 
 
-def check_run(run: Run) -> list[Issue]:
-    """The invariants between one run's records."""
+def check_run(run: Run, n_expert: Mapping[int, int] | None = None) -> list[Issue]:
+    """The invariants between one run's records; ``n_expert`` (layer -> the model's experts), when known,
+    bounds the layers' resident expert ids."""
     issues: list[Issue] = []
     first = run.records[0]
     if run.partial:
@@ -118,7 +138,7 @@ def check_run(run: Run) -> list[Issue]:
             if getattr(first.counters, name):
                 issues.append(Issue(first.line, "error", f"field '{name}': {getattr(first.counters, name)} at load, "
                                                          f"but load is written before any decode (expected 0)"))
-        _check_layers(first, issues)
+        _check_layers(first, issues, n_expert)
     # a partial run's first record is the top of the file (its ready, if not that record, is in the earlier file)
     ready_seen, exited = run.partial, run.partial and first.event == "exit"
     prev = first
@@ -160,7 +180,7 @@ def check_run(run: Run) -> list[Issue]:
                     issues.append(Issue(r.line, "error", f"field 'own_{name}': {own} is more than req_{name} ({req}), "
                                                          f"what the context counted while the request ran"))
         if isinstance(r, ExitRecord):
-            _check_layers(r, issues)
+            _check_layers(r, issues, n_expert)
             load = run.load
             if load and r.layers and [(l.il, l.slots) for l in r.layers] != [(l.il, l.slots) for l in load.layers]:
                 issues.append(Issue(r.line, "error", f"field 'layers': not the layers and slots of the load record "
@@ -259,6 +279,7 @@ class CheckResult:
     n_records: int
     runs: tuple[Run, ...]
     issues: tuple[Issue, ...]
+    notes: tuple[str, ...] = ()   # what could not be checked, and why (not an issue)
 
     @property
     def errors(self) -> tuple[Issue, ...]:
@@ -299,14 +320,61 @@ def _located(issue: Issue, files: list[tuple[int, str]]) -> Issue:
     return dataclasses.replace(issue, line=issue.line - start, path=path)
 
 
-def check_audit(paths: str | Path | Sequence[str | Path]) -> CheckResult:
+def _file_line(line: int, files: list[tuple[int, str]]) -> tuple[str, int]:
+    """A running line number as (the file, its own line)."""
+    start, path = max((f for f in files if f[0] < line), key=lambda f: f[0])
+    return path, line - start
+
+
+def _check_times(records: Sequence[AuditRecord], files: list[tuple[int, str]]) -> list[Issue]:
+    """Within one process the records' times never go back (the engine writes them as it goes, UTC): a record
+    earlier than the one before it of its pid is out of order, as rotated files given newest first are."""
+    issues: list[Issue] = []
+    last: dict[int, AuditRecord] = {}
+    for r in records:
+        prev = last.get(r.pid)
+        if prev is not None and r.time and prev.time and r.time[:23] < prev.time[:23]:
+            (here, _), (there, line) = _file_line(r.line, files), _file_line(prev.line, files)
+            where = f"line {line}" + (f" of {there}" if len(files) > 1 else "")
+            hint = ": the files are not in order (give a rotated log oldest first: a.jsonl.1 a.jsonl)" if here != there else ""
+            issues.append(Issue(r.line, "error", f"field 'time': {r.time} is earlier than {prev.time}, pid {r.pid}'s "
+                                                 f"record before it ({where}): time runs backwards within one "
+                                                 f"process{hint}"))
+        if r.time:
+            last[r.pid] = r
+    return issues
+
+
+def _experts_per_layer(path: str | Path) -> dict[int, int] | None:
+    """Layer -> experts of the model at ``path`` (its GGUF header), or None when it cannot be read here."""
+    from ..experts import expert_layout
+
+    try:
+        return {l.il: l.n_expert for l in expert_layout(path).layers}
+    except (OSError, GgufError, ValueError):
+        return None
+
+
+def check_audit(paths: str | Path | Sequence[str | Path], model: str | Path | None = None) -> CheckResult:
     """Every record against the field list, and every run's invariants: ordering (load, ready, request...,
-    exit), counters that never go down, zero counters at load, per-layer sums, and with one slot the request
-    counters adding up exactly to exit minus ready. Issues are sorted by file and line.
+    exit), time that never runs backwards within a process, counters that never go down, zero counters at
+    load, per-layer sums, resident expert ids in range and distinct, and with one slot the request counters
+    adding up exactly to exit minus ready. Issues are sorted by file and line.
+
+    The records do not say a layer's n_expert: resident ids are checked against the model's, read from
+    ``model`` (a GGUF file), else from the path the load record names when it is readable here; without
+    either only for ids >= 0 (``CheckResult.notes`` says so). A ``model`` that cannot be read raises
+    AuditError.
 
     Several files are one log in the order given, oldest first (a rotated log: ``a.jsonl.1 a.jsonl``). A run
     whose first records are in the first file without its load record (rotated away) is checked from there
     on, with a warning."""
+    given = None
+    if model is not None:
+        given = _experts_per_layer(model)
+        if given is None:
+            raise AuditError(0, [(None, f"{model}: not a readable GGUF model (its experts per layer bound the "
+                                        f"resident expert ids)")])
     path_list = [paths] if isinstance(paths, (str, Path)) else list(paths)
     real = [Path(p).resolve() for p in path_list]
     twice = sorted({str(p) for p in path_list if real.count(Path(p).resolve()) > 1})
@@ -318,8 +386,21 @@ def check_audit(paths: str | Path | Sequence[str | Path]) -> CheckResult:
         # a check of nothing would pass: no server wrote this file
         issues.append(Issue(0, "error", "no records: the file is empty (not a --moe-cache-audit log, or the server "
                                         "wrote nothing)"))
+    issues += _check_times(records, files)
+    notes: list[str] = []
+    models: dict[str, dict[int, int] | None] = {}
     for run in runs:
-        issues += check_run(run)
+        n_expert = given
+        if n_expert is None and run.load is not None and run.load.model.path:
+            path = run.load.model.path
+            if path not in models:
+                models[path] = _experts_per_layer(path)
+                if models[path] is None and run.load.layers:
+                    notes.append(f"the model {path} (pid {run.pid}'s load record) is not readable here: resident "
+                                 f"expert ids are checked to be >= 0 and distinct, not against its experts per layer "
+                                 f"(give --model FILE)")
+            n_expert = models[path]
+        issues += check_run(run, n_expert)
         if run.exit is None and (run.load is not None or run.partial):
             issues.append(Issue(run.records[0].line, "warning", f"pid {run.pid}'s run has no exit record "
                                                                 f"(killed, or still running)"))
@@ -331,7 +412,7 @@ def check_audit(paths: str | Path | Sequence[str | Path]) -> CheckResult:
                                                                 f"without own_* counters)"))
     issues.sort(key=lambda i: (i.line, i.severity != "error"))
     located = tuple(_located(i, files) for i in issues)
-    return CheckResult(" ".join(p for _, p in files), len(records), runs, located)
+    return CheckResult(" ".join(p for _, p in files), len(records), runs, located, tuple(notes))
 
 
 # ----------------------------------------------------------------------------------------------- summary

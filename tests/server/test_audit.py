@@ -90,6 +90,10 @@ def test_a_broken_line_in_the_middle_is_an_error(tmp_path: Path) -> None:
     (lambda r: r[0]["model"].pop("n_layer"), 1, "model.n_layer", "missing"),
     (lambda r: r[0]["params"].update(n_ubatch=512.0), 1, "params.n_ubatch", "expected an integer, got number 512.0"),
     (lambda r: r[0]["layers"][1].update(resident=[1, "x"]), 1, "layers[1].resident", "expert ids"),
+    (lambda r: r[0].update(profile={"path": "/p.strp", "bytes": 9, "sha256": "zz"}), 1, "profile.sha256",
+     'expected 64 hex digits (the profile\'s SHA-256), got string "zz"'),
+    (lambda r: r[0].update(profile={"path": "/p.strp", "bytes": 9, "sha256": "ab" * 31 + "zz"}), 1, "profile.sha256",
+     "64 hex digits"),
     (lambda r: r[5]["perf"].pop("gen_tps"), 6, "perf.gen_tps", "missing"),
     (lambda r: r[0].update(profile=[]), 1, "profile", "expected an object or null"),
     (lambda r: r[2].update(time="2026-11-29 19:00:00"), 3, "time", "ISO 8601"),
@@ -191,7 +195,8 @@ def test_interleaved_processes_and_a_reload_in_one_file(tmp_path: Path) -> None:
     a, b = Run(pid=1), Run(pid=2)
     ra, rb = a.all(), b.all()
     interleaved = [x for pair in zip(ra, rb) for x in pair]
-    again = Run(pid=1)   # the same process loads a model again: its counters restart
+    again = Run(pid=1)   # the same process loads a model again: its counters restart, its clock goes on
+    again.ms = a.ms
     f = write(tmp_path / "a.jsonl", interleaved + again.all())
     result = check_audit(f)
     assert result.ok, result.errors
@@ -211,7 +216,11 @@ def test_cli_check_and_summary(tmp_path: Path) -> None:
 
     ok = cli("check", str(good))
     assert ok.returncode == 0, ok.stderr
-    assert ok.stdout.strip() == f"{good}: 6 records, 1 run (pid 4242): OK"
+    note, verdict = ok.stdout.splitlines()
+    assert verdict == f"{good}: 6 records, 1 run (pid 4242): OK"
+    # the model its load record names is not here: the resident ids are not bounded by its experts, and it says so
+    assert note.startswith(f"{good}: note: the model /models/tiny-q8_0.gguf (pid 4242's load record) is not readable")
+    assert cli("check", "-q", str(good)).stdout.strip() == verdict  # -q: errors and the verdict only
     failed = cli("check", str(bad))
     assert failed.returncode == 1
     assert f"{bad}: error: line 5: field 'req_hits_profile': 99 is more than req_hits (61)" in failed.stdout
@@ -274,3 +283,41 @@ def test_a_hybrid_run_refuses_nothing(tmp_path: Path) -> None:
     recs[5]["layers"][0]["refused"] = 2
     assert any("line 2: field 'refused': 2 in a hybrid run, which refuses no lookup" in e
                for e in errors(write(tmp_path / "bad.jsonl", recs)))
+
+
+def test_a_profiles_hash_is_64_hex_digits(tmp_path: Path) -> None:
+    recs = Run().all()
+    recs[0]["profile"] = {"path": "/p.strp", "bytes": 9, "sha256": "0123456789abcdef" * 4}
+    assert check_audit(write(tmp_path / "a.jsonl", recs)).ok
+
+
+def test_resident_ids_are_in_the_layers_range_and_held_once(tmp_path: Path, tiny_model_path: Path) -> None:
+    """The records do not say a layer's n_expert: the model the load record names says it (32 in the tiny
+    model), or --model when that path is not here; without either only negative ids are caught."""
+    recs = Run().all()
+    recs[0]["model"]["path"] = str(tiny_model_path)
+    recs[0]["layers"][1]["resident"] = [0, 32]
+    recs[5]["layers"][0]["resident"] = [-1, 2, 2]
+    f = write(tmp_path / "a.jsonl", recs)
+    result = check_audit(f)
+    assert [str(i) for i in result.errors] == [
+        "error: line 1: field 'layers[1].resident': layer 1 holds expert id 32, outside 0..31 (the model's layer 1 "
+        "has 32 experts)",
+        "error: line 6: field 'layers[0].resident': layer 0 holds expert id -1, outside 0..31 (the model's layer 0 "
+        "has 32 experts)",
+        "error: line 6: field 'layers[0].resident': layer 0 holds expert 2 in more than one slot"]
+    assert result.notes == ()
+    recs[0]["model"]["path"] = "/models/elsewhere.gguf"
+    f = write(tmp_path / "b.jsonl", recs)
+    alone = check_audit(f)
+    assert [str(i) for i in alone.errors] == [
+        "error: line 6: field 'layers[0].resident': layer 0 holds expert id -1: an expert id is >= 0",
+        "error: line 6: field 'layers[0].resident': layer 0 holds expert 2 in more than one slot"]
+    assert "not against its experts per layer (give --model FILE)" in alone.notes[0]
+    assert [str(i) for i in check_audit(f, tiny_model_path).errors] == [str(i) for i in result.errors]
+    cli = subprocess.run([sys.executable, "-m", "llama_moe", "audit", "check", str(f), "--model", str(tiny_model_path)],
+                         capture_output=True, text=True, timeout=60)
+    assert cli.returncode == 1 and f"{f}: error: line 1: field 'layers[1].resident': layer 1 holds expert id 32" in cli.stdout
+    missing = subprocess.run([sys.executable, "-m", "llama_moe", "audit", "check", str(f), "--model",
+                              str(tmp_path / "nope.gguf")], capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 2 and "nope.gguf: not a readable GGUF model" in missing.stderr

@@ -93,3 +93,31 @@ def test_cli_checks_several_files(tmp_path: Path) -> None:
     summary = subprocess.run([sys.executable, "-m", "llama_moe", "audit", "summary", str(old), str(new)],
                              capture_output=True, text=True, timeout=60)
     assert summary.returncode == 0 and summary.stdout.count("\n") == 2, summary.stdout + summary.stderr
+
+
+@pytest.mark.parametrize("cut", [2, 3, 5])
+def test_files_given_newest_first_are_out_of_order(tmp_path: Path, cut: int) -> None:
+    """Time never runs backwards within one process: the newest file first puts the older records after the
+    newer ones of the same pid, and the check fails, naming both files and lines."""
+    old, new = rotated(tmp_path, cut)
+    result = check_audit([new, old])
+    assert not result.ok
+    (err,) = [e for e in result.errors if "time runs backwards" in e.message]
+    assert err.path == str(old) and err.line == 1
+    assert f"pid 4242's record before it (line {6 - cut} of {new})" in err.message
+    assert "the files are not in order (give a rotated log oldest first" in err.message
+    cli = subprocess.run([sys.executable, "-m", "llama_moe", "audit", "check", str(new), str(old)],
+                         capture_output=True, text=True, timeout=60)
+    assert cli.returncode == 1 and f"{old}: error: line 1: field 'time'" in cli.stdout
+
+
+def test_time_running_backwards_within_one_file_is_an_error(tmp_path: Path) -> None:
+    recs = Run().all()
+    recs[3]["time"], recs[4]["time"] = recs[4]["time"], recs[3]["time"]
+    (err,) = [e for e in check_audit(write(tmp_path / "a.jsonl", recs)).errors if "time" in e.message]
+    assert err.line == 5 and err.message == (f"field 'time': {recs[4]['time']} is earlier than {recs[3]['time']}, "
+                                             f"pid 4242's record before it (line 4): time runs backwards within one "
+                                             f"process")
+    other = Run(pid=7).all()  # another process's clock is its own: records interleave by pid
+    mixed = [r for pair in zip(other, Run().all()) for r in pair]
+    assert check_audit(write(tmp_path / "b.jsonl", mixed)).ok
