@@ -19,6 +19,9 @@ from typing import Callable, NoReturn
 from ..errors import LlamaMoeError, MoeCacheWarning, ParameterError
 
 EXIT_ERROR = 2  # an input the command cannot use (argparse's own status for a bad command line)
+# The loggers of the HTTP library under the openai and anthropic clients (its name differs between versions):
+# "HTTP Request: POST ..." at INFO for every request
+HTTP_LOGGERS = ("httpx", "httpx2")
 
 # The options (argparse dests) that name files a command writes, and folders it writes into: refused before the
 # command starts, so that a run of minutes does not end on a path it cannot write (tests/test_cli_errors.py).
@@ -129,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     level = logging.WARNING - 10 * min(args.verbose, 2) if args.verbose else logging.INFO
     logging.basicConfig(level=level, format="%(message)s", stream=sys.stderr)
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # the API clients log every request at INFO
+    for http in HTTP_LOGGERS:  # the API clients' HTTP library logs every request at INFO: shown with -v only
+        logging.getLogger(http).setLevel(logging.INFO if args.verbose else logging.WARNING)
     # llama.cpp's own log is loud at INFO; show its warnings unless asked for more.
     logging.getLogger("llama_moe.native").setLevel(logging.DEBUG if args.verbose >= 2 else
                                                    logging.INFO if args.verbose else logging.WARNING)

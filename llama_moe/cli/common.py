@@ -30,10 +30,18 @@ def model_layout(path: str | os.PathLike[str]) -> ExpertLayout:
 
 
 def read_text(path: str | os.PathLike[str]) -> str:
+    """A UTF-8 text file's text; ToolInputError for a file that cannot be read, or that is not UTF-8 (naming the
+    first byte that does not decode, its offset and its line)."""
     try:
-        return Path(path).read_text(encoding="utf-8", errors="replace")
+        data = Path(path).read_bytes()
     except OSError as exc:
         raise ToolInputError(f"{path}: {exc.strerror or exc}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise ToolInputError(f"{path}: not UTF-8 text: byte {exc.start} (0x{data[exc.start]:02x}, line {line}) is "
+                             f"not valid UTF-8; convert the file (iconv -f ENCODING -t UTF-8)") from None
 
 
 def check_files(paths: list[str]) -> None:

@@ -30,14 +30,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ubatch", default="auto", type=_auto_or_int, help="auto or a number")
     p.add_argument("--favor", choices=["prompt", "generation"], default="generation")
     p.add_argument("--min-cache-mib", type=float, default=1500)
-    p.add_argument("--cache-mib", type=float)
+    p.add_argument("--cache-mib", type=float, help="the cache's size (default: what the GPU leaves); without a GPU, "
+                   "the cache in RAM (LLAMA_MOE_CACHE_DEVICE=CPU) at this size")
     p.add_argument("--margin-mib", type=float, default=400)
     p.add_argument("--hybrid", action="store_true", help="--moe-cache-hybrid (with --profile)")
     p.add_argument("--api-key", help=f"the key clients must send; it reaches llama-server in ${API_KEY_ENV}, never "
                                       f"on its command line (default: ${API_KEY_ENV}; set it there, and this command's "
                                       f"own command line hides it too)")
     p.add_argument("--alias")
-    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--host", default="127.0.0.1", help="the address to listen on (default 127.0.0.1; another, such as "
+                   "0.0.0.0, without an API key is warned about)")
     p.add_argument("--port", type=int, default=8080)
     p.add_argument("--ctx", type=int, default=32768)
     p.add_argument("--parallel", type=int, default=1)
@@ -62,6 +64,9 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(dataclasses.asdict(plan), indent=2))
     else:
         print(plan.describe(), file=sys.stderr if not args.dry_run else sys.stdout)
+    if args.json or args.dry_run:  # the plan's text on stderr has them already
+        for w in plan.warnings:
+            logging.getLogger(__name__).warning("serve: warning: %s", w)
     if args.dry_run:
         return 0
     return run_in_foreground(plan.command, {API_KEY_ENV: api_key} if api_key else None)

@@ -6,6 +6,7 @@ and a margin.
 """
 from __future__ import annotations
 
+import ipaddress
 import math
 import os
 import shlex
@@ -39,13 +40,15 @@ class ServePlan:
     cache_where: str = ""          # where the cache is, or why there is none ("off: ...")
     notes: tuple[str, ...] = ()    # what the plan did not do as asked, and why
     api_key_env: bool = False      # the key goes to llama-server in $LLAMA_API_KEY (never in the command)
+    warnings: tuple[str, ...] = ()  # what the server will do that its user may not want (listening without a key)
 
     @property
     def cache_on(self) -> bool:
         return self.cache_mib > 0 and not self.cache_where.startswith("off")
 
     def describe(self) -> str:
-        cache = (f"MoE cache {self.cache_mib:.0f} MiB ({self.cache_pct:.0f}% of them), {self.cache_where}" if self.cache_on
+        size = f"{self.cache_mib:.0f}" if self.cache_mib >= 100 else f"{self.cache_mib:.3g}"  # 1.5 MiB, not 2
+        cache = (f"MoE cache {size} MiB ({self.cache_pct:.0f}% of them), {self.cache_where}" if self.cache_on
                  else f"MoE cache {self.cache_where}")
         lines = [f"GPU          {self.gpu or 'none'}" + (f", {self.gpu_free_mib:.0f} MiB free" if self.gpu_free_mib is not None else ""),
                  f"dense        {self.dense_mib:9.0f} MiB on the GPU",
@@ -54,6 +57,7 @@ class ServePlan:
                  f"margin       {self.margin_mib:9.0f} MiB",
                  f"experts      {self.experts_mib:9.0f} MiB in RAM; {cache}"]
         lines += [f"note         {n}" for n in self.notes]
+        lines += [f"warning      {w}" for w in self.warnings]
         env = f"{API_KEY_ENV}=(the key, hidden) " if self.api_key_env else ""
         lines.append("command      " + env + " ".join(shlex.quote(c) for c in self.command))
         return "\n".join(lines)
@@ -88,6 +92,26 @@ def _cache_device_note() -> str:
     if device:
         return f"on {device} (LLAMA_MOE_CACHE_DEVICE)"
     return ""
+
+
+def is_loopback(host: str) -> bool:
+    """Whether llama-server's --host reaches this machine alone: a loopback address (127.0.0.0/8, ::1), localhost,
+    or a UNIX socket (a path ending in .sock). Any other name or address (0.0.0.0 listens on every interface)
+    is reachable from the network."""
+    if host.lower() == "localhost" or host.endswith(".sock"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def exposure_warning(host: str, port: int, api_key: str | None) -> str:
+    """A warning when the server listens beyond this machine without a key ("" otherwise)."""
+    if api_key or is_loopback(host):
+        return ""
+    return (f"--host {host} listens beyond this machine and no API key is set: anyone who reaches port {port} can use "
+            f"the server; set {API_KEY_ENV} (or --api-key), or listen on 127.0.0.1")
 
 
 def _kv_mib(path: Path, n_ctx: int) -> float:
@@ -147,10 +171,17 @@ def plan_serve(model: Path, server: Path, *, gpu_free_mib: float | None, gpu_nam
     where = f"on {gpu_name}" if gpu_name else ""
     if gpu_free_mib is None:
         cache = 0.0
-        if cache_mib:
-            raise ServePlanError("--cache-mib needs a GPU, and none is visible (the experts stay in RAM without a cache)")
         device = _cache_device_note()
-        if passed_mib is not None:
+        if cache_mib and not device:
+            raise ServePlanError("--cache-mib needs a GPU, and none is visible (the experts stay in RAM without a cache; "
+                                 "LLAMA_MOE_CACHE_DEVICE=CPU runs the cache in RAM, for testing)")
+        if cache_mib:  # the cache on the device LLAMA_MOE_CACHE_DEVICE names (CPU: in RAM), at the size asked for
+            cache, where = cache_mib, device
+            if passed_mib is not None:
+                notes.append(f"-- --moe-cache-mib {passed_mib:g} replaces --cache-mib {cache_mib:g}")
+                cache = passed_mib
+                where = where if passed_mib > 0 else "off: -- --moe-cache-mib 0"
+        elif passed_mib is not None:
             cache = passed_mib
             where = (device or "off: no GPU is visible, and llama-server turns a cache without one off "
                                "(LLAMA_MOE_CACHE_DEVICE=CPU runs it in RAM, for testing)")
@@ -183,8 +214,8 @@ def plan_serve(model: Path, server: Path, *, gpu_free_mib: float | None, gpu_nam
     cmd = [str(server), "-m", str(model), "-ngl", "999", "-fit", "off", "--cpu-moe", "-c", str(n_ctx), "-np", str(parallel),
            "-ub", str(n_ubatch), "-b", str(max(n_ubatch, 2048)), "--host", host, "--port", str(port), "--metrics"]
     if cache_on:
-        if passed_mib is None:
-            cmd += ["--moe-cache-mib", str(int(cache))]
+        if passed_mib is None:  # a size asked for as it is (fractions of a MiB too), a fitted one in whole MiB
+            cmd += ["--moe-cache-mib", f"{cache_mib:g}" if cache_mib else str(int(cache))]
         if profile:
             cmd += ["--moe-cache-profile", profile]
         if hybrid:
@@ -197,9 +228,10 @@ def plan_serve(model: Path, server: Path, *, gpu_free_mib: float | None, gpu_nam
     if any(a == "--api-key" or a.startswith("--api-key=") for a in extra):
         raise ServePlanError("-- --api-key would show the key to every user in ps: set LLAMA_API_KEY (or --api-key "
                              "of serve), which reaches llama-server through its environment")
+    exposed = exposure_warning(host, port, api_key)
     return ServePlan(gpu_name, gpu_free_mib, dense, experts, kv, compute, margin_mib, cache,
                      100 * cache / experts if experts else 0.0, n_ubatch, tuple(cmd), where, tuple(notes),
-                     bool(api_key))
+                     bool(api_key), (exposed,) if exposed else ())
 
 
 def plan_for_gpu(model: Path, **options: Any) -> ServePlan:

@@ -117,6 +117,7 @@ CASES: list[tuple[str, str]] = [
     ("trace {model} {text} {empty}", "out is empty"),
     ("trace {model} {text} {out} --ubatch 0", "ubatch and ctx must be at least 1, got ubatch 0"),
     ("trace {model} {text} {out} -t 0", "n_threads must be from 1 to 1024 or None, got 0"),
+    ("trace {model} {latin1} {out}", "{latin1}: not UTF-8 text: byte 12 (0xe9, line 2) is not valid UTF-8"),
     # profile
     ("profile {model} {text} -o {dir}", "-o/--out {dir}: a directory; give the file to write"),
     ("profile {model} {text} -o {nofolder}", "-o/--out {nofolder}: the folder {nofolder_parent} does not exist"),
@@ -127,6 +128,7 @@ CASES: list[tuple[str, str]] = [
     ("profile {model} {text} -o {out} --trace-out {out}", "-o/--out and --trace-out name the same file {out}"),
     ("profile {model} {text} -o {empty}", "-o/--out is empty"),
     ("profile {model} {text} -o {out} -t 0", "n_threads must be from 1 to 1024 or None, got 0"),
+    ("profile {model} {latin1} -o {out}", "{latin1}: not UTF-8 text: byte 12 (0xe9, line 2)"),
     # plan
     ("plan {missing} --cache-mib 2", "{missing}: no such model file"),
     ("plan {corrupt_model} --cache-mib 2", "too short for a GGUF header"),
@@ -193,6 +195,7 @@ def files(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> di
     work = tmp_path_factory.mktemp("cli-errors")
     layout = expert_layout(tiny_model_path)
     (work / "text.txt").write_text(TEXT)
+    (work / "latin1.txt").write_bytes("The ship\nCaf\u00e9 au lait\n".encode("latin-1"))  # é is 0xe9, byte 12
     (work / "corrupt.gguf").write_bytes(b"GGUF\x03\x00\x00\x00garbage")
     (work / "corrupt.strp").write_bytes(b"STRP\x01\x00\x00\x00\x06\x00")
     (work / "bad.json").write_text("[1, 2")
@@ -206,7 +209,7 @@ def files(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> di
     rows = [{"mode": "cpu-moe", "cache_mib": 0, "cache_pct": 0, "threads": 8, "decode_tps": 9.0, "decode_tps_spread": 0.5,
              "pp_tps": 100.0, "pp_tps_spread": 1.0, "hit_rate": None, "vram_mib": None, "runs": 2}] * 3
     (work / "rows.json").write_text(json.dumps(rows))
-    return {"model": str(tiny_model_path), "text": str(work / "text.txt"), "corrupt_model": str(work / "corrupt.gguf"),
+    return {"model": str(tiny_model_path), "text": str(work / "text.txt"), "latin1": str(work / "latin1.txt"), "corrupt_model": str(work / "corrupt.gguf"),
             "corrupt_profile": str(work / "corrupt.strp"), "profile": str(work / "p.strp"),
             "other_profile": str(work / "other.strp"), "trace": str(work / "t.bin"), "bad_json": str(work / "bad.json"),
             "rows": str(work / "rows.json"), "dir": str(work / "a-dir"), "missing": str(work / "missing.x"),

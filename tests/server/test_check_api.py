@@ -55,6 +55,10 @@ def test_a_server_that_wants_a_key(lib, tiny_model_path, tmp_path) -> None:
                              text=True, timeout=300, env={**env, "LLAMA_API_KEY": "k-123"})
         assert cli.returncode == 0, cli.stdout + cli.stderr
         assert cli.stdout.count("PASS") == len(NAMES)
+        assert "HTTP Request:" not in cli.stderr, cli.stderr  # the HTTP library's log of every request: -v only
+        loud = subprocess.run([sys.executable, "-m", "llama_moe", "-v", "check-api", "--server", url],
+                              capture_output=True, text=True, timeout=300, env={**env, "LLAMA_API_KEY": "k-123"})
+        assert loud.returncode == 0 and f'HTTP Request: POST {url}/v1/chat/completions "HTTP/1.1 200 OK"' in loud.stderr
     finally:
         stop_server(proc)
 

@@ -31,7 +31,8 @@ def test_the_plan_gives_the_cache_what_is_left(tiny_model_path) -> None:
     assert prompt.n_ubatch > plan.n_ubatch
 
 
-def test_the_plan_refuses_what_cannot_fit(tiny_model_path) -> None:
+def test_the_plan_refuses_what_cannot_fit(tiny_model_path, monkeypatch) -> None:
+    monkeypatch.delenv("LLAMA_MOE_CACHE_DEVICE", raising=False)
     with pytest.raises(ServePlanError, match="does not fit GPU0"):
         plan_serve(tiny_model_path, SERVER, gpu_free_mib=100, gpu_name="GPU0", n_ctx=32768)
     with pytest.raises(ServePlanError, match="--cache-mib 5000 does not fit"):
@@ -40,8 +41,46 @@ def test_the_plan_refuses_what_cannot_fit(tiny_model_path) -> None:
     two_mib_left = base.dense_mib + base.kv_mib + base.compute_mib + base.margin_mib + 2  # less than the experts
     with pytest.raises(ServePlanError, match="less than --min-cache-mib"):
         plan_serve(tiny_model_path, SERVER, gpu_free_mib=two_mib_left, gpu_name="GPU0", n_ctx=1024, min_cache_mib=1500)
-    with pytest.raises(ServePlanError, match="needs a GPU"):
+    with pytest.raises(ServePlanError, match="needs a GPU, and none is visible .*LLAMA_MOE_CACHE_DEVICE=CPU runs"):
         plan_serve(tiny_model_path, SERVER, gpu_free_mib=None, gpu_name=None, cache_mib=100)
+
+
+def test_cache_mib_sizes_a_cache_in_ram(tiny_model_path, monkeypatch) -> None:
+    """No GPU, the cache device the CPU (LLAMA_MOE_CACHE_DEVICE=CPU): --cache-mib is the size of the cache in RAM."""
+    monkeypatch.setenv("LLAMA_MOE_CACHE_DEVICE", "CPU")
+    plan = plan_serve(tiny_model_path, SERVER, gpu_free_mib=None, gpu_name=None, n_ctx=1024, cache_mib=1.5)
+    assert plan.cache_on and plan.cache_mib == 1.5
+    i = plan.command.index("--moe-cache-mib")
+    assert plan.command[i + 1] == "1.5" and plan.command.count("--moe-cache-mib") == 1
+    assert "MoE cache 1.5 MiB" in plan.describe()
+    assert "in RAM (LLAMA_MOE_CACHE_DEVICE=CPU" in plan.describe()
+    over = plan_serve(tiny_model_path, SERVER, gpu_free_mib=None, gpu_name=None, n_ctx=1024, cache_mib=1.5,
+                      extra=("--moe-cache-mib", "3"))
+    assert over.cache_mib == 3 and "-- --moe-cache-mib 3 replaces --cache-mib 1.5" in over.describe()
+    assert over.command.count("--moe-cache-mib") == 1
+
+
+def test_a_server_reachable_from_the_network_without_a_key_is_warned_about(tiny_model_path) -> None:
+    for host in ("127.0.0.1", "localhost", "::1", "127.0.0.2", "/tmp/llama.sock"):
+        assert plan_serve(tiny_model_path, SERVER, gpu_free_mib=10_000, gpu_name="GPU0", n_ctx=1024,
+                          host=host).warnings == (), host
+    for host in ("0.0.0.0", "::", "192.168.1.5", "myhost"):
+        plan = plan_serve(tiny_model_path, SERVER, gpu_free_mib=10_000, gpu_name="GPU0", n_ctx=1024, host=host, port=9000)
+        (warning,) = plan.warnings
+        assert warning.startswith(f"--host {host} listens beyond this machine and no API key is set: anyone who "
+                                  f"reaches port 9000 can use the server")
+        assert f"warning      {warning}" in plan.describe()
+        assert plan_serve(tiny_model_path, SERVER, gpu_free_mib=10_000, gpu_name="GPU0", n_ctx=1024, host=host,
+                          api_key="k").warnings == ()
+    env = {k: v for k, v in os.environ.items() if k != "LLAMA_API_KEY"}
+    out = subprocess.run([sys.executable, "-m", "llama_moe", "serve", str(tiny_model_path), "--dry-run", "--json",
+                          "--ctx", "1024", "--host", "0.0.0.0"], capture_output=True, text=True, timeout=60, env=env)
+    assert out.returncode == 0, out.stderr
+    assert "serve: warning: --host 0.0.0.0 listens beyond this machine and no API key is set" in out.stderr
+    keyed = subprocess.run([sys.executable, "-m", "llama_moe", "serve", str(tiny_model_path), "--dry-run", "--ctx",
+                            "1024", "--host", "0.0.0.0"], capture_output=True, text=True, timeout=60,
+                           env={**env, "LLAMA_API_KEY": "k"})
+    assert keyed.returncode == 0 and "warning" not in keyed.stderr + keyed.stdout, keyed.stderr
 
 
 def _free_port() -> int:
