@@ -234,6 +234,7 @@ class _Dom(HTMLParser):
         self.cells: dict[tuple[int, str], str] = {}
         self.hidden: set[str] = set()
         self.attrs: dict[str, dict] = {}
+        self.texts: list[str] = []   # all the text, in order
         self._open: list[tuple[str, dict]] = []
         self.feed(html)
 
@@ -254,6 +255,7 @@ class _Dom(HTMLParser):
                 break
 
     def handle_data(self, data: str) -> None:
+        self.texts.append(data)
         for _, a in self._open:
             if "id" in a:
                 self.by_id[a["id"]] += data
@@ -486,6 +488,10 @@ def test_the_page_shows_the_admitting_hybrid_s_series(tmp_path: Path, lib, tiny_
         binary, args, tmp_path / "server.log", env={"LLAMA_MOE_CACHE_DEVICE": "CPU"}))
     c = parse_moe_cache(w.metrics)
     assert c is not None and c.hybrid and c.n_admit > 0 and c.n_hit > 0 and c.n_miss > 0
+    # no count of the page's own beside the series: whatever says "N admitted" says the series
+    page = " ".join(w.dom.texts)
+    said = re.findall(r"[\d,.]+k? admitted", page)
+    assert all(n == f"{_fmt_count(c.n_admit)} admitted" for n in said), f"{said}: {PREFIX}admissions_total is {c.n_admit}"
     tiles = _tiles(w.dom)
     _check_tiles(tiles, w.metrics)
     _check_layers(w.dom, c)
