@@ -1,6 +1,6 @@
 """llama_moe: run Mixture-of-Experts models whose experts live in RAM, with a VRAM expert cache.
 
-``import llama_moe`` never loads the native library; the first Model does (see ``llama_moe._loader``).
+``import llama_moe`` never loads the native library; the first Model does (see ``llama_moe._native.loader``).
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Whether a cache mode computes what no cache computes: greedy tokens over n steps must be identical, or part
-only at a near tie of the reference (its top two logits closer than ``tolerance`` of the largest |logit|), with
-the logits, fed the reference's tokens (teacher forcing), within ``tolerance`` at every step. On one device the
+only at a near tie of the run without the cache (its top two logits closer than ``tolerance`` of the largest
+|logit|), with the logits, fed that run's tokens (teacher forcing), within ``tolerance`` at every step. On one device the
 hybrid and the upload cache are bit-identical to no cache; on a GPU a prompt of up to 32 tokens computes the
 cached experts with the GPU's kernels, which round differently from the CPU's, so near ties can tip."""
 from __future__ import annotations
@@ -55,15 +55,15 @@ def top_gap(logits: np.ndarray) -> float:
 class Comparison:
     identical: bool                 # the same tokens over every step
     first_part: int | None          # where they part
-    max_diff_rel: float             # logits against the reference (teacher-forced where they part), of max |logit|
-    gap_rel: float | None           # the reference's top-two gap where they part, of max |logit|
+    max_diff_rel: float             # logits against no cache's (teacher-forced where they part), of max |logit|
+    gap_rel: float | None           # no cache's top-two gap where they part, of max |logit|
     ok: bool
     stats: MoeCacheStats | None     # the cache's counters after the free-running decode
 
     def describe(self) -> str:
         if self.identical:
             return f"tokens identical, logits within {self.max_diff_rel:.1e} of the largest"
-        return (f"tokens part at step {self.first_part} (the reference's top two {self.gap_rel:.1e} of the largest logit "
+        return (f"tokens part at step {self.first_part} (no cache's top two {self.gap_rel:.1e} of the largest logit "
                 f"apart{': a near tie' if self.gap_rel is not None and self.gap_rel <= TOLERANCE else ''}), "
                 f"teacher-forced logits within {self.max_diff_rel:.1e}")
 

@@ -84,7 +84,7 @@ def problems_text(problems: list[tuple[str | None, str]]) -> str:
 
 
 class AuditError(LlamaMoeError, ValueError):
-    """An audit file that cannot be read, or a record that breaks the reference's field list.
+    """An audit file that cannot be read, or a record that breaks the field list of docs/formats.md ("Audit log").
     ``line`` is the 1-based line number (0: the file as a whole), ``field`` the first offending field."""
 
     def __init__(self, line: int, problems: list[tuple[str | None, str]], path: str | None = None) -> None:

@@ -272,7 +272,8 @@ class ContextParams:
         if isinstance(mib, bool) or not isinstance(mib, numbers.Real) or not 0 <= mib <= 1 << 24:
             raise ParameterError(f"moe_cache_mib must be a number of MiB from 0 to {1 << 24}, got {mib!r}")
         if self.moe_cache_adaptive and not self.moe_cache_hybrid and mib:
-            # ignored, as llama.cpp's --moe-cache-adaptive without --moe-cache-hybrid is (the reference's rule)
+            # ignored, as llama.cpp ignores --moe-cache-adaptive without --moe-cache-hybrid (adaptive is a mode of the
+            # hybrid: docs/cache.md, "Adaptive")
             warnings.warn("moe_cache_adaptive is ignored without moe_cache_hybrid=True: the upload cache is an LRU, "
                           "which already follows the text", MoeCacheWarning, stacklevel=4)
         if mib == 0:

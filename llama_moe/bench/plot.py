@@ -133,7 +133,7 @@ def decode_figure(rows: Iterable[BenchRow], *, title: str | None = None):
             title += f" ({thread_counts[0]} threads)"
     ax.set_title(title)
     ax.grid(True, alpha=0.3)
-    # in drawing order: the cached modes, then the references (matplotlib would put plain lines first)
+    # in drawing order: the cached modes, then the baselines drawn as lines (matplotlib would put plain lines first)
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     fig.tight_layout()
     return fig

@@ -24,7 +24,7 @@ EXIT_ERROR = 2  # an input the command cannot use (argparse's own status for a b
 HTTP_LOGGERS = ("httpx", "httpx2")
 
 # The options (argparse dests) that name files a command writes, and folders it writes into: refused before the
-# command starts, so that a run of minutes does not end on a path it cannot write (tests/test_cli_errors.py).
+# command starts, so that a run of minutes does not end on a path it cannot write (tests/cli/test_cli_errors.py).
 OUTPUTS: dict[str, tuple[str, ...]] = {
     "profile": ("out", "trace_out"), "plan": ("out",), "trace": ("out",), "bench": ("json", "md", "png"),
     "bench-adaptive": ("json", "md"), "synth": ("out",), "build": ("bundle",),

@@ -124,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
         bar = None if args.quiet else ProgressBar()
         experts = args.experts or ("mxfp4" if shape.arch == "gpt-oss" else "q8_0")
         info = synthesize(args.out, shape_arg, experts, args.seed, routing, progress=bar)
-    except (LlamaMoeError, OSError, MemoryError) as e:  # one line, as every command's (llama_moe/cli.py)
+    except (LlamaMoeError, OSError, MemoryError) as e:  # one line, as every command's (llama_moe/cli/__init__.py)
         from llama_moe.cli import one_line
 
         drawn = bar is not None and bar.start is not None  # the bar's line is ended first

@@ -1,5 +1,5 @@
 """``python -m llama_moe trace MODEL TEXT.txt OUT.bin``: runs the engine over a text and writes which experts
-every MoE layer selected, one record per token and layer (the reference routing trace format)."""
+every MoE layer selected, one record per token and layer (the routing trace format of docs/formats.md)."""
 from __future__ import annotations
 
 import argparse

@@ -1,5 +1,5 @@
 """The MoE cache's JSONL audit log (``--moe-cache-audit FILE``), record by record: the typed records, each
-validated against the reference's field list (docs/formats.md), and the file read as a whole (a last line cut
+validated against the field list of docs/formats.md ("Audit log"), and the file read as a whole (a last line cut
 short by a killed process is a warning, never an error). The invariants between records are checked by
 ``llama_moe.server.audit``."""
 from __future__ import annotations
@@ -407,7 +407,7 @@ def _exit(f: _Fields, base: dict) -> ExitRecord:
 
 
 def _parse(obj: Any, line: int, extra: list[str]) -> AuditRecord:
-    """One record, or AuditError listing every field that breaks the reference; unknown fields go to extra."""
+    """One record, or AuditError listing every field that breaks the field list; unknown fields go to extra."""
     if not isinstance(obj, dict):
         raise AuditError(line, [(None, f"expected a JSON object, got {_describe(obj)}")])
     problems: list[tuple[str | None, str]] = []
@@ -529,7 +529,7 @@ def read_audit(path: str | Path, strict: bool = True) -> AuditFile:
             issues.append(Issue(n, "error", problems_text(list(exc.problems))))
             continue
         if extra:
-            issues.append(Issue(n, "warning", "fields the reference does not list: " + ", ".join(extra)))
+            issues.append(Issue(n, "warning", "fields docs/formats.md does not list: " + ", ".join(extra)))
         if not terminated:
             issues.append(Issue(n, "warning", "no newline after the last record"))
     return AuditFile(str(path), tuple(records), tuple(issues))

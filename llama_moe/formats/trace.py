@@ -1,6 +1,6 @@
 """Routing traces: which experts the router selected, per ubatch and MoE layer, from the engine itself.
 
-On disk the reference format (Strata's --dump-routing layout): one record per token and MoE layer,
+On disk the routing trace format of docs/formats.md (Strata's --dump-routing layout): one record per token and MoE layer,
 ``int32 layer, int32 k, k x int32 expert id, k x float32 weight``; the weights are written as 0.
 
 ``iter_trace_chunks`` reads a trace of any size in chunks of a fixed number of records (memory: one chunk,
@@ -49,7 +49,7 @@ def parse_stream(data: np.ndarray) -> list[RoutingRecord]:
 
 
 def write_trace(path: str | os.PathLike[str], records: Iterable[RoutingRecord]) -> int:
-    """Writes records in the reference format, one per token and layer (token-major within a ubatch's
+    """Writes records in the routing trace format, one per token and layer (token-major within a ubatch's
     layers is not kept: records are written in engine order, token by token). Returns the records written."""
     n = 0
     with atomic_writer(path, "wb") as f:  # whole or not at all: a failure (or Ctrl-C) mid-trace leaves no file

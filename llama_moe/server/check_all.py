@@ -1,5 +1,4 @@
-"""Every check of an installation (``python -m llama_moe check-all [MODEL] [--cpu-only]``, the reference's
-``check_all.sh``), CPU then GPU, on MODEL (default: the embedded tiny model).
+"""Every check of an installation (``python -m llama_moe check-all [MODEL] [--cpu-only]``), CPU then GPU, on MODEL (default: the embedded tiny model).
 
 CPU (the cache in RAM, LLAMA_MOE_CACHE_DEVICE=CPU): the native library and its ABI; upload, hybrid and adaptive
 caches decode what no cache decodes; a llama-server run through the mailbox and through the scheduler gives the

@@ -10,7 +10,7 @@ from ..errors import MetricsError, ServerError
 from ..stats import CacheDevice, HitRate
 
 PREFIX = "llamacpp:moe_cache_"
-# series name (without PREFIX) -> the MoeCacheMetrics field it fills; the reference's "Server metrics" table
+# series name (without PREFIX) -> the MoeCacheMetrics field it fills; docs/formats.md's "Server metrics" table
 SCALARS = {
     "hits_total": "n_hit",
     "hits_profile_total": "n_hit_profile",

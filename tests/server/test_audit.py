@@ -1,5 +1,5 @@
 """The audit log reader and checker (llama_moe.server.audit, ``python -m llama_moe audit``) on hand-made logs that
-follow the reference's field list, then break it one way at a time. The real server's log is checked in
+follow the field list of docs/formats.md, then break it one way at a time. The real server's log is checked in
 test_server.py."""
 from __future__ import annotations
 
@@ -124,7 +124,7 @@ def test_unknown_fields_are_warnings(tmp_path: Path) -> None:
     recs[2]["queue_ms"] = 3
     result = check_audit(write(tmp_path / "a.jsonl", recs))
     assert result.ok
-    assert [str(i) for i in result.issues] == ["warning: line 3: fields the reference does not list: queue_ms"]
+    assert [str(i) for i in result.issues] == ["warning: line 3: fields docs/formats.md does not list: queue_ms"]
 
 
 def test_counters_never_go_down(tmp_path: Path) -> None:
@@ -255,7 +255,7 @@ def test_logs_of_builds_before_refused_was_counted_still_check(tmp_path: Path) -
         for l in r.get("layers", []):
             l.pop("refused")
     result = check_audit(write(tmp_path / "old.jsonl", recs))
-    assert result.ok and result.issues == ()   # no warning either: the fields are the reference's
+    assert result.ok and result.issues == ()   # no warning either: the fields are those docs/formats.md lists
     assert all(r.counters.refused == 0 for r in result.runs[0].records)
 
 

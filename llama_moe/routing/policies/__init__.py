@@ -8,7 +8,7 @@ experts of each ubatch of up to 32 tokens; layers held whole need no lookups and
   counters) and adds h_layer.
 - ``static``: the hybrid without adaptation (count_hybrid): the profile's experts stay, the others run on
   the CPU.
-- ``adaptive``: the hybrid that swaps hot experts in (the reference's "adaptive cache" and its constants).
+- ``adaptive``: the hybrid that swaps hot experts in (docs/cache.md, "Adaptive"), with the engine's constants.
 - ``belady``: per layer, the most hits a cache of that size could have, knowing the future (the ceiling).
 - ``admit1``, ``admit2``, ``admit4``, ``admit8``: the hybrid with admission of that many missed experts per
   layer and decode (``--moe-cache-admit N``, llama_moe_cache::admit); not in the default set.

@@ -1,4 +1,4 @@
-"""``adaptive``: the hybrid that swaps hot experts in (the reference's "adaptive cache" and its constants)."""
+"""``adaptive``: the hybrid that swaps hot experts in (docs/cache.md, "Adaptive"), with the engine's constants."""
 from __future__ import annotations
 
 from typing import Sequence
@@ -11,7 +11,7 @@ from ..tracefiles import TraceRoutes
 from ..budget import MAX_UBATCH
 from .base import PolicyResult, Progress, Replay, _columns, drive, _large, _looked_up
 
-# the adaptive cache's constants (reference.md, "The adaptive cache")
+# the adaptive cache's constants: the engine's LLAMA_MOE_ADAPT_* (src/llama-moe-policy.h, added by the patch series)
 HALF_LIFE_TOKENS = 350   # heats halve over this many generated tokens
 SWAP_EVERY = 32          # a round of swaps every this many generated tokens
 MAX_SWAPS = 64           # experts swapped in per round, over all layers

@@ -1,5 +1,5 @@
 """The tasks: six for ``smoke``, ten harder ones for ``hard``. Each names the function (or class) it wants
-and is checked by plain asserts; tests/test_code_eval.py proves every assert against a reference answer."""
+and is checked by plain asserts; tests/server/test_code_eval.py proves every assert against a reference answer."""
 from __future__ import annotations
 
 from dataclasses import dataclass
