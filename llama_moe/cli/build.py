@@ -1,5 +1,5 @@
 """``python -m llama_moe build`` and ``python build_native.py``: fetch, patch and build llama.cpp
-(``llama_moe.build``)."""
+(``llama_moe.native_build``)."""
 from __future__ import annotations
 
 import argparse
