@@ -28,8 +28,8 @@ EXPERT = 26112
 
 def metrics_text(scrape: int, cache: bool = True, peer: bool = False) -> str:
     """What llama-server --metrics writes for a tiny model with a 2 MiB upload cache (``peer``: the admitting
-    hybrid with a peer tier), after `scrape` polls' worth of generation: the counters grow, and the deeper
-    layers miss more."""
+    hybrid with a peer tier, and the series of later builds: the misses uploaded, what was admitted, the peer's
+    bytes), after `scrape` polls' worth of generation: the counters grow, and the deeper layers miss more."""
     lines: list[str] = []
 
     def series(name: str, kind: str, values: dict[str, float] | float, help_: str) -> None:
@@ -58,22 +58,34 @@ def metrics_text(scrape: int, cache: bool = True, peer: bool = False) -> str:
         series("moe_cache_hits_profile_total", "counter", 0, "MoE cache: hits on experts the profile put there")
         series("moe_cache_misses_total", "counter", m, "MoE cache: selected experts the cache did not hold")
         series("moe_cache_refused_total", "counter", r, "MoE cache: selected experts of the lookups refused")
-        # upload mode: a fifth of the misses split to the CPU; the hybrid: the CPU computes them, the peer a third,
-        # and admission uploads 12345 a poll (five digits, so that the page's count shows every one)
-        cpu_misses = 0 if peer else m // 5
-        admitted = 12345 * (scrape + 1) if peer else 0
-        series("moe_cache_upload_bytes_total", "counter", (admitted if peer else m - cpu_misses) * EXPERT,
-               "MoE cache: bytes uploaded")
-        series("moe_cache_cpu_bytes_total", "counter", (m - m // 3 if peer else cpu_misses) * EXPERT,
-               "MoE cache: bytes of the experts the CPU computed")
+        # upload mode: a fifth of the misses split to the CPU, the others uploaded; the hybrid: the peer computes a
+        # third of them, the CPU the others, and admission uploads 12345 a poll (five digits, so that the page's
+        # count shows every one)
+        peer_misses = m // 3 if peer else 0
+        cpu_misses = m - peer_misses if peer else m // 5
+        admissions = 12345 * (scrape + 1) if peer else 0
+        uploads = 0 if peer else m - cpu_misses
+        series("moe_cache_upload_bytes_total", "counter", (admissions + uploads) * EXPERT, "MoE cache: bytes uploaded for misses")
+        series("moe_cache_cpu_bytes_total", "counter", cpu_misses * EXPERT, "MoE cache: bytes of the experts the CPU computed")
         series("moe_cache_copies_total", "counter", 3 * n, "MoE cache: experts large batches copied from the cache")
         series("moe_cache_swaps_total", "counter", 0, "MoE cache: experts the adaptive cache swapped in")
-        series("moe_cache_admissions_total", "counter", admitted, "MoE cache: missed experts the hybrid uploaded between decodes")
-        series("moe_cache_cpu_total", "counter", cpu_misses, "MoE cache: upload mode's misses the CPU computed")
+        series("moe_cache_admissions_total", "counter", admissions,
+               "MoE cache: missed experts the hybrid uploaded between decodes (--moe-cache-admit)")
+        if peer:
+            series("moe_cache_uploads_total", "counter", uploads, "MoE cache: upload mode's misses uploaded when looked up")
+            series("moe_cache_cpu_total", "counter", cpu_misses, "MoE cache: misses the CPU computed (upload mode: a "
+                   "ubatch that selects more experts than a layer's slots; the hybrid: every miss the peer does not compute)")
+            series("moe_cache_admitted_total", "counter", admissions,
+                   "MoE cache: experts brought into slots while running (uploads, swaps and admissions)")
+        else:
+            series("moe_cache_cpu_total", "counter", cpu_misses, "MoE cache: upload mode's misses the CPU computed (a "
+                   "ubatch that selects more experts than a layer's slots: the slots serve what they can, the CPU the rest)")
         series("moe_cache_repartitions_total", "counter", 0, "MoE cache: rounds that moved slots between layers")
         series("moe_cache_slots_moved_total", "counter", 0, "MoE cache: slots those rounds moved")
-        series("moe_cache_peer_hits_total", "counter", m // 3 if peer else 0, "MoE cache: of the misses, those the peer computed")
+        series("moe_cache_peer_hits_total", "counter", peer_misses, "MoE cache: of the misses, those the peer computed")
         series("moe_cache_peer_slots", "gauge", 48 if peer else 0, "MoE cache: the peer tier's expert slots")
+        if peer:
+            series("moe_cache_peer_bytes", "gauge", 48 * EXPERT, "MoE cache: the peer tier's memory (--moe-cache-peer)")
         series("moe_cache_hit_ratio", "gauge", h / (h + m + r), "MoE cache: hits / (hits + misses + refused)")
         series("moe_cache_slots", "gauge", 78, "MoE cache: expert slots")
         series("moe_cache_resident", "gauge", 75, "MoE cache: slots that hold an expert now")
@@ -264,11 +276,13 @@ class _Dom(HTMLParser):
 
 
 # The series the page shows in its tiles (monitor.html's data-series, each a llamacpp:moe_cache_* name): every
-# one must be the server's value, as it wrote it.
+# one must be the server's value, as it wrote it. Those of later builds, by the element hidden while the server
+# does not write them.
 TILE_SERIES = {"hit_ratio", "hits_total", "hits_profile_total", "misses_total", "admissions_total", "cpu_total",
                "peer_hits_total", "peer_slots", "refused_total", "upload_bytes_total", "cpu_bytes_total",
                "copies_total", "swaps_total", "bytes", "slots", "resident", "prefilled"}
-BYTE_SERIES = {"upload_bytes_total", "cpu_bytes_total", "bytes"}
+LATER_TILE_SERIES = {"uploads_total": "uploads-tile", "admitted_total": "admitted-tile", "peer_bytes": "peer-bytes-line"}
+BYTE_SERIES = {"upload_bytes_total", "cpu_bytes_total", "bytes", "peer_bytes"}
 
 
 def _to_fixed(x: float, digits: int) -> str:
@@ -298,21 +312,44 @@ def _series(text: str) -> dict[str, float]:
     return {s.name[len(PREFIX):]: s.value for s in parse_prometheus(text) if s.name.startswith(PREFIX) and not s.labels}
 
 
+def _help(text: str, name: str) -> str:
+    """The HELP text the server wrote for llamacpp:moe_cache_<name>, without its "MoE cache: "."""
+    m = re.search(rf"^# HELP {re.escape(PREFIX + name)} (?:MoE cache: )?(.*)$", text, re.M)
+    assert m, f"no HELP for {PREFIX}{name}"
+    return m.group(1)
+
+
 def _tiles(dom: _Dom) -> dict[str, tuple[str, str | None, str]]:
     """{element id: (series, the value the page read, the text it shows)} of every element that shows a series."""
     return {i: (a["data-series"], a.get("data-value"), dom.by_id[i].strip()) for i, a in dom.attrs.items() if "data-series" in a}
 
 
-def _check_tiles(tiles: dict[str, tuple[str, str | None, str]], text: str) -> None:
+def _titles(dom: _Dom) -> dict[str, str]:
+    return {i: a.get("title", "") for i, a in dom.attrs.items() if "data-series" in a}
+
+
+def _short_help(text: str, name: str) -> str:   # monitor.html's helpShort
+    return _help(text, name).split(" (")[0]
+
+
+def _check_tiles(tiles: dict[str, tuple[str, str | None, str]], text: str, hidden: set[str],
+                 titles: dict[str, str] | None = None) -> None:
     """Every tile is its series as the server wrote it in ``text``: the value the page read, exactly, and the text
-    it shows, that value formatted; and every series of TILE_SERIES has its tile."""
+    it shows, that value formatted (its tooltip, where ``titles`` are given, the series' name and HELP); every
+    series of TILE_SERIES has its tile, and one of a later build that the server does not write is hidden."""
     series = _series(text)
-    assert {s for s, _, _ in tiles.values()} == TILE_SERIES
+    assert {s for s, _, _ in tiles.values()} == TILE_SERIES | set(LATER_TILE_SERIES)
     for element, (name, value, shown) in tiles.items():
-        assert name in series, f"#{element} shows {PREFIX}{name}, which the server does not write"
+        if name not in series:
+            assert name in LATER_TILE_SERIES, f"#{element} shows {PREFIX}{name}, which the server does not write"
+            assert (value, shown) == ("NaN", "\u2013") and LATER_TILE_SERIES[name] in hidden, element
+            continue
+        assert LATER_TILE_SERIES.get(name) not in hidden, f"#{element}: {PREFIX}{name} is written, and hidden"
         assert value is not None and float(value) == series[name], \
             f"#{element} read {value} where {PREFIX}{name} is {series[name]}"
         assert shown == _as_shown(name, series[name]), f"#{element} shows {shown!r}, {PREFIX}{name} is {series[name]}"
+        if titles is not None:
+            assert titles[element] == f"{PREFIX}{name}: {_help(text, name)}", titles[element]
 
 
 def _check_layers(dom: _Dom, c: MoeCacheMetrics) -> None:
@@ -337,11 +374,11 @@ def _rendered(dom: _Dom, served: list[str]) -> str:
 def _check_dom(dom: _Dom, stub: StubLlamaServer) -> None:
     text = _rendered(dom, stub.served)
     c = parse_moe_cache(text)
-    _check_tiles(_tiles(dom), text)
+    _check_tiles(_tiles(dom), text, dom.hidden, _titles(dom))
     _check_layers(dom, c)
     assert c.n_refused > 0 and c.n_cpu > 0 and c.n_admit == 0
     assert "lookups" not in dom.by_id and "admitted" not in dom.by_id["cpu-misses-what"]
-    assert dom.by_id["cpu-misses-what"] == "no slot the ubatch left free" and "peer-tile" in dom.hidden
+    assert dom.by_id["cpu-misses-what"] == "upload mode's misses the CPU computed" and "peer-tile" in dom.hidden
     assert re.fullmatch(r"0\.\d{3}", dom.by_id["hit-ratio-recent"]), dom.by_id["hit-ratio-recent"]
     assert dom.by_id["mode"] == "upload mode" and "live" in dom.by_id["status"]
     assert set(dom.cells) == {(il, k) for il in range(LAYERS) for k in ("rate", "recent", "hits", "misses", "refused")}
@@ -490,15 +527,15 @@ def test_the_page_shows_the_admitting_hybrid_s_series(tmp_path: Path, lib, tiny_
     assert c is not None and c.hybrid and c.n_admit > 0 and c.n_hit > 0 and c.n_miss > 0
     # no count of the page's own beside the series: whatever says "N admitted" says the series
     page = " ".join(w.dom.texts)
-    said = re.findall(r"[\d,.]+k? admitted", page)
+    said = re.findall(r"\d[\d,.]*k? admitted", page)
     assert all(n == f"{_fmt_count(c.n_admit)} admitted" for n in said), f"{said}: {PREFIX}admissions_total is {c.n_admit}"
     tiles = _tiles(w.dom)
-    _check_tiles(tiles, w.metrics)
+    _check_tiles(tiles, w.metrics, w.dom.hidden, _titles(w.dom))
     _check_layers(w.dom, c)
     assert tiles["admissions"] == ("admissions_total", str(c.n_admit), _fmt_count(c.n_admit))
     assert w.dom.by_id["mode"] == "hybrid mode" and "live" in w.dom.by_id["status"]
     assert "peer-tile" in w.dom.hidden and c.n_slots_peer == 0
-    assert w.dom.by_id["cpu-misses-what"] == "upload mode's split; the hybrid's misses run on the CPU"
+    assert w.dom.by_id["cpu-misses-what"] == _short_help(w.metrics, "cpu_total")
     assert w.dom.by_id["requests"] == "0"
     _check_stats(w)
 
@@ -525,11 +562,11 @@ def test_the_page_shows_the_peer_s_series(tmp_path: Path, lib, tiny_model_path: 
     c = parse_moe_cache(w.metrics)
     assert c is not None and c.hybrid and c.n_slots_peer > 0 and c.n_hit_peer > 0 and c.n_admit > 0
     tiles = _tiles(w.dom)
-    _check_tiles(tiles, w.metrics)
+    _check_tiles(tiles, w.metrics, w.dom.hidden, _titles(w.dom))
     _check_layers(w.dom, c)
     assert "peer-tile" not in w.dom.hidden
     assert tiles["peer-hits"] == ("peer_hits_total", str(c.n_hit_peer), _fmt_count(c.n_hit_peer))
-    assert w.dom.by_id["cpu-misses-what"] == "upload mode's split; the hybrid's misses run on the CPU or the peer"
+    assert w.dom.by_id["cpu-misses-what"] == _short_help(w.metrics, "cpu_total")
     _check_stats(w)
     assert f"the peer tier computed {c.n_hit_peer} of the {c.n_miss} misses in its {c.n_slots_peer} slots" in w.stats_text
 
@@ -538,7 +575,7 @@ def test_the_page_shows_the_peer_s_series(tmp_path: Path, lib, tiny_model_path: 
 
 # A stand-in for the few DOM calls monitor.html makes, so that its script runs under node on a /metrics text
 # where no browser is installed; prints every element's text, the value it read (data-value), whether it is
-# hidden, and the heat map's cells as JSON.
+# hidden, its tooltip, and the heat map's cells as JSON.
 _NODE_HARNESS = r"""
 const fs = require("fs");
 const html = fs.readFileSync(process.argv[2], "utf8");
@@ -561,9 +598,11 @@ function done() {
   const cells = {};
   for (const m of el("layers").tBodies[0].innerHTML.matchAll(/data-layer="(\d+)" data-kind="(\w+)"[^>]*>([^<]*)</g))
     cells[m[1] + "/" + m[2]] = m[3];
-  const text = {}, values = {}, hidden = {};
-  for (const [id, e] of Object.entries(els)) { text[id] = e.textContent; values[id] = e.dataset.value; hidden[id] = e.hidden; }
-  console.log(JSON.stringify({text, values, hidden, cells, heat: el("chart-heat").dataset}));
+  const text = {}, values = {}, hidden = {}, titles = {};
+  for (const [id, e] of Object.entries(els)) {
+    text[id] = e.textContent; values[id] = e.dataset.value; hidden[id] = e.hidden; titles[id] = e.title;
+  }
+  console.log(JSON.stringify({text, values, hidden, titles, cells, heat: el("chart-heat").dataset}));
 }
 """
 
@@ -600,14 +639,15 @@ def test_the_page_script_shows_the_series_as_they_are(tmp_path: Path) -> None:
     for peer in (False, True):
         polls = [metrics_text(i, peer=peer) for i in range(4)]
         out = _run_page_script(tmp_path, *polls)
-        _check_tiles(_script_tiles(out), polls[-1])
+        _check_tiles(_script_tiles(out), polls[-1], {i for i, h in out["hidden"].items() if h}, out["titles"])
         c = parse_moe_cache(polls[-1])
         text, cells = out["text"], out["cells"]
         assert out["hidden"]["peer-tile"] is not peer
         assert text["admission-rate"] == ("12345.0" if peer else "0.0")
         assert text["peer-hit-rate"] == (f"{(c.n_hit_peer - parse_moe_cache(polls[0]).n_hit_peer) / 3:.1f}" if peer else "0.0")
-        assert text["cpu-misses-what"] == ("upload mode's split; the hybrid's misses run on the CPU or the peer"
-                                           if peer else "no slot the ubatch left free")
+        assert text["cpu-misses-what"] == ("misses the CPU computed" if peer else "upload mode's misses the CPU computed")
+        assert text["uploads-what"] == ("upload mode's misses uploaded when looked up" if peer else "uploaded when looked up")
+        assert text["admitted-what"] == ("experts brought into slots while running" if peer else "experts brought into slots")
         assert text["mode"] == ("hybrid mode" if peer else "upload mode")
         for il, (hits, _, misses) in c.layers.items():
             refused = c.layers_refused[il]
