@@ -46,6 +46,53 @@ def test_the_sequences_shares_add_up_to_the_counters(model, tiny_model_path, hyb
             ctx.moe_cache_seq_stats(256)
 
 
+@pytest.mark.parametrize("hybrid", [False, True])
+def test_each_lookup_goes_to_the_sequence_that_selected_it_first(model, tiny_model_path, hybrid) -> None:
+    """Four sequences whose distinct experts (4 x 4 a decode) fit the 16 slots, so that upload mode takes its
+    path without the split: each distinct expert of a decode step is charged to the first of its tokens, in batch
+    order (the live sequences in order), that selected it, as the accounting rule says; read from the routing trace
+    of the steps after the prompts."""
+    max_tokens = [24, 12, 18, 6]
+    cp = ContextParams(n_ctx=1024, n_seq_max=4, moe_cache_mib=mib_for_slots(tiny_model_path, 16, hybrid),
+                       moe_cache_hybrid=hybrid, moe_cache_adaptive=hybrid, n_threads=2)
+    with Context(model, cp) as ctx:
+        with ctx.stream_batch(PROMPTS, max_tokens=max_tokens, stop_at_eog=False) as stream:
+            for _ in range(4):  # the prompts' first tokens, before any step
+                next(stream)
+            before = [ctx.moe_cache_seq_stats(q).n_lookup for q in range(4)]
+            ctx.start_trace()
+            for _ in stream:
+                pass
+        records = ctx.stop_trace()
+        shares = [ctx.moe_cache_seq_stats(q).n_lookup - before[q] for q in range(4)]
+        n_layers = len(ctx.layer_stats())
+    # the records by ubatch (a layer not after the one before starts the next); a step's live sequences may come
+    # in several ubatches, in order
+    ubatches: list[list] = []
+    for r in records:
+        if not ubatches or r.il <= ubatches[-1][-1].il:
+            ubatches.append([])
+        ubatches[-1].append(r)
+    assert all(len(u) == n_layers for u in ubatches)
+    expected, step, done = [0] * 4, 0, 0
+    for u in ubatches:
+        live = [i for i in range(4) if step + 1 < max_tokens[i]]
+        owners = live[done:done + u[0].n_tokens]
+        for r in u:
+            assert r.n_tokens == len(owners)
+            seen: set[int] = set()
+            for k, row in enumerate(r.experts.tolist()):
+                for e in row:
+                    if e not in seen:
+                        seen.add(e)
+                        expected[owners[k]] += 1
+        done += u[0].n_tokens
+        if done == len(live):
+            step, done = step + 1, 0
+    assert step == max(max_tokens) - 1 and done == 0
+    assert shares == expected
+
+
 def test_one_sequence_gets_every_lookup(model, tiny_model_path) -> None:
     cp = ContextParams(n_ctx=512, moe_cache_mib=mib_for_slots(tiny_model_path, 13), n_threads=2)
     with Context(model, cp) as ctx:

@@ -30,8 +30,8 @@ RAM = ModelParams(cpu_moe=True, repack=False)
 pytestmark = pytest.mark.usefixtures("cache_on_cpu")
 
 
-def _admitting(path: Path, n: int, **kw) -> ContextParams:
-    return ContextParams(n_ctx=1024, moe_cache_mib=mib_for_slots(path, SLOTS, hybrid=True), moe_cache_hybrid=True,
+def _admitting(path: Path, n: int, slots: int = SLOTS, **kw) -> ContextParams:
+    return ContextParams(n_ctx=1024, moe_cache_mib=mib_for_slots(path, slots, hybrid=True), moe_cache_hybrid=True,
                          moe_cache_admit=n, **kw)
 
 
@@ -48,6 +48,7 @@ class _Layer:
     last_use: list[int]
     queue: list[int] = field(default_factory=list)
     in_flight: set[int] = field(default_factory=set)  # slots whose background upload is not known complete
+    last_lookup: int = 0  # the stamp of the layer's latest lookup: what its slots served there is the current token's
     hits: int = 0
     misses: int = 0
 
@@ -58,17 +59,21 @@ def replay(records: list[RoutingRecord], n_slots: int, admit: int,
     hit (once per ubatch) and marks the slot used; a missed one (once per ubatch) waits in first-seen order.
     Between decodes (here: between ubatches, one ubatch a decode), each layer uploads its first ``admit``
     waiting experts, each into its first free slot, else the least recently used one (the lowest of equals),
-    marked as used after every hit of the ubatch before. In the ``background``, an admitted expert evicts its
-    slot's expert at once but is a hit only from the decode after the next one: the next decode starts by
-    waiting for the round before it."""
+    marked as used after every hit of the ubatch before. A round never evicts what it admitted or what the
+    ubatch before used: a layer whose slots all hold such experts admits no more. In the ``background``, an
+    admitted expert evicts its slot's expert at once but is a hit only from the decode after the next one: the
+    next decode starts by waiting for the round before it, whose experts land as used by the decode just done."""
     layers: dict[int, _Layer] = {}
     admitted, clock, prev_il = 0, 0, None
 
     def admit_all() -> None:
         nonlocal admitted, clock
+        for l in layers.values():
+            for s in l.in_flight:  # the round before is complete
+                l.last_use[s] = clock
+            l.in_flight.clear()
         clock += 1
         for l in layers.values():
-            l.in_flight.clear()  # the round before is complete
             n = 0
             for e in l.queue:
                 if n >= admit:
@@ -77,6 +82,8 @@ def replay(records: list[RoutingRecord], n_slots: int, admit: int,
                     continue
                 free = [s for s, x in enumerate(l.expert_in) if x < 0]
                 s = free[0] if free else min(range(n_slots), key=lambda i: (l.last_use[i], i))
+                if l.expert_in[s] >= 0 and l.last_use[s] >= l.last_lookup:
+                    break  # every slot holds what this round admitted or the ubatch before used
                 l.expert_in[s], l.last_use[s] = e, clock
                 if background:
                     l.in_flight.add(s)
@@ -90,6 +97,7 @@ def replay(records: list[RoutingRecord], n_slots: int, admit: int,
         prev_il = r.il
         clock += 1
         l = layers.setdefault(r.il, _Layer([-1] * n_slots, [0] * n_slots))
+        l.last_lookup = clock
         seen: set[int] = set()
         for e in r.experts.reshape(-1).tolist():
             if e < 0 or e in seen:  # -1: a token the layer did not compute (the last layer computes a prompt's last)
@@ -104,22 +112,25 @@ def replay(records: list[RoutingRecord], n_slots: int, admit: int,
     return layers, admitted
 
 
-@pytest.mark.parametrize("admit, background", [(1, False), (4, False), (2, True)])
+# 2 slots: fewer than a token's 4 experts, and admissions of a round up to twice the slots
+@pytest.mark.parametrize("admit, background, slots", [(1, False, SLOTS), (4, False, SLOTS), (2, True, SLOTS),
+                                                      (4, False, 2), (2, True, 2), (4, True, 2)])
 def test_admission_changes_no_token_and_counts_as_its_replay(lib, tiny_model_path, caplog, monkeypatch,
-                                                             admit: int, background: bool) -> None:
+                                                             admit: int, background: bool, slots: int) -> None:
     layout = expert_layout(tiny_model_path)
     # on the CPU device admission is synchronous unless asked; a GPU's default is the background
     monkeypatch.setenv("LLAMA_MOE_CACHE_ADMIT_ASYNC", "1" if background else "0")
     caplog.set_level(logging.INFO, logger="llama_moe.native")
     with Model(tiny_model_path, RAM) as model:
         plain, plain_logits = _without_cache(model)
-        with Context(model, _admitting(tiny_model_path, admit)) as ctx:
+        with Context(model, _admitting(tiny_model_path, admit, slots)) as ctx:
             run = traced_generation(ctx, PROMPT, N_GEN, SAMPLING)
             resident = {il: sorted(ctx.resident(il).tolist()) for il in run.layers}
     records, stats, per_layer = run.records, run.stats, run.layers
     assert run.tokens == plain
     assert np.array_equal(run.logits, plain_logits)
-    layers, admitted = replay(records, SLOTS, admit, background)
+    assert all(l.n_slots == slots for l in per_layer.values())
+    layers, admitted = replay(records, slots, admit, background)
     # the last decode's misses wait for a next decode that never came
     assert stats.n_admit == admitted > 0
     assert stats.n_swap == 0 and stats.n_prefilled == 0
@@ -133,6 +144,21 @@ def test_admission_changes_no_token_and_counts_as_its_replay(lib, tiny_model_pat
     if background:
         assert "llama_moe_cache: admission in the background: " in caplog.text
     assert "starts empty and stays empty" not in caplog.text
+
+
+def test_a_round_never_evicts_its_own_arrivals(lib, tiny_model_path, monkeypatch) -> None:
+    """At 2 slots a layer and 2 admissions a round, the background's arrivals are hits for the decode after the
+    next, as the synchronous ones are for the next: its hit rate stays near the synchronous one's."""
+    rates = {}
+    with Model(tiny_model_path, RAM) as model:
+        for background in (False, True):
+            monkeypatch.setenv("LLAMA_MOE_CACHE_ADMIT_ASYNC", "1" if background else "0")
+            with Context(model, _admitting(tiny_model_path, 2, 2)) as ctx:
+                list(ctx.generate(PROMPT, N_GEN, SAMPLING, stop_at_eog=False))
+                s = ctx.moe_cache_stats()
+                rates[background] = s.hit_rate
+                assert s.n_admit <= 2 * len(ctx.layer_stats()) * (N_GEN + 1)
+    assert rates[False] > 0.1 and rates[True] >= 0.5 * rates[False], rates
 
 
 def test_admission_fills_a_hybrid_that_would_stay_empty(lib, tiny_model_path) -> None:

@@ -17,13 +17,16 @@ def simulate_hybrid(records: Iterable[RoutingRecord], slots: dict[int, int], n_e
     a missed one (once per ubatch) is computed on the CPU and, when admitting, waits in first-seen order. Before
     the next decode (a record of a layer not after the one before), each layer uploads its first ``admit``
     waiting experts it lacks, each into its first free slot, else the least recently used one (the lowest of
-    equals), marked as used after every hit of the decode before. ``prefill`` fills the slots in rank order at
-    the start. In the ``background``, an admitted expert evicts its slot's expert at once but is a hit only from
-the decode after the next one (the next decode starts by waiting for the round before it). Returns the
-counters, each layer's slot -> expert (-1: free or still in flight) and the experts admitted."""
+    equals), marked as used after every hit of the decode before; a round never evicts what it admitted or what
+    the decode before used (a layer whose slots all hold such experts admits no more). ``prefill`` fills the slots
+    in rank order at the start. In the ``background``, an admitted expert evicts its slot's expert at once but is
+a hit only from the decode after the next one (the next decode starts by waiting for the round before it, whose
+experts land as used by the decode just done). Returns the counters, each layer's slot -> expert (-1: free or
+still in flight) and the experts admitted."""
     layers = prefilled_layers(slots, n_expert, prefill)
     queues: dict[int, list[int]] = {il: [] for il in layers}
     in_flight: dict[int, set[int]] = {il: set() for il in layers}
+    last_lookup = {il: 0 for il in layers}
     per_layer = {il: [0, 0] for il in layers}
     clock = admitted = hits_profile = 0
     prev_il: int | None = None
@@ -32,11 +35,13 @@ counters, each layer's slot -> expert (-1: free or still in flight) and the expe
         if layer is None or rec.experts.shape[0] > MAX_UBATCH:
             continue
         if prev_il is not None and rec.il <= prev_il and admit > 0:  # the next decode starts
-            clock += 1
             for il, l in layers.items():
                 for s in in_flight[il]:  # the round before is complete
                     l.slot_of[l.expert_in[s]] = s
+                    l.last_use[s] = clock
                 in_flight[il].clear()
+            clock += 1
+            for il, l in layers.items():
                 n = 0
                 for e in queues[il]:
                     if n >= admit:
@@ -45,6 +50,8 @@ counters, each layer's slot -> expert (-1: free or still in flight) and the expe
                         continue
                     free = [s for s, x in enumerate(l.expert_in) if x < 0]
                     s = free[0] if free else min(range(l.n_slots), key=lambda i: (l.last_use[i], i))
+                    if l.expert_in[s] >= 0 and l.last_use[s] >= last_lookup[il]:
+                        break  # every slot holds what this round admitted or the decode before used
                     if l.expert_in[s] >= 0:
                         del l.slot_of[l.expert_in[s]]
                     l.expert_in[s], l.last_use[s], l.from_profile[s] = e, clock, False
@@ -57,6 +64,7 @@ counters, each layer's slot -> expert (-1: free or still in flight) and the expe
                 admitted += n
         prev_il = rec.il
         clock += 1
+        last_lookup[rec.il] = clock
         seen: set[int] = set()
         for e in rec.experts.ravel().tolist():
             if e < 0 or e in seen:

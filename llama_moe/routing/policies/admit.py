@@ -121,19 +121,26 @@ class AdmitReplay(Replay):
                 for e in queue:
                     if done >= self.admit:
                         break
+                    # a round never evicts what it admitted or what the ubatch used (stamped hit_stamp or later)
                     if free:
                         victim = free.pop(0)
                     elif fade is not None:
                         def held(c: int) -> tuple[float, int, int]:
                             w, at = weight.get(expert_in[c], (0.0, now))
                             return w * fade ** (now - at), last_use[c], c
-                        victim = min(range(len(expert_in)), key=held)
+                        older = [c for c in range(len(expert_in)) if last_use[c] < hit_stamp]
+                        if not older:
+                            break
+                        victim = min(older, key=held)
                         del slot_of[expert_in[victim]]
                     else:
                         while True:
                             stamp, victim = heapq.heappop(heap)
                             if stamp == last_use[victim]:
                                 break
+                        if stamp >= hit_stamp:
+                            heapq.heappush(heap, (stamp, victim))
+                            break
                         del slot_of[expert_in[victim]]
                     expert_in[victim], slot_of[e], from_profile[victim], last_use[victim] = e, victim, False, self.clock
                     if fade is None:
