@@ -318,7 +318,7 @@ class Context(NativeHandle):
             if not self._lib.llama_moe_cache_get_seq_stats(self._live(), seq, out):
                 return None
             return SeqStats(int(out.n_hit), int(out.n_miss), int(out.n_refused), int(out.n_bytes_upload),
-                            int(out.n_bytes_cpu))
+                            int(out.n_bytes_cpu), int(out.n_upload), int(out.n_cpu), int(out.n_hit_peer))
 
     def layer_stats(self) -> list[LayerStats]:
         """One entry per layer the cache serves (empty without a cache)."""

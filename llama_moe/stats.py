@@ -31,11 +31,14 @@ class MoeCacheStats(HitRate):
     """Counters since the context was created. Hits, misses and refused count distinct experts per ubatch and
     layer, in ubatches of up to 32 tokens; layers held whole need no lookups and are not counted. n_refused is 0
     (the engine refuses no lookup any more), n_resident the slots holding an expert now, n_admit the missed
-    experts the hybrid uploaded between decodes (moe_cache_admit), n_cpu (upload mode) the misses the CPU
-    computed: those of a ubatch with more distinct experts than a layer's slots that found no slot it did not
-    use (n_bytes_cpu their bytes); n_repartition the rounds that moved slots between layers
-    (moe_cache_repartition) and n_moved the slots they moved; n_hit_peer, of the misses, those the peer tier
-    computed (moe_cache_peer), and n_slots_peer its slots."""
+    experts the hybrid uploaded between decodes (moe_cache_admit). Every miss is uploaded, computed on the CPU or
+    computed by the peer tier: n_miss = n_upload + n_cpu + n_hit_peer. n_upload: upload mode's misses uploaded when
+    looked up; n_cpu: the misses the CPU computed (upload mode: those of a ubatch with more distinct experts than
+    a layer's slots that found no slot it did not use; the hybrid: every miss the peer does not compute;
+    n_bytes_cpu their bytes); n_hit_peer: those the peer tier computed (moe_cache_peer), n_slots_peer its slots and
+    n_bytes_peer its memory (not in n_bytes_cache). n_admitted: the experts brought into slots while running
+    (n_upload + n_swap + n_admit, the exit line's "admitted"). n_repartition: the rounds that moved slots between
+    layers (moe_cache_repartition), n_moved the slots they moved. Each is the engine's own figure."""
 
     n_hit: int
     n_hit_profile: int
@@ -57,13 +60,17 @@ class MoeCacheStats(HitRate):
     n_moved: int = 0
     n_hit_peer: int = 0
     n_slots_peer: int = 0
+    n_upload: int = 0
+    n_admitted: int = 0
+    n_bytes_peer: int = 0
 
     @classmethod
     def _from_native(cls, s: Any) -> "MoeCacheStats":
         return cls(int(s.n_hit), int(s.n_hit_profile), int(s.n_miss), int(s.n_bytes_upload), int(s.n_bytes_cpu),
                    bool(s.hybrid), int(s.n_copy), int(s.n_bytes_copy), int(s.n_slots), int(s.n_prefilled),
                    int(s.n_bytes_cache), int(s.n_swap), int(s.n_refused), int(s.n_resident), int(s.n_admit),
-                   int(s.n_cpu), int(s.n_repartition), int(s.n_moved), int(s.n_hit_peer), int(s.n_slots_peer))
+                   int(s.n_cpu), int(s.n_repartition), int(s.n_moved), int(s.n_hit_peer), int(s.n_slots_peer),
+                   int(s.n_upload), int(s.n_admitted), int(s.n_bytes_peer))
 
 
 # llama.h's enums, by their names here
@@ -121,13 +128,16 @@ class SeqStats(HitRate):
     """One sequence's share of the counters since the context was created (llama_moe_cache_get_seq_stats): each
     distinct expert a ubatch selects in a layer is charged whole to the sequence of the first token that selected
     it, so the sequences' shares add up to the context's hits, misses, refused selections and bytes (the hybrid's
-    uploads between decodes aside)."""
+    uploads between decodes aside), and its misses split as the context's: n_miss = n_upload + n_cpu + n_hit_peer."""
 
     n_hit: int
     n_miss: int
     n_refused: int
     n_bytes_upload: int
     n_bytes_cpu: int
+    n_upload: int = 0
+    n_cpu: int = 0
+    n_hit_peer: int = 0
 
 
 @dataclass(frozen=True)

@@ -15,14 +15,21 @@ from ..errors import AuditError, problems_text
 EVENTS = ("load", "ready", "request", "exit")
 _SHA256_RE = re.compile(r"[0-9a-fA-F]{64}")  # hash_sha256_hex writes lower case
 # the context's counters since its creation, in every record (the C API's llama_moe_cache_stats)
-COUNTERS = ("hits", "hits_profile", "misses", "bytes_upload", "bytes_cpu", "copies", "bytes_copy", "swaps", "refused")
+# (every miss is uploaded, computed on the CPU or by the peer: misses = uploads + cpu + peer_hits; admitted = uploads
+# + swaps + admissions, the experts brought into slots while running)
+COUNTERS = ("hits", "hits_profile", "misses", "bytes_upload", "bytes_cpu", "copies", "bytes_copy", "swaps", "refused",
+            "uploads", "cpu", "peer_hits", "admissions", "admitted")
 # a request's own counters: the context's counters at its end minus those at its start
-REQUEST_COUNTERS = ("req_hits", "req_hits_profile", "req_misses", "req_bytes_upload", "req_bytes_cpu", "req_refused")
+REQUEST_COUNTERS = ("req_hits", "req_hits_profile", "req_misses", "req_bytes_upload", "req_bytes_cpu", "req_refused",
+                    "req_uploads", "req_cpu", "req_peer_hits", "req_admissions")
 # a request's own share (its sequence's, llama_moe_cache_get_seq_stats): each lookup charged to one request, so the
 # requests' own add up to the context's; absent from the logs of builds before it
-OWN_COUNTERS = ("own_hits", "own_misses", "own_refused", "own_bytes_upload", "own_bytes_cpu")
+OWN_COUNTERS = ("own_hits", "own_misses", "own_refused", "own_bytes_upload", "own_bytes_cpu", "own_uploads", "own_cpu",
+                "own_peer_hits")
 # counters added after the first audit logs: a log written by an earlier build lacks them, and they read as 0
-LATER_COUNTERS = ("refused", "req_refused", "moe_cache_admit", "moe_cache_repartition")  # fields of later builds: 0 when absent
+LATER_COUNTERS = ("refused", "req_refused", "moe_cache_admit", "moe_cache_repartition",  # fields of later builds: 0 when absent
+                  "uploads", "cpu", "peer_hits", "admissions", "admitted", "req_uploads", "req_cpu", "req_peer_hits",
+                  "req_admissions", "own_uploads", "own_cpu", "own_peer_hits")
 _TIME_RE = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}(Z|\+00:00)$")
 
 
@@ -39,6 +46,11 @@ class Counters:
     bytes_copy: int
     swaps: int
     refused: int = 0   # upload mode: selected experts of the lookups refused (more per ubatch than a layer's slots)
+    uploads: int = 0   # of the misses, those uploaded when looked up (upload mode)
+    cpu: int = 0       # of the misses, those the CPU computed
+    peer_hits: int = 0  # of the misses, those the peer tier computed
+    admissions: int = 0  # missed experts the hybrid uploaded between decodes
+    admitted: int = 0  # experts brought into slots while running: uploads + swaps + admissions
 
     def __sub__(self, other: "Counters") -> "Counters":
         return Counters(*(getattr(self, f) - getattr(other, f) for f in COUNTERS))
@@ -60,6 +72,10 @@ class RequestCounters:
     bytes_upload: int
     bytes_cpu: int
     refused: int = 0
+    uploads: int = 0
+    cpu: int = 0
+    peer_hits: int = 0
+    admissions: int = 0
 
 
 @dataclass(frozen=True)
@@ -72,6 +88,9 @@ class OwnCounters:
     refused: int
     bytes_upload: int
     bytes_cpu: int
+    uploads: int = 0
+    cpu: int = 0
+    peer_hits: int = 0
 
 
 @dataclass(frozen=True)
@@ -97,6 +116,16 @@ class LoadParams:
     tensor_overrides: tuple[str, ...]
     moe_cache_admit: int = 0  # later builds: the hybrid's admissions per layer between decodes (-1: auto)
     moe_cache_repartition: int = 0  # later builds: decodes between moves of slots between layers (0: never)
+    moe_cache_peer: str = ""  # later builds: the peer tier's device ("" none)
+
+
+@dataclass(frozen=True)
+class PeerInfo:
+    """The peer tier (--moe-cache-peer): its device, slots and memory (not in the cache's bytes)."""
+
+    device: str
+    slots: int
+    bytes: int
 
 
 @dataclass(frozen=True)
@@ -180,6 +209,7 @@ class LoadRecord(AuditRecord):
     profile: ProfileInfo | None
     layers: tuple[LayerSnapshot, ...]
     cache_devices: tuple[CacheDevice, ...] = ()  # empty in a log of a build before devices
+    peer: PeerInfo | None = None  # the peer tier, None without one (or in a log of a build before it)
 
 
 @dataclass(frozen=True)
@@ -357,7 +387,8 @@ def _load(f: _Fields, base: dict) -> LoadRecord:
                             p.bool("moe_cache_adaptive"), p.int("n_gpu_layers", minimum=None), p.int("n_threads"),
                             p.int("n_threads_batch"), p.int("n_ctx"), p.int("n_batch"), p.int("n_ubatch"), patterns,
                             p.int("moe_cache_admit", minimum=-1),  # -1: auto, the engine chooses
-                            p.int("moe_cache_repartition"))
+                            p.int("moe_cache_repartition"),
+                            p.str("moe_cache_peer") if "moe_cache_peer" in p.obj else "")
         p.done()
     c = f.obj_("cache")
     cache = CacheInfo(c.int("slots"), c.int("prefilled"), c.int("bytes")) if c else CacheInfo(0, 0, 0)
@@ -383,8 +414,15 @@ def _load(f: _Fields, base: dict) -> LoadRecord:
             profile = ProfileInfo(pf.str("path"), pf.int("bytes"), sha256,
                                   refused=pf.str("refused") if "refused" in pf.obj else None)
         pf.done()
+    peer = None
+    if "peer" in f.obj:  # later builds
+        pe = f.obj_("peer", nullable=True)
+        if pe:
+            peer = PeerInfo(pe.str("device"), pe.int("slots"), pe.int("bytes"))
+            pe.done()
     return LoadRecord(**base, model=model, params=params, cache=cache, load_ms=f.num("load_ms"),
-                      devices=tuple(devices), profile=profile, layers=_layers(f, "layers"), cache_devices=_cache_devices(f))
+                      devices=tuple(devices), profile=profile, layers=_layers(f, "layers"), cache_devices=_cache_devices(f),
+                      peer=peer)
 
 
 def _request(f: _Fields, base: dict) -> RequestRecord:

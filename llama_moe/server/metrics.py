@@ -285,56 +285,86 @@ def fetch_server_metrics(server: str, timeout: float = 10.0, api_key: str | None
 
 @dataclass(frozen=True)
 class RequestLogLine:
-    """llama-server's per-request line. Upload mode: hits, hits_profile, misses, mib (uploaded), gib_s, refused
-    (None in the line of a build before it was counted). Hybrid: hits (on the GPU), misses (on the CPU), mib
-    (what the CPU read); hits_profile, gib_s and refused None (the hybrid refuses nothing). The rate is
-    hits / (hits + misses + refused)."""
+    """llama-server's per-request line. Every miss is said where it went: ``misses`` = ``uploaded`` + ``cpu`` +
+    ``peer``. Upload mode: hits, hits_profile, uploaded (mib their bytes, gib_s over the request's time), cpu (the
+    split's misses the CPU computed, cpu_mib what it read), refused (None in the line of a build before it was
+    counted). Hybrid: hits (on the GPU), cpu (on the CPU, cpu_mib what it read), peer (computed by the peer tier;
+    0 without one); hits_profile, gib_s and refused None (the hybrid refuses nothing). A line of an older build
+    (no CPU part in upload mode) reads cpu 0. The rate is hits / (hits + misses + refused)."""
 
     hybrid: bool
     rate_pct: float
     hits: int
     misses: int
-    mib: float
+    mib: float                      # upload mode: MiB uploaded; hybrid: MiB the CPU read (cpu_mib)
     hits_profile: int | None = None
     gib_s: float | None = None
     refused: int | None = None
     own: "OwnShare | None" = None   # the request's own share (later builds), None in a line without it
+    uploaded: int = 0
+    cpu: int = 0
+    cpu_mib: float = 0.0
+    peer: int = 0
 
 
 @dataclass(frozen=True)
 class OwnShare:
     """The "; own: ..." part of the per-request line: the lookups charged to this request alone (each lookup of
-    the context is one request's). Upload mode: hits, misses (uploaded), mib uploaded, refused; hybrid: hits (on
-    the GPU), misses (on the CPU), mib the CPU read, refused 0."""
+    the context is one request's), its misses split as the line's (misses = uploaded + cpu + peer). Upload mode:
+    hits, uploaded (mib their bytes), cpu (cpu_mib), refused; hybrid: hits (on the GPU), cpu (mib and cpu_mib what
+    the CPU read), peer, refused 0."""
 
     rate_pct: float
     hits: int
     misses: int
     mib: float
     refused: int
+    uploaded: int = 0
+    cpu: int = 0
+    cpu_mib: float = 0.0
+    peer: int = 0
 
 
 _NUM = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+|nan|inf)"
 UPLOAD_LINE_RE = re.compile(rf"MoE cache hits = (?P<rate>{_NUM}) % \((?P<hits>\d+) hit, (?P<prof>\d+) from the "
-                            rf"profile, (?P<miss>\d+) uploaded: (?P<mib>{_NUM}) MiB, (?P<gibs>{_NUM}) GiB/s\)"
+                            rf"profile, (?P<miss>\d+) uploaded: (?P<mib>{_NUM}) MiB, (?P<gibs>{_NUM}) GiB/s"
+                            rf"(?:, (?P<cpu>\d+) on the CPU, which read (?P<cpumib>{_NUM}) MiB)?\)"
                             rf"(?:, (?P<refused>\d+) refused)?")
 OWN_UPLOAD_RE = re.compile(rf"; own: (?P<rate>{_NUM}) % \((?P<hits>\d+) hit, (?P<miss>\d+) uploaded: (?P<mib>{_NUM}) MiB, "
-                           rf"(?P<refused>\d+) refused\)")
+                           rf"(?:(?P<cpu>\d+) on the CPU, which read (?P<cpumib>{_NUM}) MiB, )?(?P<refused>\d+) refused\)")
 OWN_HYBRID_RE = re.compile(rf"; own: (?P<rate>{_NUM}) % \((?P<hits>\d+) on the GPU, (?P<miss>\d+) on the CPU, which read "
-                           rf"(?P<mib>{_NUM}) MiB\)")
+                           rf"(?P<mib>{_NUM}) MiB(?:, (?P<peer>\d+) on the peer)?\)")
 HYBRID_LINE_RE = re.compile(rf"MoE cache hits = (?P<rate>{_NUM}) % \(hybrid: (?P<hits>\d+) on the GPU, "
-                            rf"(?P<miss>\d+) on the CPU, which read (?P<mib>{_NUM}) MiB\)")
+                            rf"(?P<miss>\d+) on the CPU, which read (?P<mib>{_NUM}) MiB(?:, (?P<peer>\d+) on the peer)?\)")
+
+
+def _int(m: re.Match, name: str) -> int:
+    return int(m[name]) if m[name] is not None else 0
+
+
+def _float(m: re.Match, name: str) -> float:
+    return float(m[name]) if m[name] is not None else 0.0
 
 
 def parse_request_log_line(line: str) -> RequestLogLine | None:
     """The per-request MoE cache line anywhere in a log line, or None."""
     if m := UPLOAD_LINE_RE.search(line):
         o = OWN_UPLOAD_RE.search(line, m.end())
-        own = OwnShare(float(o["rate"]), int(o["hits"]), int(o["miss"]), float(o["mib"]), int(o["refused"])) if o else None
-        return RequestLogLine(False, float(m["rate"]), int(m["hits"]), int(m["miss"]), float(m["mib"]),
-                              int(m["prof"]), float(m["gibs"]), None if m["refused"] is None else int(m["refused"]), own)
+        own = None
+        if o:
+            own = OwnShare(float(o["rate"]), int(o["hits"]), int(o["miss"]) + _int(o, "cpu"), float(o["mib"]),
+                           int(o["refused"]), int(o["miss"]), _int(o, "cpu"), _float(o, "cpumib"))
+        uploaded, cpu = int(m["miss"]), _int(m, "cpu")
+        return RequestLogLine(False, float(m["rate"]), int(m["hits"]), uploaded + cpu, float(m["mib"]),
+                              int(m["prof"]), float(m["gibs"]), None if m["refused"] is None else int(m["refused"]), own,
+                              uploaded, cpu, _float(m, "cpumib"))
     if m := HYBRID_LINE_RE.search(line):
         o = OWN_HYBRID_RE.search(line, m.end())
-        own = OwnShare(float(o["rate"]), int(o["hits"]), int(o["miss"]), float(o["mib"]), 0) if o else None
-        return RequestLogLine(True, float(m["rate"]), int(m["hits"]), int(m["miss"]), float(m["mib"]), own=own)
+        own = None
+        if o:
+            own = OwnShare(float(o["rate"]), int(o["hits"]), int(o["miss"]) + _int(o, "peer"), float(o["mib"]), 0,
+                           0, int(o["miss"]), float(o["mib"]), _int(o, "peer"))
+        cpu, peer = int(m["miss"]), _int(m, "peer")
+        return RequestLogLine(True, float(m["rate"]), int(m["hits"]), cpu + peer, float(m["mib"]), own=own,
+                              cpu=cpu, cpu_mib=float(m["mib"]), peer=peer)
     return None

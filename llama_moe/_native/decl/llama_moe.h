@@ -25,6 +25,9 @@ struct llama_moe_cache_stats {
     uint64_t n_moved;
     uint64_t n_hit_peer;
     uint64_t n_slots_peer;
+    uint64_t n_upload;
+    uint64_t n_admitted;
+    uint64_t n_bytes_peer;
 };
 
 struct llama_moe_cache_status {
@@ -86,6 +89,9 @@ struct llama_moe_cache_seq_stats {
     uint64_t n_refused;
     uint64_t n_bytes_upload;
     uint64_t n_bytes_cpu;
+    uint64_t n_upload;
+    uint64_t n_cpu;
+    uint64_t n_hit_peer;
 };
 
 bool llama_moe_cache_get_seq_stats(const struct llama_context * ctx, int32_t seq_id, struct llama_moe_cache_seq_stats * stats);
