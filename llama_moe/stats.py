@@ -171,21 +171,16 @@ class CacheDevice(HitRate):
     n_refused: int = 0
 
 
-def n_admitted(hybrid: bool, n_miss: int, n_swap: int, n_admit: int = 0, n_cpu: int = 0) -> int:
-    """Experts brought into slots while running: each miss of the upload mode but those the CPU computed, the
-    adaptive swaps and fills, and the hybrid's admissions."""
-    return (0 if hybrid else n_miss - n_cpu) + n_swap + n_admit
-
-
-def lookups_line(n_hit: int, n_miss: int, n_refused: int, hybrid: bool, n_swap: int, n_resident: int | None,
-                 n_slots: int, n_admit: int = 0, n_cpu: int = 0) -> str:
-    """The line llama.cpp prints at exit, "H hits of L lookups = R (A admitted, N refused, cache F% full)": R is
-    n/a before the first lookup, F "?" when the slots' fill is not known."""
+def lookups_line(n_hit: int, n_miss: int, n_refused: int, n_admitted: int | None, n_resident: int | None,
+                 n_slots: int) -> str:
+    """The line llama.cpp prints at exit, "H hits of L lookups = R (A admitted, N refused, cache F% full)": A is the
+    engine's n_admitted ("?" from a server that does not report it), R n/a before the first lookup, F "?" when the
+    slots' fill is not known."""
     lookups = n_hit + n_miss + n_refused
     ratio = f"{n_hit / lookups:.4f}" if lookups else "n/a"
     full = "?" if n_resident is None or not n_slots else f"{100.0 * n_resident / n_slots:.2f}"
-    return (f"{n_hit} hits of {lookups} lookups = {ratio} ({n_admitted(hybrid, n_miss, n_swap, n_admit, n_cpu)} admitted, "
-            f"{n_refused} refused, cache {full}% full)")
+    admitted = "?" if n_admitted is None else str(n_admitted)
+    return f"{n_hit} hits of {lookups} lookups = {ratio} ({admitted} admitted, {n_refused} refused, cache {full}% full)"
 
 
 def cache_lines(c: Any, off_reason: str | None = None, not_as_asked: str | None = None) -> list[str]:
@@ -197,18 +192,22 @@ def cache_lines(c: Any, off_reason: str | None = None, not_as_asked: str | None 
         return ["MoE cache    none (--moe-cache-mib N turns it on)"]
     mode = "hybrid" if c.hybrid else "upload"
     admit = getattr(c, "n_admit", 0)
-    moved = (f"the CPU computed the misses, reading {c.n_bytes_cpu / 2**20:.2f} MiB" if c.hybrid else
-             f"{c.n_bytes_upload / 2**20:.2f} MiB uploaded")
-    cpu = getattr(c, "n_cpu", 0)
-    if not c.hybrid and cpu:
-        moved += f"; {cpu} misses computed on the CPU, reading {c.n_bytes_cpu / 2**20:.2f} MiB"
+    cpu, peer = getattr(c, "n_cpu", 0), getattr(c, "n_hit_peer", 0)
+    if c.hybrid:
+        moved = f"the CPU computed {cpu} misses, reading {c.n_bytes_cpu / 2**20:.2f} MiB"
+        if peer:
+            moved += f", the peer {peer}"
+    else:
+        moved = f"{c.n_bytes_upload / 2**20:.2f} MiB uploaded"
+        if cpu:
+            moved += f"; {cpu} misses computed on the CPU, reading {c.n_bytes_cpu / 2**20:.2f} MiB"
     if c.hybrid and admit:
         moved += f"; {admit} admitted between decodes ({c.n_bytes_upload / 2**20:.2f} MiB uploaded)"
     return [f"MoE cache    {mode} mode, {c.n_bytes_cache / 2**20:.2f} MiB, {c.n_slots} slots, {c.n_prefilled} prefilled by the profile",
             *([f"             NOT AS ASKED: {not_as_asked}"] if not_as_asked else []),
             f"             hit rate {c.hit_rate:.3f} ({c.n_hit} hits, {c.n_hit_profile} from the profile, {c.n_miss} misses), {moved}",
-            "             " + lookups_line(c.n_hit, c.n_miss, c.n_refused, c.hybrid, c.n_swap, c.n_resident, c.n_slots, admit,
-                                              getattr(c, "n_cpu", 0)),
+            "             " + lookups_line(c.n_hit, c.n_miss, c.n_refused, getattr(c, "n_admitted", None), c.n_resident,
+                                              c.n_slots),
             *([f"             the peer tier computed {c.n_hit_peer} of the {c.n_miss} misses in its {c.n_slots_peer} slots"]
               if getattr(c, "n_slots_peer", 0) else []),
             *([f"             {c.n_repartition} re-partition{'s' if c.n_repartition != 1 else ''} moved {c.n_moved} slots "

@@ -163,6 +163,7 @@ def check_run(run: Run, n_expert: Mapping[int, int] | None = None) -> list[Issue
                 if b < a:
                     issues.append(Issue(r.line, "error", f"field '{name}' went down from {a} (line {prev.line}) "
                                                          f"to {b} within pid {run.pid}"))
+        _check_destinations(r, issues)
         if r.counters.hits_profile > r.counters.hits:
             issues.append(Issue(r.line, "error", f"field 'hits_profile': {r.counters.hits_profile} is more than "
                                                  f"hits ({r.counters.hits})"))
@@ -192,6 +193,25 @@ def check_run(run: Run, n_expert: Mapping[int, int] | None = None) -> list[Issue
 
 
 OWN_NAMES = ("hits", "misses", "refused", "bytes_upload", "bytes_cpu")
+
+
+def _check_destinations(r: AuditRecord, issues: list[Issue]) -> None:
+    """Every miss went somewhere: misses = uploads + cpu + peer_hits (and admitted = uploads + swaps + admissions),
+    in the context's counters, a request's and its own share. A log of a build before these fields has them all
+    0, and is not held to it."""
+    def one(prefix: str, misses: int, uploads: int, cpu: int, peer: int) -> None:
+        if uploads + cpu + peer and uploads + cpu + peer != misses:
+            issues.append(Issue(r.line, "error", f"field '{prefix}misses': {misses}, but {prefix}uploads + {prefix}cpu + "
+                                                 f"{prefix}peer_hits = {uploads} + {cpu} + {peer} = {uploads + cpu + peer}"))
+    c = r.counters
+    one("", c.misses, c.uploads, c.cpu, c.peer_hits)
+    if c.admitted and c.admitted != c.uploads + c.swaps + c.admissions:
+        issues.append(Issue(r.line, "error", f"field 'admitted': {c.admitted}, but uploads + swaps + admissions = "
+                                             f"{c.uploads + c.swaps + c.admissions}"))
+    if isinstance(r, RequestRecord):
+        one("req_", r.req.misses, r.req.uploads, r.req.cpu, r.req.peer_hits)
+        if r.own is not None:
+            one("own_", r.own.misses, r.own.uploads, r.own.cpu, r.own.peer_hits)
 
 
 def _has_own(run: Run) -> bool:
@@ -444,6 +464,9 @@ class RunSummary:
     swaps: int
     gen_tps: float | None   # llama.cpp's perf at exit
     refused: int = 0        # upload mode: selections of the lookups refused
+    admitted: int = 0       # experts brought into slots while running (the engine's n_admitted)
+    cpu: int = 0            # misses the CPU computed
+    peer_hits: int = 0      # misses the peer tier computed
 
 
 def summarize_run(run: Run) -> RunSummary:
@@ -465,7 +488,8 @@ def summarize_run(run: Run) -> RunSummary:
         hits=c.hits, hits_profile=c.hits_profile, misses=c.misses, hit_rate=c.hit_rate,
         request_hit_rate=rh / looked if looked else 0.0, bytes_upload=c.bytes_upload, bytes_cpu=c.bytes_cpu,
         copies=c.copies, bytes_copy=c.bytes_copy, swaps=c.swaps,
-        gen_tps=run.exit.perf.gen_tps if run.exit else None, refused=c.refused)
+        gen_tps=run.exit.perf.gen_tps if run.exit else None, refused=c.refused, admitted=c.admitted, cpu=c.cpu,
+        peer_hits=c.peer_hits)
 
 
 def summarize(paths: str | Path | Sequence[str | Path]) -> tuple[RunSummary, ...]:
@@ -477,15 +501,16 @@ def summarize(paths: str | Path | Sequence[str | Path]) -> tuple[RunSummary, ...
 
 
 def format_summary(runs: Iterable[RunSummary]) -> str:
-    header = ("pid", "start", "model", "mode", "requests", "prompt", "gen", "hit rate", "refused", "uploaded",
-              "CPU read", "copies", "swaps", "exit")
+    header = ("pid", "start", "model", "mode", "requests", "prompt", "gen", "hit rate", "refused", "admitted",
+              "on the CPU", "on the peer", "uploaded", "CPU read", "copies", "swaps", "exit")
     rows = [header]
     for s in runs:
         rows.append((str(s.pid), s.start, s.model, "hybrid" if s.hybrid else "upload", str(s.requests),
-                     str(s.n_prompt), str(s.n_gen), f"{s.hit_rate:.3f}", str(s.refused), f"{s.bytes_upload / 2**20:.2f} MiB",
+                     str(s.n_prompt), str(s.n_gen), f"{s.hit_rate:.3f}", str(s.refused), str(s.admitted), str(s.cpu),
+                     str(s.peer_hits), f"{s.bytes_upload / 2**20:.2f} MiB",
                      f"{s.bytes_cpu / 2**20:.2f} MiB", str(s.copies), str(s.swaps), "yes" if s.exited else "no"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    left = {1, 2, 3, 13}   # text columns; numbers align right
+    left = {1, 2, 3, 16}   # text columns; numbers align right
     return "\n".join("  ".join(c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
                      .rstrip() for r in rows)
 

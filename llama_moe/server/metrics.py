@@ -33,6 +33,8 @@ SCALARS = {
     "bytes": "n_bytes_cache",
     "hybrid": "hybrid",
 }
+# series of later builds still, read when present (None from a server built before them)
+OPTIONAL = {"uploads_total": "n_upload", "admitted_total": "n_admitted", "peer_bytes": "n_bytes_peer"}
 PER_LAYER = ("layer_hits_total", "layer_hits_profile_total", "layer_misses_total", "layer_refused_total")
 # series later than the first llama-server with a cache: their absence means a server built from older patches
 LATER_SERIES = ("refused_total", "resident", "layer_refused_total", "admissions_total", "cpu_total",
@@ -130,7 +132,10 @@ class MoeCacheMetrics(HitRate):
     n_moved: int = 0
     n_hit_peer: int = 0
     n_slots_peer: int = 0
-    devices: tuple["DeviceMetrics", ...] = ()  # the devices that hold slots (a server from older patches: none)
+    devices: tuple["DeviceMetrics", ...] = ()
+    n_upload: int | None = None     # the engine's own figures (None: a server from patches before them)
+    n_admitted: int | None = None
+    n_bytes_peer: int | None = None  # the devices that hold slots (a server from older patches: none)
 
 
 @dataclass(frozen=True)
@@ -210,11 +215,14 @@ def moe_cache_from_samples(samples: tuple[Sample, ...]) -> MoeCacheMetrics | Non
     if not ours:
         return None
     scalars: dict[str, float] = {}
+    optional: dict[str, int] = {}
     layers: dict[int, list[int | None]] = {}
     for s in ours:
         short = s.name[len(PREFIX):]
         if short in SCALARS:
             scalars[SCALARS[short]] = s.value
+        elif short in OPTIONAL and not s.labels:
+            optional[OPTIONAL[short]] = _count(s.value, s.name)
         elif short in PER_LAYER:
             layer = s.label("layer")
             if layer is None or not layer.isdigit():
@@ -237,7 +245,7 @@ def moe_cache_from_samples(samples: tuple[Sample, ...]) -> MoeCacheMetrics | Non
     return MoeCacheMetrics(**ints, hybrid=scalars["hybrid"] != 0, hit_ratio=scalars["hit_ratio"],
                            layers={il: (v[0], v[1], v[2]) for il, v in ordered},  # type: ignore[misc]
                            layers_refused={il: v[3] for il, v in ordered},  # type: ignore[misc]
-                           devices=_devices(ours))
+                           devices=_devices(ours), **optional)
 
 
 def parse_moe_cache(text: str) -> MoeCacheMetrics | None:

@@ -62,6 +62,10 @@ llamacpp:moe_cache_swaps_total 0
 llamacpp:moe_cache_admissions_total 0
 # TYPE llamacpp:moe_cache_cpu_total counter
 llamacpp:moe_cache_cpu_total 0
+# TYPE llamacpp:moe_cache_uploads_total counter
+llamacpp:moe_cache_uploads_total 412
+# TYPE llamacpp:moe_cache_admitted_total counter
+llamacpp:moe_cache_admitted_total 412
 # TYPE llamacpp:moe_cache_repartitions_total counter
 llamacpp:moe_cache_repartitions_total 0
 # TYPE llamacpp:moe_cache_slots_moved_total counter
@@ -339,7 +343,7 @@ def test_stats_server_reports_the_running_server(served: Served) -> None:
     assert lines[0] == f"server       {served.url} (0 requests processing)"
     assert f"hit rate {c.hit_rate:.3f} ({c.n_hit} hits, {c.n_hit_profile} from the profile, {c.n_miss} misses)" in lines[4]
     assert lines[3].startswith(f"MoE cache    upload mode, {c.n_bytes_cache / 2**20:.2f} MiB, {c.n_slots} slots")
-    assert lines[5].strip() == (f"{c.n_hit} hits of {c.n_lookup} lookups = {c.n_hit / c.n_lookup:.4f} ({c.n_miss - c.n_cpu} admitted, "
+    assert lines[5].strip() == (f"{c.n_hit} hits of {c.n_lookup} lookups = {c.n_hit / c.n_lookup:.4f} ({c.n_admitted} admitted, "
                                 f"{c.n_refused} refused, cache {100 * c.n_resident / c.n_slots:.2f}% full)")
     table = lines[lines.index("layer   hits  from profile  misses  refused  hit rate") + 1:]
     assert [int(l.split()[0]) for l in table] == sorted(c.layers)
