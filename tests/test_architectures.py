@@ -140,6 +140,7 @@ def test_gemma4s_per_expert_scales_are_served(lib, tmp_path: Path, monkeypatch) 
 
     from llama_moe import Context, ContextParams, Model, ModelParams
     from llama_moe.errors import MoeCacheWarning
+    from support.cache_sizes import mib_for_slots
 
     monkeypatch.setenv("LLAMA_MOE_CACHE_DEVICE", "CPU")
     path = tmp_path / "g4.gguf"
@@ -147,7 +148,7 @@ def test_gemma4s_per_expert_scales_are_served(lib, tmp_path: Path, monkeypatch) 
     with Model(path, ModelParams(cpu_moe=True, repack=False)) as model:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            with Context(model, ContextParams(n_ctx=256, n_threads=2, moe_cache_mib=2)) as ctx:
+            with Context(model, ContextParams(n_ctx=256, n_threads=2, moe_cache_mib=mib_for_slots(path, 4))) as ctx:
                 list(ctx.generate("The ship left the harbour", max_tokens=8, stop_at_eog=False))
                 stats, layers = ctx.moe_cache_stats(), ctx.layer_stats()
                 status = ctx.cache_status()

@@ -146,7 +146,7 @@ def test_options_that_cannot_apply_warn(lib, tiny_model_path, caplog) -> None:
     with Model(tiny_model_path, ModelParams(repack=False)) as model:  # experts not in RAM on a GPU build,
         with Context(model, _params(0, moe_cache_hybrid=True)) as ctx:  # and no cache size: nothing to do
             assert ctx.moe_cache_stats() is None
-        assert "do nothing without --moe-cache-mib" in caplog.text
+        assert "--moe-cache-hybrid: no effect without --moe-cache-mib (there is no cache)" in caplog.text
     caplog.clear()
     with Model(tiny_model_path, RAM) as model:
         with Context(model, _params(0.01)) as ctx:

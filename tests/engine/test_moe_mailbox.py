@@ -152,9 +152,9 @@ def test_a_gpu_share_that_cannot_apply_says_why(lib, tiny_model_path, monkeypatc
     ("LLAMA_MOE_MAILBOX_PREFETCH", "-1", "is not a whole number from 0 to 1073741824; using"),
     ("LLAMA_MOE_MAILBOX_TEST_DELAY_US", "x", "is not a whole number from 0 to 10000000; using 0"),
     ("LLAMA_MOE_MAILBOX_TEST_STALL", "layer3", "is not a whole number from 0 to 1048576; using -1"),
-    ("GGML_MMID_CHUNK", "-1", "is not a whole number from 0 to 65536; using"),
-    ("GGML_MMID_CHUNK", "abc", "is not a whole number from 0 to 65536; using"),
-    ("GGML_MMID_CHUNK", "99999999999999999999", "is not a whole number from 0 to 65536; using"),
+    ("GGML_MMID_CHUNK", "-1", "is not a whole number from 0 to 65536; ignored"),
+    ("GGML_MMID_CHUNK", "abc", "is not a whole number from 0 to 65536; ignored"),
+    ("GGML_MMID_CHUNK", "99999999999999999999", "is not a whole number from 0 to 65536; ignored"),
     ("LLAMA_MOE_MAILBOX_FUSE", "maybe", "is not 1 or 0 (true/false, on/off, yes/no); using 1"),
     ("LLAMA_MOE_CACHE_NO_MAILBOX", "sure", "is not 1 or 0 (true/false, on/off, yes/no); using 0"),
     ("LLAMA_MOE_CACHE_NO_COPY", "2", "is not 1 or 0 (true/false, on/off, yes/no); using 0"),
@@ -176,7 +176,24 @@ def test_a_malformed_setting_is_replaced_by_its_default_with_a_warning(lib, tiny
     assert tokens == plain
     said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and f"{name}={value} {why}" in r.getMessage()]
     assert said, caplog.text
+    # one reader, one warning (ggml-cpu's products and the mailbox's CPU part read the same value)
+    assert len([r for r in caplog.records if f"{name}={value}" in r.getMessage()]) == 1, caplog.text
     assert "hand over to" in caplog.text  # the mailbox ran with the default
+
+
+def test_a_bad_mmid_chunk_is_said_without_the_mailbox_too(lib, tiny_model_path, monkeypatch, caplog) -> None:
+    """With the mailbox off, GGML_MMID_CHUNK still shapes the CPU's one-token expert products: a bad value is said
+    once when the context is made, and the decode runs with the default."""
+    caplog.set_level(logging.INFO, logger="llama_moe.native")
+    monkeypatch.setenv("LLAMA_MOE_CACHE_NO_MAILBOX", "1")
+    monkeypatch.setenv("GGML_MMID_CHUNK", "-7")
+    cp = ContextParams(n_ctx=256, n_threads=2, moe_cache_mib=mib_for_slots(tiny_model_path, 8, hybrid=True),
+                       moe_cache_hybrid=True, moe_cache_adaptive=True)
+    with Model(tiny_model_path, RAM) as model:
+        tokens, _, _ = _run(model, cp, PROMPTS[0])
+    assert tokens
+    said = [r.getMessage() for r in caplog.records if "GGML_MMID_CHUNK=-7" in r.getMessage()]
+    assert len(said) == 1 and "is not a whole number from 0 to 65536; ignored" in said[0], caplog.text
 
 
 def test_mailbox_off_switch_and_lifecycles(lib, tiny_model_path, monkeypatch, caplog) -> None:

@@ -5,7 +5,6 @@ rotated files check as one log, the newer one alone with a warning. The cache is
 from __future__ import annotations
 
 import os
-import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -15,7 +14,7 @@ import requests
 
 from llama_moe.formats.audit import ExitRecord, ReadyRecord, RequestRecord, read_audit
 from llama_moe.server.audit import check_audit
-from llama_moe.server.metrics import parse_moe_cache, parse_prometheus
+from llama_moe.server.metrics import parse_moe_cache, parse_prometheus, parse_request_log_line
 from support.llama_server import find_server_binary, start_server, stop_server
 
 N_REQUESTS = 40
@@ -115,12 +114,14 @@ def test_the_rotated_log_checks_as_one(soak) -> None:
 def test_each_request_logs_its_own_share(soak) -> None:
     lines = [l for l in soak["log"].splitlines() if "MoE cache hits = " in l]
     assert len(lines) == N_REQUESTS
-    own = [re.search(r"; own: [\d.]+ % \((\d+) hit, (\d+) uploaded: [\d.]+ MiB, (\d+) refused\)", l) for l in lines]
-    assert all(own), lines[:3]
+    own = [parse_request_log_line(l) for l in lines]
+    assert all(o is not None and o.own is not None for o in own), lines[:3]
     records = read_audit(soak["rotated"]).records + read_audit(soak["audit"]).records
     reqs = [r for r in records if isinstance(r, RequestRecord)]
-    assert sorted((int(m[1]), int(m[2]), int(m[3])) for m in own) == sorted(
-        (r.own.hits, r.own.misses, r.own.refused) for r in reqs)
+    # every miss said where it went: uploaded, or computed on the CPU by the split
+    assert sorted((o.own.hits, o.own.uploaded, o.own.cpu, o.own.refused) for o in own) == sorted(  # type: ignore[union-attr]
+        (r.own.hits, r.own.uploads, r.own.cpu, r.own.refused) for r in reqs)
+    assert all(r.own.misses == r.own.uploads + r.own.cpu for r in reqs)
 
 
 @pytest.mark.slow
@@ -143,9 +144,19 @@ def test_the_own_part_of_the_request_line_is_parsed() -> None:
 
     up = parse_request_log_line("0.08.054.425 I MoE cache hits = 59.2 % (255 hit, 0 from the profile, 109 uploaded: "
                                 "2.7 MiB, 0.06 GiB/s), 67 refused; own: 50.0 % (40 hit, 30 uploaded: 0.7 MiB, 10 refused)")
-    assert up is not None and up.refused == 67 and up.own == OwnShare(50.0, 40, 30, 0.7, 10)
+    assert up is not None and up.refused == 67 and up.own == OwnShare(50.0, 40, 30, 0.7, 10, uploaded=30)
     hy = parse_request_log_line("MoE cache hits = 75.0 % (hybrid: 1858 on the GPU, 618 on the CPU, which read 15.4 MiB)"
                                 "; own: 74.1 % (900 on the GPU, 300 on the CPU, which read 7.0 MiB)")
-    assert hy is not None and hy.hybrid and hy.own == OwnShare(74.1, 900, 300, 7.0, 0)
+    assert hy is not None and hy.hybrid and hy.own == OwnShare(74.1, 900, 300, 7.0, 0, cpu=300, cpu_mib=7.0)
     older = parse_request_log_line("MoE cache hits = 61.3 % (38 hit, 4 from the profile, 24 uploaded: 0.60 MiB, 1.92 GiB/s)")
     assert older is not None and older.own is None
+    # every miss where it went: uploaded or on the CPU (upload mode's split), on the CPU or on the peer (hybrid)
+    up = parse_request_log_line("MoE cache hits = 59.2 % (255 hit, 0 from the profile, 109 uploaded: 2.7 MiB, 0.06 GiB/s, "
+                                "5 on the CPU, which read 0.1 MiB), 0 refused; own: 50.0 % (40 hit, 30 uploaded: 0.7 MiB, "
+                                "2 on the CPU, which read 0.1 MiB, 0 refused)")
+    assert up is not None and (up.misses, up.uploaded, up.cpu, up.cpu_mib) == (114, 109, 5, 0.1)
+    assert up.own == OwnShare(50.0, 40, 32, 0.7, 0, uploaded=30, cpu=2, cpu_mib=0.1)
+    hy = parse_request_log_line("MoE cache hits = 75.0 % (hybrid: 1858 on the GPU, 618 on the CPU, which read 15.4 MiB, "
+                                "12 on the peer); own: 74.1 % (900 on the GPU, 300 on the CPU, which read 7.0 MiB, 3 on the peer)")
+    assert hy is not None and (hy.misses, hy.cpu, hy.peer) == (630, 618, 12)
+    assert hy.own == OwnShare(74.1, 900, 303, 7.0, 0, cpu=300, cpu_mib=7.0, peer=3)

@@ -81,6 +81,16 @@ def test_an_audit_log_without_a_cache_warns(server_binary, tiny_model_path, tmp_
     assert load.cache.slots == 0
 
 
+@pytest.mark.parametrize("option", [("--moe-cache-admit", "2"), ("--moe-cache-repartition", "16"),
+                                    ("--moe-cache-peer", "CPU"), ("--moe-cache-hybrid",)])
+def test_a_cache_option_without_a_size_says_so(server_binary, tiny_model_path, tmp_path, option) -> None:
+    """Without --moe-cache-mib there is no cache: each cache option given is named in a warning at default
+    verbosity, none taken silently."""
+    _, text = _load_of(server_binary, tiny_model_path, tmp_path, *option)
+    said = [l for l in text.splitlines() if "no effect without --moe-cache-mib (there is no cache)" in l]
+    assert len(said) == 1 and option[0] in said[0], text[-3000:]
+
+
 @pytest.mark.parametrize("hybrid", [False, True])
 def test_a_cache_too_small_states_the_real_requirement(server_binary, tiny_model_path, tmp_path, hybrid) -> None:
     extra = ("--moe-cache-hybrid",) if hybrid else ()
