@@ -335,8 +335,8 @@ class OwnShare:
 
 _NUM = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+|nan|inf)"
 UPLOAD_LINE_RE = re.compile(rf"MoE cache hits = (?P<rate>{_NUM}) % \((?P<hits>\d+) hit, (?P<prof>\d+) from the "
-                            rf"profile, (?P<miss>\d+) uploaded: (?P<mib>{_NUM}) MiB, (?P<gibs>{_NUM}) GiB/s"
-                            rf"(?:, (?P<cpu>\d+) on the CPU, which read (?P<cpumib>{_NUM}) MiB)?\)"
+                            rf"profile, (?P<miss>\d+) uploaded: (?P<mib>{_NUM}) MiB, (?P<gibs>{_NUM}) GiB/s\)"
+                            rf"(?:, (?P<cpu>\d+) on the CPU, which read (?P<cpumib>{_NUM}) MiB)?"
                             rf"(?:, (?P<refused>\d+) refused)?")
 OWN_UPLOAD_RE = re.compile(rf"; own: (?P<rate>{_NUM}) % \((?P<hits>\d+) hit, (?P<miss>\d+) uploaded: (?P<mib>{_NUM}) MiB, "
                            rf"(?:(?P<cpu>\d+) on the CPU, which read (?P<cpumib>{_NUM}) MiB, )?(?P<refused>\d+) refused\)")

@@ -151,8 +151,8 @@ def test_the_own_part_of_the_request_line_is_parsed() -> None:
     older = parse_request_log_line("MoE cache hits = 61.3 % (38 hit, 4 from the profile, 24 uploaded: 0.60 MiB, 1.92 GiB/s)")
     assert older is not None and older.own is None
     # every miss where it went: uploaded or on the CPU (upload mode's split), on the CPU or on the peer (hybrid)
-    up = parse_request_log_line("MoE cache hits = 59.2 % (255 hit, 0 from the profile, 109 uploaded: 2.7 MiB, 0.06 GiB/s, "
-                                "5 on the CPU, which read 0.1 MiB), 0 refused; own: 50.0 % (40 hit, 30 uploaded: 0.7 MiB, "
+    up = parse_request_log_line("MoE cache hits = 59.2 % (255 hit, 0 from the profile, 109 uploaded: 2.7 MiB, 0.06 GiB/s), "
+                                "5 on the CPU, which read 0.1 MiB, 0 refused; own: 50.0 % (40 hit, 30 uploaded: 0.7 MiB, "
                                 "2 on the CPU, which read 0.1 MiB, 0 refused)")
     assert up is not None and (up.misses, up.uploaded, up.cpu, up.cpu_mib) == (114, 109, 5, 0.1)
     assert up.own == OwnShare(50.0, 40, 32, 0.7, 0, uploaded=30, cpu=2, cpu_mib=0.1)
