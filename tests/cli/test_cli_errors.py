@@ -275,7 +275,9 @@ def test_a_write_that_fails_halfway_leaves_the_old_file_and_no_part(files, tmp_p
     last = proc.stderr.strip().splitlines()[-1]
     assert re.fullmatch(rf"llama_moe {argv.split()[0]}: error: .*{re.escape(str(target))}.*File too large", last), last
     # the lines before it, if any, are llama.cpp's log while the model loaded
-    assert all(not line.startswith("llama_moe") for line in proc.stderr.strip().splitlines()[:-1]), proc.stderr
+    # one error, the last line (a warning before it, such as a custom shape's uncalibrated routing, is no error)
+    assert all(not line.startswith("llama_moe") or ": warning: " in line
+               for line in proc.stderr.strip().splitlines()[:-1]), proc.stderr
     assert _tree(tmp_path) == before and target.read_bytes() == b"the old file"
 
 

@@ -11,7 +11,8 @@ from llama_moe.routing.routes import Routes
 def _reference(x: np.ndarray, slots: int, admit: int, half_life: float) -> tuple[int, int]:
     """(hits, misses): per layer, after each token up to ``admit`` misses replace the held expert whose
     selections so far, each weighted 0.5 ** (age / half_life), sum least (then the least recently used, then
-    the lowest slot); free slots first. Nothing held at the start."""
+    the lowest slot); free slots first, and never one the token used or the round admitted (none left: the
+    round stops). Nothing held at the start."""
     hits = misses = 0
     for j in range(x.shape[1]):
         held: list[int] = []
@@ -33,7 +34,10 @@ def _reference(x: np.ndarray, slots: int, admit: int, half_life: float) -> tuple
                 else:
                     def key(i: int) -> tuple[float, int, int]:
                         return sum(0.5 ** ((t - s) / half_life) for s in uses[held[i]]), last[held[i]], i
-                    held[min(range(slots), key=key)] = e
+                    older = [i for i in range(slots) if last[held[i]] < 2 * t - 1]
+                    if not older:
+                        break
+                    held[min(older, key=key)] = e
                 last[e] = 2 * t
     return hits, misses
 
