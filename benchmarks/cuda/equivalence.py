@@ -16,7 +16,7 @@ import numpy as np
 
 from llama_moe import Context, ContextParams, Model, ModelParams
 from llama_moe._native.env import environment
-from llama_moe.equivalence import DEVICE_TOLERANCE, PROMPTS, Mode, compare_mode, greedy_steps, reference
+from llama_moe.equivalence import DEVICE_TOLERANCE, PROMPTS, Mode, compare_mode, greedy_steps, reference, top_gap
 from llama_moe.experts import expert_layout
 
 
@@ -44,6 +44,46 @@ def prompt_copies(path: Path, total_mib: float, profile: Path) -> bool:
     return ok
 
 
+def batch_check(model: Model, modes: dict, mib_at, pcts: list[int], n: int) -> bool:
+    """Several sequences at once: a 154-token prompt (llama.cpp's path, with the copies from the cache) beside a
+    short one (the cache's path), greedy, in each mode against the same batch without a cache. Where a sequence's
+    tokens part, no cache's top-two gap at that step (that sequence decoded alone, teacher-forced) says whether it
+    is a near tie."""
+    from llama_moe.synth.corpus import load_corpus, paragraphs
+
+    texts = [p for t in load_corpus().values() for p in paragraphs(t)]
+    prompts: list = [model.tokenize(texts[45] + " " + texts[46], add_special=False)[:154], PROMPTS[0]]
+
+    def batch(cp: ContextParams) -> tuple[list[list[int]], object]:
+        with Context(model, cp) as ctx:
+            res = ctx.generate_batch(prompts, n, stop_at_eog=False)
+            return [list(c.tokens) for c in res.completions], ctx.moe_cache_stats()
+
+    ref, _ = batch(ContextParams(n_ctx=1024, n_seq_max=2))
+    ok = True
+    for name, pct in [(m, p) for m in modes for p in pcts]:
+        with environment(**modes[name].env):
+            got, s = batch(ContextParams(n_ctx=1024, n_seq_max=2, moe_cache_mib=mib_at(pct), **modes[name].cache))
+        parts = []
+        good = s is not None and s.n_hit + s.n_miss > 0
+        for i, (a, b) in enumerate(zip(got, ref)):
+            k = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), None)
+            if k is None:
+                continue
+            with Context(model, ContextParams(n_ctx=1024)) as ctx:
+                p = prompts[i] if isinstance(prompts[i], list) else model.tokenize(prompts[i])
+                ctx.decode(p + b[:k])
+                logits = ctx.logits()
+            gap = top_gap(logits) / (float(np.max(np.abs(logits))) or 1.0)
+            good &= gap <= DEVICE_TOLERANCE
+            parts.append(f"sequence {i} parts at {k} (top two {gap:.1e} apart{', a near tie' if gap <= DEVICE_TOLERANCE else ''})")
+        ok &= good
+        print(f"batch of 2 (154 and {len(model.tokenize(PROMPTS[0]))} tokens) {name:12} {pct:3d}%: "
+              f"{'; '.join(parts) or 'tokens identical'} over {n} -> {'ok' if good else 'WRONG'}; "
+              f"{s.n_hit if s else 0} hits, {s.n_miss if s else 0} misses, {s.n_admit if s else 0} admitted")
+    return ok
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("model", nargs="?")
@@ -56,6 +96,7 @@ def main() -> int:
     ap.add_argument("--modes", help="the modes to compare with no cache, comma-separated (default: all)")
     ap.add_argument("--prompts", type=int, default=len(PROMPTS), help="how many of the prompts")
     ap.add_argument("--pcts", default="25,50,100", help="the cache sizes, in percent of the experts")
+    ap.add_argument("--batch", action="store_true", help="only several sequences at once (batch_check)")
     args = ap.parse_args()
     import logging
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
@@ -108,6 +149,11 @@ def main() -> int:
                                        {"LLAMA_MOE_CACHE_ADMIT_ASYNC": "0"})}
     if args.modes:
         modes = {name: modes[name] for name in args.modes.split(",")}
+    if args.batch:
+        with Model(path, ModelParams(cpu_moe=True, use_mmap=False)) as model:
+            ok = batch_check(model, modes, mib_at, [int(p) for p in args.pcts.split(",") if int(p) < 100], args.n)
+        print("EQUIVALENT" if ok else "DIFFERENT")
+        return 0 if ok else 1
     ok = True if args.no_prompt else prompt_copies(path, total, profile)
     if args.prompt_only:
         return 0 if ok else 1

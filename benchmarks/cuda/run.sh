@@ -30,6 +30,11 @@
 #   serve        llama-server with 1, 2 and 4 requests at once, the hybrid through the mailbox (serve_parallel.py;
 #                the Qwen3 shape's cache of half its experts)
 #   kernels      ncu's time of every kernel of one-token decoding, hybrid against all in VRAM (one_token_kernels.py)
+#   profile      where one token's time goes at PROFILE_PCT (default 50) % of the experts, the hybrid against all in
+#                VRAM, each in its own process: GGML_SCHED_PROFILE's compute, copies and waits per graph shape,
+#                and the mailbox's exit lines (the CPU's waits and parts)
+#   batch        several sequences at once (a 154-token prompt beside a short one) in every cache mode against
+#                the same batch without a cache, on the tiny model (equivalence.py --batch)
 set -u
 here=benchmarks/cuda
 . $here/lib.sh
@@ -184,13 +189,30 @@ step_kernels() {
   mark kernels
 }
 
+step_profile() {
+  for m in hybrid vram; do
+    GGML_SCHED_PROFILE=1 timeout $(cap 200) python3 $here/bench_admit.py --admit 1 --repartition 0 -v bench $M -t 16 \
+        --runs 1 -n 64 --pp 512 --cache-pct ${PROFILE_PCT:-50} --modes $m --profile $P > $R/profile_$m.log 2>&1
+    echo "$m: rc $?"
+    grep -E "ggml_sched_profile|the CPU waited|tok/s, pp" $R/profile_$m.log | sed -E 's/^ +//' | cut -c1-300
+  done
+  mark profile
+}
+step_batch() {
+  timeout $(cap 200) python3 $here/equivalence.py --shape tiny --experts q8_0 -n 48 --batch \
+      --modes upload,hybrid,hybrid-split,adaptive,admit,admit-sync,admit-repart > $R/batch.txt 2>&1
+  echo "batch: $(grep -c -- '-> ok' $R/batch.txt) ok, $(grep -c WRONG $R/batch.txt) wrong; $(tail -1 $R/batch.txt | cut -c1-160)"
+  grep -qE "^(EQUIVALENT|DIFFERENT)" $R/batch.txt && mark batch
+}
+
 declare -A NEED=([build]=240 [big]=60 [tiny]=30 [speed]=150 [memcheck]=100 [racecheck]=200 [lifecycle]=150 [equivalence]=120 [split]=60
-                 [archs]=200 [mailbox]=200 [trap]=60 [serve]=90 [kernels]=240)
+                 [archs]=200 [mailbox]=200 [trap]=60 [serve]=90 [kernels]=240
+                 [profile]=120 [batch]=90)
 echo "$(date -u +%FT%TZ), deadline $DEADLINE s, steps: $STEPS; $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
 for s in $STEPS; do
   [ -z "${NEED[$s]:-}" ] && { echo "unknown step $s (steps: ${!NEED[*]})"; exit 2; }
   case $s in memcheck|racecheck|trap|equivalence|split) [ -f $R/done_tiny ] || { fits tiny 30 && step_tiny; } ;; esac
-  case $s in speed|serve|kernels) [ -f $R/done_big ] || { fits big 60 && step_big; } ;; esac
+  case $s in speed|serve|kernels|profile) [ -f $R/done_big ] || { fits big 60 && step_big; } ;; esac
   if fits $s ${NEED[$s]}; then step_$s; fi
 done
 echo "== table ($(( $(date +%s) - T0 )) s)"
