@@ -33,6 +33,8 @@
 #   profile      where one token's time goes at PROFILE_PCT (default 50) % of the experts, the hybrid against all in
 #                VRAM, each in its own process: GGML_SCHED_PROFILE's compute, copies and waits per graph shape,
 #                and the mailbox's exit lines (the CPU's waits and parts)
+#   rates        one core's rate of the CPU part's expert-row products (MXFP4, Q4_0, Q8_0) in L2 and from RAM,
+#                beside a plain read (benchmarks/vec_dot_rates.c against the build's ggml-cpu)
 #   batch        several sequences at once (a 154-token prompt beside a short one) in every cache mode against
 #                the same batch without a cache, on the tiny model (equivalence.py --batch)
 set -u
@@ -198,6 +200,12 @@ step_profile() {
   done
   mark profile
 }
+step_rates() {
+  local B=/tmp/lmcache/work/cuda
+  gcc -O2 -march=native -o /tmp/vd benchmarks/vec_dot_rates.c -I$B/llama.cpp/ggml/include -L$B/build/bin -lggml-cpu \
+      -lggml-base -Wl,-rpath,$B/build/bin && timeout $(cap 60) taskset -c 3 /tmp/vd | tee $R/rates.txt
+  grep -q "^q8_0" $R/rates.txt && mark rates
+}
 step_batch() {
   timeout $(cap 200) python3 $here/equivalence.py --shape tiny --experts q8_0 -n 48 --batch \
       --modes upload,hybrid,hybrid-split,adaptive,admit,admit-sync,admit-repart > $R/batch.txt 2>&1
@@ -207,7 +215,7 @@ step_batch() {
 
 declare -A NEED=([build]=240 [big]=60 [tiny]=30 [speed]=150 [memcheck]=100 [racecheck]=200 [lifecycle]=150 [equivalence]=120 [split]=60
                  [archs]=200 [mailbox]=200 [trap]=60 [serve]=90 [kernels]=240
-                 [profile]=120 [batch]=90)
+                 [profile]=120 [batch]=90 [rates]=30)
 echo "$(date -u +%FT%TZ), deadline $DEADLINE s, steps: $STEPS; $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
 for s in $STEPS; do
   [ -z "${NEED[$s]:-}" ] && { echo "unknown step $s (steps: ${!NEED[*]})"; exit 2; }
