@@ -28,10 +28,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from llama_moe import Context, ContextParams, Model, ModelParams, MoeCacheStats  # noqa: E402
-from llama_moe.default_model import default_model_path  # noqa: E402
-from llama_moe.experts import expert_layout  # noqa: E402
-from llama_moe.routing.budget import mib_for_slots  # noqa: E402
-from llama_moe.synth.corpus import load_corpus, paragraphs  # noqa: E402
+from llama_moe.tools.default_model import default_model_path  # noqa: E402
+from llama_moe.tools.experts import expert_layout  # noqa: E402
+from llama_moe.tools.routing.budget import mib_for_slots  # noqa: E402
+from llama_moe.tools.synth.corpus import load_corpus, paragraphs  # noqa: E402
 
 
 def prompts(n: int) -> list[str]:

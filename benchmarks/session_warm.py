@@ -17,11 +17,11 @@ from pathlib import Path
 os.environ.setdefault("LLAMA_MOE_CACHE_DEVICE", "CPU")
 
 from llama_moe import Context, ContextParams, Model, ModelParams, Sampling  # noqa: E402
-from llama_moe.experts import expert_layout  # noqa: E402
-from llama_moe.routing.budget import cache_bytes_for_slots  # noqa: E402
-from llama_moe.routing.heldout import t_interval  # noqa: E402
-from llama_moe.synth import synthesize  # noqa: E402
-from llama_moe.synth.corpus import TOPICS, load_corpus  # noqa: E402
+from llama_moe.tools.experts import expert_layout  # noqa: E402
+from llama_moe.tools.routing.budget import cache_bytes_for_slots  # noqa: E402
+from llama_moe.tools.routing.heldout import t_interval  # noqa: E402
+from llama_moe.tools.synth import synthesize  # noqa: E402
+from llama_moe.tools.synth.corpus import TOPICS, load_corpus  # noqa: E402
 
 
 def main() -> int:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 
 from llama_moe import Context, ContextParams, Model, ModelParams, Sampling
-from llama_moe.default_model import default_model_path
+from llama_moe.tools.default_model import default_model_path
 
 PROMPTS = ["The ship left the harbour at dawn, and the crew", "To grow tomatoes in a small garden, start with",
            "The telescope turned towards the faint galaxy", "Before the concert the orchestra"]

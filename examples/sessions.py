@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 
 from llama_moe import Context, ContextParams, Model, ModelParams, Sampling
-from llama_moe.default_model import default_model_path
+from llama_moe.tools.default_model import default_model_path
 
 
 def main() -> None:

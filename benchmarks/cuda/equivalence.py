@@ -1,5 +1,5 @@
 """On a CUDA build: the MoE cache on the GPU against llama.cpp's own CPU path for experts in RAM, by
-llama_moe.equivalence's rule (tokens identical, or parting only at a near tie with teacher-forced logits within
+llama_moe.tools.equivalence's rule (tokens identical, or parting only at a near tie with teacher-forced logits within
 DEVICE_TOLERANCE of the largest), the hybrid through the mailbox against the hybrid through the scheduler (the same kernels on
 both sides: bit-identical tokens and logits), and the prompt copies (bit-identical logits).
 
@@ -16,8 +16,8 @@ import numpy as np
 
 from llama_moe import Context, ContextParams, Model, ModelParams
 from llama_moe._native.env import environment
-from llama_moe.equivalence import DEVICE_TOLERANCE, PROMPTS, Mode, compare_mode, greedy_steps, reference, top_gap
-from llama_moe.experts import expert_layout
+from llama_moe.tools.equivalence import DEVICE_TOLERANCE, PROMPTS, Mode, compare_mode, greedy_steps, reference, top_gap
+from llama_moe.tools.experts import expert_layout
 
 
 def prompt_copies(path: Path, total_mib: float, profile: Path) -> bool:
@@ -103,11 +103,11 @@ def main() -> int:
     if args.model:
         path = Path(args.model)
     elif args.arch:
-        from llama_moe.synth.synthesize import synthesize_arch
+        from llama_moe.tools.synth.synthesize import synthesize_arch
         path = Path(tempfile.mkdtemp()) / f"{args.arch}-{args.experts}.gguf"
         synthesize_arch(path, args.arch, expert_type=args.experts, seed=0)
     else:
-        from llama_moe.synth.synthesize import synthesize
+        from llama_moe.tools.synth.synthesize import synthesize
         path = Path(tempfile.mkdtemp()) / f"{args.shape}-{args.experts}.gguf"
         synthesize(path, shape=args.shape, expert_type=args.experts, seed=0)
     layout = expert_layout(path)
@@ -119,11 +119,11 @@ def main() -> int:
         fixed +1 MiB holds every expert of the small architectures' tiny models."""
         if pct >= 100:
             return total + 1
-        from llama_moe.routing.budget import cache_bytes_for_slots
+        from llama_moe.tools.routing.budget import cache_bytes_for_slots
         slots = max(1, min(layout.n_expert - 1, round(layout.n_expert * pct / 100)))
         half = sum(l.bytes_per_expert for l in layout.layers) // 2
         return (cache_bytes_for_slots(layout, slots, True) + half) / 2**20
-    from llama_moe.bench.corpus_profile import train_profile
+    from llama_moe.tools.bench.corpus_profile import train_profile
 
     # short windows: on the tiny model (head_dim 32, no flash attention on CUDA) tracing in 4096-token windows
     # traps the device with CUDA graphs, on the unpatched base too (benchmarks/cuda/results/2026-12-01-h200-mailbox-ring/trap.md)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from gguf import GGUF_DEFAULT_ALIGNMENT, GGUF_VERSION
 from gguf import GGUFValueType as GgufValueType
 
-from llama_moe.gguf.quants import (
+from llama_moe.gguf_files.quants import (
     GgmlType,
     TypeInfo,
     dequantize,
@@ -17,8 +17,8 @@ from llama_moe.gguf.quants import (
     tensor_nbytes,
     type_info,
 )
-from llama_moe.gguf.reader import GgufFile, GgufTensorInfo, read_gguf, read_tensor_bytes
-from llama_moe.gguf.writer import GgufWriter
+from llama_moe.gguf_files.reader import GgufFile, GgufTensorInfo, read_gguf, read_tensor_bytes
+from llama_moe.gguf_files.writer import GgufWriter
 
 __all__ = [
     "GGUF_DEFAULT_ALIGNMENT",

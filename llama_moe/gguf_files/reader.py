@@ -24,7 +24,7 @@ import numpy as np
 from gguf import GGUF_DEFAULT_ALIGNMENT, GGUFValueType, Keys
 
 from llama_moe.errors import GgufError
-from llama_moe.gguf.quants import TYPE_INFO, GgmlType
+from llama_moe.gguf_files.quants import TYPE_INFO, GgmlType
 
 GgufValueType = GGUFValueType
 GGUF_MAGIC = b"GGUF"

@@ -21,8 +21,8 @@ import gguf
 import numpy as np
 
 from llama_moe.errors import GgufError
-from llama_moe.gguf.quants import GgmlType, ggml_type, quantize, tensor_nbytes
-from llama_moe.gguf.reader import GGML_MAX_DIMS, GGML_MAX_NAME, align
+from llama_moe.gguf_files.quants import GgmlType, ggml_type, quantize, tensor_nbytes
+from llama_moe.gguf_files.reader import GGML_MAX_DIMS, GGML_MAX_NAME, align
 
 Chunk = bytes | bytearray | memoryview | np.ndarray
 

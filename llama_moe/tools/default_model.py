@@ -4,7 +4,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from . import paths
+from .. import paths
 
 log = logging.getLogger(__name__)
 

@@ -9,11 +9,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ._native.env import environment
-from .context import Context
-from .model import Model
-from .params import ContextParams
-from .stats import MoeCacheStats
+from .._native.env import environment
+from ..context import Context
+from ..model import Model
+from ..params import ContextParams
+from ..stats import MoeCacheStats
 
 TOLERANCE = 1e-3
 # another device's kernels against the CPU's: on an H200 the logits of every layer held whole on the GPU (no

@@ -5,7 +5,7 @@ import os
 import re
 from dataclasses import dataclass
 
-from .errors import GgufError
+from ..errors import GgufError
 
 _EXPS = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down|gate_up)_(ch|)exps\.(weight|bias)$")
 
@@ -36,7 +36,7 @@ class ExpertLayout:
 
 
 def expert_layout(path: str | os.PathLike[str]) -> ExpertLayout:
-    from .gguf.reader import read_gguf
+    from ..gguf_files.reader import read_gguf
 
     gguf = read_gguf(path)
     arch = gguf.architecture

@@ -12,7 +12,7 @@ import pytest
 from llama_moe import ChatMessage, ChatResult, ChatTemplateError, Context, ContextParams, Model, ModelParams, \
     ParameterError, Sampling
 from llama_moe.chat import builtin_templates, format_chat, model_template
-from llama_moe.synth import CHAT_TEMPLATE
+from llama_moe.tools.synth import CHAT_TEMPLATE
 
 CONVERSATION = [{"role": "system", "content": "You write short stories."},
                 {"role": "user", "content": "The ship left the harbour at dawn, and the crew"}]

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from llama_moe import BatchResult, Context, ContextParams, Model, ModelParams, ParameterError, Sampling
-from llama_moe.experts import expert_layout
+from llama_moe.tools.experts import expert_layout
 from llama_moe.formats.profile import Profile, write_profile
 from oracles.lru import MAX_UBATCH, simulate_lru
 from support.cache_sizes import mib_for_slots
@@ -120,7 +120,7 @@ LONG_SHORT_MODES = {
 
 @pytest.fixture(scope="module")
 def long_and_short(model) -> list[list[int] | str]:
-    from llama_moe.synth.corpus import load_corpus, paragraphs
+    from llama_moe.tools.synth.corpus import load_corpus, paragraphs
 
     texts = [p for t in load_corpus().values() for p in paragraphs(t)]
     long = model.tokenize(texts[45] + " " + texts[46], add_special=False)[:154]

@@ -15,10 +15,10 @@ import pytest
 
 from llama_moe import Context, ContextParams, Model, Sampling
 from llama_moe.errors import MoeCacheWarning
-from llama_moe.experts import expert_layout
+from llama_moe.tools.experts import expert_layout
 from llama_moe.formats.profile import Profile, write_profile
 from llama_moe.params import MiB
-from llama_moe.routing.budget import cache_bytes_for_layer_slots, engine_layer_slots
+from llama_moe.tools.routing.budget import cache_bytes_for_layer_slots, engine_layer_slots
 from oracles.hybrid import simulate_hybrid
 from oracles.lru import simulate_lru
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from llama_moe import Context, ContextParams, Model, ModelParams, Sampling
-from llama_moe.experts import expert_layout
+from llama_moe.tools.experts import expert_layout
 from oracles.lru import simulate_lru
 from support.cache_sizes import mib_for_slots
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from llama_moe import Context, ContextParams, Model
-from llama_moe.experts import expert_layout
+from llama_moe.tools.experts import expert_layout
 from llama_moe.formats.profile import Profile, write_profile
 from support.cache_sizes import mib_for_slots
 from test_moe_cache_hybrid import PROMPTS, RAM
@@ -96,7 +96,7 @@ def test_mailbox_gives_the_same_tokens_logits_and_counts(lib, tiny_model_path, t
 
 
 def test_mailbox_with_expert_biases(lib, tmp_path, monkeypatch, caplog) -> None:
-    from llama_moe.synth import synthesize
+    from llama_moe.tools.synth import synthesize
 
     caplog.set_level(logging.INFO, logger="llama_moe.native")
     path = tmp_path / "gpt-oss-tiny.gguf"

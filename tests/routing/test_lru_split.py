@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from llama_moe import Context, ContextParams, Model, ModelParams, Sampling
-from llama_moe.experts import expert_layout
+from llama_moe.tools.experts import expert_layout
 from llama_moe.formats.profile import Profile, write_profile
 from llama_moe.formats.trace import RoutingRecord
-from llama_moe.routing import lru, routes_from_records
-from llama_moe.routing.routes import Routes
+from llama_moe.tools.routing import lru, routes_from_records
+from llama_moe.tools.routing.routes import Routes
 from oracles.lru import simulate_lru
 from support.cache_sizes import mib_for_slots
 

@@ -34,10 +34,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
-from ..context import Context, Sampling
+from ...context import Context, Sampling
 from ..experts import ExpertLayout, expert_layout
-from ..model import Model
-from ..params import ContextParams, ModelParams
+from ...model import Model
+from ...params import ContextParams, ModelParams
 from ..synth.corpus import TOPICS, CorpusSplit, split_paragraphs
 from ..errors import ToolInputError
 
@@ -125,7 +125,7 @@ def held_out_paragraphs(split: CorpusSplit, topics: Sequence[str], order: str) -
 def trace_profile(model: Model, paragraphs: Sequence[str], layout: ExpertLayout, out: Path, threads: int) -> int:
     """Traces ``paragraphs`` (each its own sequence) on the open model and writes their profile, ranked per
     token; returns the tokens traced."""
-    from ..formats.profile import write_profile
+    from ...formats.profile import write_profile
     from ..routing.ranking import make_profile
     from ..routing.routes import routes_from_records
 

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._native.ffi import ffi
-from .._native.loader import get_lib
+from ..._native.ffi import ffi
+from ..._native.loader import get_lib
 
 
 @dataclass(frozen=True)
@@ -22,7 +22,7 @@ class CopyBandwidth:
 
 def gpu_copy_gbps(mib: int = 512) -> list[CopyBandwidth]:
     """Every GPU's copy bandwidths, with buffers of ``mib`` MiB; empty on a build or machine without GPUs."""
-    from ..devices import devices
+    from ...devices import devices
 
     lib = get_lib()
     out = []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..errors import ParameterError
+from ...errors import ParameterError
 from ..experts import expert_layout
 
 
@@ -14,7 +14,7 @@ def train_profile(model_path: Path, out: Path, log=print, n_ctx: int = 4096, str
     stride k traces every k-th paragraph of each topic (a big model traces slowly)."""
     if stride < 1:
         raise ParameterError(f"the profile's stride must be at least 1, not {stride}")
-    from ..formats.profile import write_profile
+    from ...formats.profile import write_profile
     from ..synth.corpus import split_paragraphs
     from ..routing.ranking import make_profile
     from ..routing.routes import routes_from_records

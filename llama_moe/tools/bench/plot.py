@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterable
 
-from ..formats.atomic import atomic_writer
+from ...formats.atomic import atomic_writer
 from ..errors import PlotUnavailableError
 from .throughput import BenchRow
 

@@ -8,12 +8,12 @@ import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ..context import Context, Sampling
-from ..errors import MoeCacheWarning
+from ...context import Context, Sampling
+from ...errors import MoeCacheWarning
 from ..experts import ExpertLayout, expert_layout
-from ..model import Model
-from ..params import ContextParams, ModelParams
-from ..stats import LayerStats, MoeCacheStats, cache_lines
+from ...model import Model
+from ...params import ContextParams, ModelParams
+from ...stats import LayerStats, MoeCacheStats, cache_lines
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,7 @@ def _same_prefix(a: tuple[int, ...], b: tuple[int, ...]) -> int:
 
 def _run_one(model: Model, model_path: Path, model_params: ModelParams, layout: ExpertLayout,
              ctx_params: ContextParams, prompt: str, n_gen: int, sampling: Sampling) -> StatsReport:
-    from .._native import loader as _loader
+    from ..._native import loader as _loader
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", MoeCacheWarning)  # the report says it (cache_off_reason, cache_not_as_asked)

@@ -12,13 +12,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from .._native.env import environment
-from ..context import Context, Sampling
-from ..devices import gpus
-from ..errors import ParameterError
+from ..._native.env import environment
+from ...context import Context, Sampling
+from ...devices import gpus
+from ...errors import ParameterError
 from ..experts import expert_layout
-from ..model import Model
-from ..params import ContextParams, ModelParams
+from ...model import Model
+from ...params import ContextParams, ModelParams
 from .bandwidth import gpu_copy_gbps, ram_read_gbps
 from .corpus_profile import train_profile
 

@@ -16,7 +16,7 @@ import sys
 import warnings
 from typing import Callable, NoReturn
 
-from ..errors import LlamaMoeError, MoeCacheWarning, ParameterError
+from ...errors import LlamaMoeError, MoeCacheWarning, ParameterError
 
 EXIT_ERROR = 2  # an input the command cannot use (argparse's own status for a bad command line)
 # The loggers of the HTTP library under the openai and anthropic clients (its name differs between versions):

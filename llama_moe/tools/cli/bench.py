@@ -8,8 +8,9 @@ from pathlib import Path
 
 from ..bench.plot import plot_decode, require_matplotlib
 from ..bench.throughput import MODES, bench_model, load_rows, parse_modes, rows_json, to_markdown
-from ..errors import ParameterError, PlotUnavailableError
-from ..formats.atomic import write_text
+from ...errors import ParameterError
+from ..errors import PlotUnavailableError
+from ...formats.atomic import write_text
 
 
 def png_path(value: str) -> Path:

@@ -1,5 +1,5 @@
 """``python -m llama_moe bench-adaptive MODEL``: how much of a good profile the adaptive hybrid cache earns back
-when the profile it starts from was made on other text (``llama_moe.bench.adaptive``)."""
+when the profile it starts from was made on other text (``llama_moe.tools.bench.adaptive``)."""
 from __future__ import annotations
 
 import argparse

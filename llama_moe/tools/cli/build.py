@@ -7,8 +7,8 @@ import logging
 import sys
 from pathlib import Path
 
-from ..native_build import bundle, build, dev_tree, export
-from ..errors import BuildError
+from ...native_build import bundle, build, dev_tree, export
+from ...errors import BuildError
 
 DESCRIPTION = "Builds the patched llama.cpp: ``python build_native.py`` / ``python -m llama_moe build``."
 

@@ -1,5 +1,5 @@
 """``python -m llama_moe check-all [MODEL] [--cpu-only]``: every check of an installation, CPU then GPU, on MODEL
-(default: the embedded tiny model; ``llama_moe.server.check_all``)."""
+(default: the embedded tiny model; ``llama_moe.tools.server.check_all``)."""
 from __future__ import annotations
 
 import argparse
@@ -7,7 +7,7 @@ import json
 import sys
 from dataclasses import asdict
 
-from ..errors import LlamaMoeError
+from ...errors import LlamaMoeError
 from ..server.check_all import check_all
 
 

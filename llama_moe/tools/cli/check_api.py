@@ -1,6 +1,6 @@
 """``python -m llama_moe check-api MODEL PROFILE [--cache-mib N]`` (start a server with the cache, check it, stop
 it) or ``check-api --server URL`` (a running one): the OpenAI and Anthropic endpoints, with and without the API
-key, through the official clients, and the MoE cache's series (``llama_moe.server.check_api``)."""
+key, through the official clients, and the MoE cache's series (``llama_moe.tools.server.check_api``)."""
 from __future__ import annotations
 
 import argparse
@@ -9,7 +9,7 @@ import os
 import sys
 from dataclasses import asdict
 
-from ..errors import ParameterError
+from ...errors import ParameterError
 from ..server.check_api import check_api, reachable, serve_and_check
 from ..server.plan import API_KEY_ENV
 

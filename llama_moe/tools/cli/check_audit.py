@@ -1,6 +1,6 @@
 """``python -m llama_moe check-audit MODEL PROFILE [--cache-mib 256]``: a real llama-server with the hybrid cache
 and an audit log, run twice, through the mailbox and through the scheduler's copies: the same text, and audit
-logs that pass ``audit check`` (``llama_moe.server.check_audit``)."""
+logs that pass ``audit check`` (``llama_moe.tools.server.check_audit``)."""
 from __future__ import annotations
 
 import argparse

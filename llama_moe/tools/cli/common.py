@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from ..errors import ProfileError, ToolInputError
+from ...errors import ProfileError
+from ..errors import ToolInputError
 from ..experts import ExpertLayout, expert_layout
 from . import jsonout
 from .progress import Progress
@@ -53,7 +54,7 @@ def check_files(paths: list[str]) -> None:
 def check_profile_file(path: str | os.PathLike[str] | None, option: str, model: str | os.PathLike[str] | None = None) -> None:
     """Refuses a profile a command hands to llama.cpp, which would only warn and start the cache empty: a
     missing file, a damaged one, or (given the model, when it exists) one made for another model."""
-    from ..formats.profile import read_profile
+    from ...formats.profile import read_profile
 
     if path is None:
         return
@@ -74,7 +75,7 @@ def check_output_file(path: str | os.PathLike[str] | None, option: str = "") -> 
     """Refuses a file a command is to write, before it starts: a directory there, a folder that does not exist,
     a place it cannot write (tried: its temporary is made and removed). The file itself is written whole or not
     at all (llama_moe._atomic)."""
-    from ..formats.atomic import part_path
+    from ...formats.atomic import part_path
 
     if path is None:
         return

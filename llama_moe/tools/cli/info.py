@@ -11,7 +11,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .. import native_version
+    from ... import native_version
 
     print(json.dumps(native_version(), indent=2))
     return 0

@@ -10,9 +10,10 @@ import argparse
 import sys
 from typing import Sequence
 
-from ..errors import ParameterError, RpcServerError, ToolInputError
-from ..formats.profile import write_profile
-from ..params import check_tensor_split
+from ...errors import ParameterError, RpcServerError
+from ..errors import ToolInputError
+from ...formats.profile import write_profile
+from ...params import check_tensor_split
 from ..routing.placement import DeviceSplit, describe_budget, engine_devices, mirrored_devices
 from ..routing.planning import Plan, plan_cache, vram_budget
 from .common import add_output_options, emit, kfold_arg, model_layout, progress, rate, read_traces

@@ -7,11 +7,11 @@ import argparse
 from pathlib import Path
 
 from ..errors import ToolInputError
-from ..formats.profile import write_profile
+from ...formats.profile import write_profile
 from ..routing.planning import slots_budget
 from ..routing.routes import routes_from_records
 from ..routing.tracing import DEFAULT_UBATCH, trace_text
-from ..formats.trace import write_trace
+from ...formats.trace import write_trace
 from .common import add_output_options, check_output_file, emit, model_layout, progress, read_text
 from .plan import add_plan_options, check_plan_options, format_plan, plan_with_progress, warn_json
 

@@ -5,7 +5,7 @@ import sys
 import time
 from typing import TextIO
 
-from ..native_build.ninja import ProgressLine
+from ...native_build.ninja import ProgressLine
 
 
 class Progress:

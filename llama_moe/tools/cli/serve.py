@@ -1,5 +1,5 @@
 """``python -m llama_moe serve MODEL``: starts llama-server with the MoE cache sized to the GPU's free memory
-(``llama_moe.server.plan``). ``--dry-run`` prints the plan and the exact command."""
+(``llama_moe.tools.server.plan``). ``--dry-run`` prints the plan and the exact command."""
 from __future__ import annotations
 
 import argparse

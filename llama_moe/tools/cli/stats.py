@@ -11,14 +11,15 @@ import os
 import sys
 from pathlib import Path
 
-from .._native.env import environment
+from ..._native.env import environment
 from ..bench.stats import format_comparison, format_report, run_main_job, run_stats
-from ..devices import gpus
+from ...devices import gpus
 from ..experts import expert_layout
-from ..context import Sampling
+from ...context import Sampling
 from ..default_model import default_model_path, default_prompt
-from ..errors import ParameterError, ServerError
-from ..params import ContextParams, ModelParams
+from ...errors import ParameterError
+from ..errors import ServerError
+from ...params import ContextParams, ModelParams
 from ..server.metrics import fetch_server_metrics
 from ..server.report import format_server_report
 

@@ -10,11 +10,11 @@ from dataclasses import replace
 from typing import Any, TextIO
 
 from llama_moe.errors import LlamaMoeError
-from llama_moe.synth.calibration import calibration_of, custom_shape_warning
-from llama_moe.synth.config import RoutingConfig, routing_for
-from llama_moe.synth.shapes import SHAPES, parse_shape
-from llama_moe.synth.archs import CONFIGS as ARCH_CONFIGS
-from llama_moe.synth.synthesize import EXPERT_TYPES, SynthInfo, synthesize, synthesize_arch
+from llama_moe.tools.synth.calibration import calibration_of, custom_shape_warning
+from llama_moe.tools.synth.config import RoutingConfig, routing_for
+from llama_moe.tools.synth.shapes import SHAPES, parse_shape
+from llama_moe.tools.synth.archs import CONFIGS as ARCH_CONFIGS
+from llama_moe.tools.synth.synthesize import EXPERT_TYPES, SynthInfo, synthesize, synthesize_arch
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
@@ -23,7 +23,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         "synth",
         help="write a synthetic qwen3moe or gpt-oss GGUF model",
         description="Write a synthetic qwen3moe or gpt-oss GGUF (the gpt-oss-* shapes) with a real tokenizer, "
-        "corpus-like text and realistic expert routing (see llama_moe/synth/routing.py).",
+        "corpus-like text and realistic expert routing (see llama_moe/tools/synth/routing.py).",
     )
     p.add_argument("out", metavar="OUT.gguf", help="output file")
     p.add_argument("--arch", default=None, metavar="NAME",
@@ -124,8 +124,8 @@ def run(args: argparse.Namespace) -> int:
         bar = None if args.quiet else ProgressBar()
         experts = args.experts or ("mxfp4" if shape.arch == "gpt-oss" else "q8_0")
         info = synthesize(args.out, shape_arg, experts, args.seed, routing, progress=bar)
-    except (LlamaMoeError, OSError, MemoryError) as e:  # one line, as every command's (llama_moe/cli/__init__.py)
-        from llama_moe.cli import one_line
+    except (LlamaMoeError, OSError, MemoryError) as e:  # one line, as every command's (llama_moe/tools/cli/__init__.py)
+        from llama_moe.tools.cli import one_line
 
         drawn = bar is not None and bar.start is not None  # the bar's line is ended first
         print(f"{chr(10) if drawn else ''}llama_moe synth: error: {one_line(e)}", file=sys.stderr)
@@ -178,7 +178,7 @@ def register_report(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run_report(args: argparse.Namespace) -> int:
-    from llama_moe.synth import calibrate
+    from llama_moe.tools.synth import calibrate
 
     try:
         shape = parse_shape(args.shape)
@@ -206,7 +206,7 @@ def run_report(args: argparse.Namespace) -> int:
 
 
 def _warn_if_custom(command: str, spec: str) -> None:
-    """A --shape that is no preset: its routing is not calibrated (llama_moe/synth/calibration.py)."""
+    """A --shape that is no preset: its routing is not calibrated (llama_moe/tools/synth/calibration.py)."""
     text = custom_shape_warning(spec)
     if text is not None:
         logging.getLogger(__name__).warning("llama_moe %s: warning: %s", command, text)

@@ -1,7 +1,7 @@
 """Routing: trace the engine's routing, plan a cache and its profile, simulate cache policies on held-out
 routing, and measure how predictable a layer's experts are. Each module has one job: ``budget`` mirrors the
 engine's slot arithmetic, ``policies`` replays the cache's policies. The ``python -m llama_moe
-trace|profile|plan|simulate|predict`` commands (llama_moe/cli/) print what they return. Importing this package
+trace|profile|plan|simulate|predict`` commands (llama_moe/tools/cli/) print what they return. Importing this package
 never loads the native library (tracing does, when it runs)."""
 from __future__ import annotations
 

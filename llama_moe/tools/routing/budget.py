@@ -11,7 +11,7 @@ import numpy as np
 
 from ..errors import CacheBudgetError
 from ..experts import ExpertLayout
-from ..params import MiB, mib_to_bytes
+from ...params import MiB, mib_to_bytes
 
 GiB = 2**30
 MAX_UBATCH = 32  # LLAMA_MOE_CACHE_MAX_UBATCH: larger ubatches keep llama.cpp's path and are not looked up
@@ -180,7 +180,7 @@ def engine_device_layer_slots(layout: ExpertLayout, layers: Sequence[int], cache
 
 def non_expert_bytes(model_path: str | os.PathLike[str], layout: ExpertLayout) -> int:
     """Bytes of the model's tensors other than the experts: what -ngl 999 --cpu-moe puts on the GPU."""
-    from ..gguf.reader import read_gguf
+    from ...gguf_files.reader import read_gguf
 
     total = sum(t.nbytes for t in read_gguf(model_path).tensors)
     return total - layout.total_expert_bytes

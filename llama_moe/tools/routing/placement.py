@@ -8,9 +8,10 @@ import warnings
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from ..errors import CacheBudgetError, MoeCacheWarning, ToolInputError
+from ..errors import CacheBudgetError, ToolInputError
+from ...errors import MoeCacheWarning
 from ..experts import ExpertLayout
-from ..params import mib_to_bytes
+from ...params import mib_to_bytes
 from .budget import MiB, cache_device_layers, engine_device_layer_slots, engine_device_slots
 
 
@@ -64,9 +65,9 @@ def engine_devices(model_path: str, layout: ExpertLayout, cache_mib: float, hybr
     slots are read back (``Context.cache_devices``, ``Context.layer_stats``). ``profile``: a profile whose
     per-layer counts each device sizes its layers from. ToolInputError when the engine turns the cache off,
     refuses the profile or leaves layers out."""
-    from ..context import Context
-    from ..model import Model
-    from ..params import ContextParams, ModelParams
+    from ...context import Context
+    from ...model import Model
+    from ...params import ContextParams, ModelParams
 
     mp = ModelParams(cpu_moe=True, repack=False, rpc=tuple(rpc), tensor_split=tuple(tensor_split))
     cp = ContextParams(n_ctx=256, n_batch=32, n_ubatch=32, n_threads=1, moe_cache_mib=cache_mib,

@@ -9,7 +9,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..experts import ExpertLayout
-from ..formats.profile import Profile
+from ...formats.profile import Profile
 from .budget import (MAX_UBATCH, MiB, cache_mib_for_vram, engine_buffer_bytes, engine_slots, mib_for_slots, mib_to_bytes,
                      non_expert_bytes, slot_row_bytes, slots_beside_whole)
 from ..errors import CacheBudgetError, ToolInputError

@@ -9,7 +9,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..experts import ExpertLayout
-from ..formats.profile import Profile
+from ...formats.profile import Profile
 from .routes import JoinedRoutes, Routes
 from .tracefiles import TraceRoutes
 

@@ -15,8 +15,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from ..errors import TraceError
-from ..formats.trace import RoutingRecord
+from ...errors import TraceError
+from ...formats.trace import RoutingRecord
 from .budget import MAX_UBATCH
 
 

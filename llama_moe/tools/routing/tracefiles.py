@@ -25,8 +25,8 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from ..experts import ExpertLayout
-from ..errors import TraceError
-from ..formats.trace import TRACE_CHUNK_RECORDS, TraceHeader, iter_trace_chunks, trace_header
+from ...errors import TraceError
+from ...formats.trace import TRACE_CHUNK_RECORDS, TraceHeader, iter_trace_chunks, trace_header
 from .routes import Routes, _span, expert_dtype
 
 Progress = Callable[[int, int], None]

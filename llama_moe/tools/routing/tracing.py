@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from ..experts import ExpertLayout
-from ..formats.trace import RoutingRecord, write_trace
+from ...formats.trace import RoutingRecord, write_trace
 from ..errors import ToolInputError
 
 DEFAULT_UBATCH = 32  # tokens per decode: routing does not depend on batching, and 32 is far faster than 1
@@ -19,9 +19,9 @@ def iter_trace(model_path: str | os.PathLike[str], text: str, n_ctx: int = 4096,
     """Yields the routing of ``text``, one record per ubatch and MoE layer, in engine order. The text is cut
     into windows of ``n_ctx`` tokens, each evaluated from an empty context, in decodes of ``ubatch`` tokens.
     ``progress(tokens done, tokens in all)`` is called after each decode."""
-    from ..context import Context
-    from ..model import Model
-    from ..params import ContextParams, ModelParams
+    from ...context import Context
+    from ...model import Model
+    from ...params import ContextParams, ModelParams
 
     if ubatch < 1 or n_ctx < 1:
         raise ToolInputError(f"ubatch and ctx must be at least 1, got ubatch {ubatch} and ctx {n_ctx}")

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
-from ..errors import AuditError, GgufError
-from ..formats.audit import (COUNTERS, REQUEST_COUNTERS, AuditRecord, ExitRecord, Issue, LoadRecord, ReadyRecord,
-                             RequestRecord, read_audit)
+from ...errors import AuditError, GgufError
+from ...formats.audit import (COUNTERS, REQUEST_COUNTERS, AuditRecord, ExitRecord, Issue, LoadRecord, ReadyRecord,
+                              RequestRecord, read_audit)
 
 
 # ----------------------------------------------------------------------------------------------- runs

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..equivalence import DEVICE_TOLERANCE, TOLERANCE, Mode, compare_mode, reference
-from ..errors import LlamaMoeError, ParameterError
+from ...errors import LlamaMoeError, ParameterError
 
 MAX_TOKENS = 768  # greedy tokens after a 200-character prompt in equivalence's n_ctx=1024
 
@@ -46,8 +46,8 @@ def _library() -> tuple[bool, str]:
 def _decoding(model_path: Path, n: int, modes: dict[str, Mode], tolerance: float = TOLERANCE) -> tuple[bool, str]:
     from ..default_model import default_prompt
     from ..experts import expert_layout
-    from ..model import Model
-    from ..params import ModelParams
+    from ...model import Model
+    from ...params import ModelParams
 
     half = expert_layout(model_path).total_expert_bytes / 2**20 / 2 + 1
     prompt = default_prompt()[:200]
@@ -80,7 +80,7 @@ def check_all(model: str | Path | None = None, cpu_only: bool = False, n: int = 
               log: Callable[[str], None] = lambda s: None) -> list[Check]:
     from ..bench.corpus_profile import train_profile
     from ..default_model import default_model_path
-    from ..devices import gpus
+    from ...devices import gpus
 
     if not 1 <= n <= MAX_TOKENS:
         raise ParameterError(f"-n must be from 1 to {MAX_TOKENS} (the decoding checks' context is 1024 tokens, "

@@ -9,7 +9,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import LlamaMoeError, MetricsError, ServerError
+from ...errors import LlamaMoeError
+from ..errors import MetricsError, ServerError
 from .http import request_error
 
 KEY_WANTED = "the server wants an API key (HTTP 401 without one): give --api-key or set LLAMA_API_KEY"
@@ -149,7 +150,7 @@ def serve_and_check(model: str | Path, profile: str | Path, cache_mib: float = 2
     """The contract's form: llama-server with the cache (MODEL, PROFILE, --cache-mib), /metrics and a fresh key
     given in its environment, checked, then stopped with one SIGTERM. Without a GPU the cache runs in RAM
     (LLAMA_MOE_CACHE_DEVICE=CPU, the tests' switch), which checks the endpoints and the series, not the speed."""
-    from ..devices import gpus
+    from ...devices import gpus
     from .plan import API_KEY_ENV
     from .process import server_binary, start_server
 

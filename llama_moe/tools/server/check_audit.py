@@ -64,7 +64,7 @@ def check_audit_run(model: str | Path, profile: str | Path, cache_mib: float = 2
                     threads: int | None = None, workdir: str | Path | None = None, log=print,
                     on_cpu: bool | None = None) -> CheckAuditResult:
     """on_cpu: the cache in RAM and the mailbox with the CPU as its device (default: when there is no GPU)."""
-    from ..devices import gpus
+    from ...devices import gpus
 
     model, profile = Path(model), Path(profile)
     for what, path in (("model", model), ("profile", profile)):

@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass, field
 
 from ..errors import MetricsError, ServerError
-from ..stats import CacheDevice, HitRate
+from ...stats import CacheDevice, HitRate
 
 PREFIX = "llamacpp:moe_cache_"
 # series name (without PREFIX) -> the MoeCacheMetrics field it fills; docs/formats.md's "Server metrics" table

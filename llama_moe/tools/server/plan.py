@@ -16,7 +16,7 @@ from typing import Any
 
 from ..errors import ServePlanError
 from ..experts import expert_layout
-from ..gguf.reader import read_gguf
+from ...gguf_files.reader import read_gguf
 
 MiB = 2**20
 # llama-server reads its key from this variable (its --api-key's environment name): a key on a command line is
@@ -236,7 +236,7 @@ def plan_serve(model: Path, server: Path, *, gpu_free_mib: float | None, gpu_nam
 
 def plan_for_gpu(model: Path, **options: Any) -> ServePlan:
     """``plan_serve`` for the first GPU the library sees (none: no cache) and the llama-server built with it."""
-    from ..devices import gpus
+    from ...devices import gpus
     from .process import server_binary
 
     server = server_binary()

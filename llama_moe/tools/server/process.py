@@ -15,13 +15,14 @@ from pathlib import Path
 
 import requests
 
-from ..errors import NativeLibraryError, ServerStartError
+from ...errors import NativeLibraryError
+from ..errors import ServerStartError
 
 
 def server_binary() -> Path:
     """The llama-server the tools run: in ``$LLAMA_BIN`` when it is set, else the one built with the loaded libllama
     (python -m llama_moe build, without --lib-only). ServerStartError, naming the path, when it is not there."""
-    from .._native import loader as _loader
+    from ..._native import loader as _loader
 
     try:
         return _loader.llama_binary("llama-server")

@@ -2,7 +2,7 @@
 (``python -m llama_moe stats --server URL``)."""
 from __future__ import annotations
 
-from ..stats import cache_lines
+from ...stats import cache_lines
 from .metrics import ServerMetrics
 
 

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from llama_moe.synth.corpus import paragraphs
-from llama_moe.synth.tokenizer import ENDOFTEXT, IM_END, BpeTokenizer
+from llama_moe.tools.synth.corpus import paragraphs
+from llama_moe.tools.synth.tokenizer import ENDOFTEXT, IM_END, BpeTokenizer
 
 # Probability of ending the reply (<|im_end|>) after a sentence-final ".": a chat reply ends
 # after ~20 sentences (~500 tokens) on average. High enough to survive llama.cpp's default

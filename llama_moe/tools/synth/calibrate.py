@@ -23,14 +23,14 @@ from dataclasses import dataclass, field, fields, replace
 import numpy as np
 
 from llama_moe.errors import LlamaMoeError
-from llama_moe.synth.calibration import calibration_of
-from llama_moe.synth.config import RoutingConfig, routing_for
-from llama_moe.synth.design import build_design
-from llama_moe.synth.corpus import load_corpus, paragraphs
-from llama_moe.synth.hitrate import (adjacent_overlap, belady_per_prompt, expert_counts, lru_per_prompt,
-                                     prompt_concentration, shuffled)
-from llama_moe.synth.routing import corpus_routes
-from llama_moe.synth.shapes import SHAPES, Shape, get_shape
+from llama_moe.tools.synth.calibration import calibration_of
+from llama_moe.tools.synth.config import RoutingConfig, routing_for
+from llama_moe.tools.synth.design import build_design
+from llama_moe.tools.synth.corpus import load_corpus, paragraphs
+from llama_moe.tools.synth.hitrate import (adjacent_overlap, belady_per_prompt, expert_counts, lru_per_prompt,
+                                           prompt_concentration, shuffled)
+from llama_moe.tools.synth.routing import corpus_routes
+from llama_moe.tools.synth.shapes import SHAPES, Shape, get_shape
 
 FRACTIONS = (1 / 16, 1 / 8, 1 / 4, 1 / 2)  # 8 / 16 / 32 / 64 of 128 experts
 PUBLISHED_SLOTS = (8, 16, 32, 64)  # of Qwen3-30B-A3B's 128 experts, top-8

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llama_moe.synth.shapes import SHAPES, Shape, parse_shape
+from llama_moe.tools.synth.shapes import SHAPES, Shape, parse_shape
 
 NOT_CALIBRATED = "not calibrated"
 DOC = "docs/synthetic-models.md"

@@ -78,7 +78,7 @@ SHAPE_ROUTING: dict[str, RoutingConfig] = {
 def routing_for(shape: object) -> RoutingConfig:
     """The calibrated routing of a preset shape (a name or the preset's Shape); the Qwen3-30B-A3B
     calibration for every other shape (the tests' tiny ones among them)."""
-    from llama_moe.synth.shapes import SHAPES
+    from llama_moe.tools.synth.shapes import SHAPES
 
     if isinstance(shape, str):
         return SHAPE_ROUTING.get(shape, QWEN3_ROUTING)

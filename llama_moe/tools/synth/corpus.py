@@ -14,7 +14,7 @@ TOPICS = ("astronomy", "cooking", "gardening", "history", "medicine", "music", "
 
 def load_corpus() -> dict[str, str]:
     """Topic name -> full text (paragraphs separated by blank lines), in TOPICS order."""
-    root = resources.files("llama_moe.synth") / "corpus"
+    root = resources.files("llama_moe.tools.synth") / "corpus"
     return {t: (root / f"{t}.txt").read_text(encoding="utf-8").strip() + "\n" for t in TOPICS}
 
 

@@ -40,13 +40,13 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from llama_moe.synth.bigram import BigramStats, corpus_bigrams, log_probs, topic_profile
-from llama_moe.synth.config import RoutingConfig, routing_for
-from llama_moe.synth.corpus import load_corpus, paragraphs
-from llama_moe.synth.recency import R_M, SINK, mix
-from llama_moe.synth import recency
-from llama_moe.synth.shapes import Shape
-from llama_moe.synth.tokenizer import SPECIAL_TOKENS, BpeTokenizer, train_bpe
+from llama_moe.tools.synth.bigram import BigramStats, corpus_bigrams, log_probs, topic_profile
+from llama_moe.tools.synth.config import RoutingConfig, routing_for
+from llama_moe.tools.synth.corpus import load_corpus, paragraphs
+from llama_moe.tools.synth.recency import R_M, SINK, mix
+from llama_moe.tools.synth import recency
+from llama_moe.tools.synth.shapes import Shape
+from llama_moe.tools.synth.tokenizer import SPECIAL_TOKENS, BpeTokenizer, train_bpe
 
 PAD_LOGIT_GAP = 30.0  # tokens never to be generated sit this far below the least likely real one
 OUTPUT_TOPIC_BOOST = 3.0  # eta: how much the context's topic raises on-topic words' logits

@@ -25,7 +25,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from llama_moe.synth.shapes import Shape
+from llama_moe.tools.synth.shapes import Shape
 
 HEAD = 1  # the query head that carries recency (head 0 carries the topic context)
 R_M = 16  # dims of the recency memory (M columns of the residual, values of the head)

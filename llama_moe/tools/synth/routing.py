@@ -13,10 +13,10 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from llama_moe.synth.config import RoutingConfig
-from llama_moe.synth.corpus import load_corpus, paragraphs
-from llama_moe.synth.design import Design, build_design
-from llama_moe.synth.shapes import Shape, get_shape
+from llama_moe.tools.synth.config import RoutingConfig
+from llama_moe.tools.synth.corpus import load_corpus, paragraphs
+from llama_moe.tools.synth.design import Design, build_design
+from llama_moe.tools.synth.shapes import Shape, get_shape
 
 __all__ = ["RoutingConfig", "corpus_routes", "next_token_logits", "route", "router_logits", "sample_routes"]
 

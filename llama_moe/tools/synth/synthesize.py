@@ -10,17 +10,17 @@ from pathlib import Path
 import numpy as np
 
 from llama_moe.errors import LlamaMoeError
-from llama_moe.gguf.quants import GgmlType, ggml_type, quantize, random_quantized, tensor_nbytes
-from llama_moe.gguf.writer import GgufWriter
+from llama_moe.gguf_files.quants import GgmlType, ggml_type, quantize, random_quantized, tensor_nbytes
+from llama_moe.gguf_files.writer import GgufWriter
 from gguf import GGUFValueType
-from llama_moe.synth import recency
-from llama_moe.synth.recency import GPT_OSS_FREQ_BASE as GPT_OSS_ROPE_FREQ_BASE
-from llama_moe.synth.recency import GPT_OSS_YARN_BETA, GPT_OSS_YARN_FACTOR
-from llama_moe.synth.recency import QWEN3_FREQ_BASE as ROPE_FREQ_BASE
-from llama_moe.synth.config import RoutingConfig, routing_for
-from llama_moe.synth.design import Design, build_design
-from llama_moe.synth.shapes import Shape, get_shape
-from llama_moe.synth.tokenizer import CHAT_TEMPLATE, ENDOFTEXT, IM_END, BpeTokenizer
+from llama_moe.tools.synth import recency
+from llama_moe.tools.synth.recency import GPT_OSS_FREQ_BASE as GPT_OSS_ROPE_FREQ_BASE
+from llama_moe.tools.synth.recency import GPT_OSS_YARN_BETA, GPT_OSS_YARN_FACTOR
+from llama_moe.tools.synth.recency import QWEN3_FREQ_BASE as ROPE_FREQ_BASE
+from llama_moe.tools.synth.config import RoutingConfig, routing_for
+from llama_moe.tools.synth.design import Design, build_design
+from llama_moe.tools.synth.shapes import Shape, get_shape
+from llama_moe.tools.synth.tokenizer import CHAT_TEMPLATE, ENDOFTEXT, IM_END, BpeTokenizer
 
 ARCH = "qwen3moe"  # the default architecture (Shape.arch)
 SYNTH_FORMAT = 2  # bump when the same seed would give different weights
@@ -420,9 +420,9 @@ def synthesize_arch(
 ) -> SynthInfo:
     """Write the tiny random-weight model of one of archs.CONFIGS (llama.cpp architectures other than
     qwen3moe and gpt-oss, whose models synthesize() designs), with the tiny shape's tokenizer."""
-    from llama_moe.synth import archs
-    from llama_moe.synth.corpus import load_corpus
-    from llama_moe.synth.design import build_tokenizer
+    from llama_moe.tools.synth import archs
+    from llama_moe.tools.synth.corpus import load_corpus
+    from llama_moe.tools.synth.design import build_tokenizer
 
     if seed < 0:
         raise LlamaMoeError(f"seed must be >= 0, got {seed}")
@@ -480,8 +480,8 @@ def synthesize_arch(
 def load_design(path: str | os.PathLike[str]) -> Design:
     """Rebuild the Design of a file written by synthesize() from its metadata, e.g. to route
     its prompts in numpy (routing.route) without reading any tensor data."""
-    from llama_moe.gguf.reader import read_gguf
-    from llama_moe.synth.shapes import parse_shape
+    from llama_moe.gguf_files.reader import read_gguf
+    from llama_moe.tools.synth.shapes import parse_shape
 
     g = read_gguf(path)
     fmt = g.get("llama_moe.synth.format")
