@@ -24,6 +24,7 @@ from llama_moe.tools.equivalence import PROMPTS
 from llama_moe.tools.experts import expert_layout
 from llama_moe.tools.routing import lru, routes_from_records
 from llama_moe.tools.routing.budget import cache_bytes_for_slots
+from llama_moe.batch import stream_batch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))  # tests/: the independent replay the engine is held to
 from oracles.lru import simulate_lru  # noqa: E402
@@ -40,7 +41,7 @@ def run(model: Model, mib: float, n_gen: int, params: dict, prompts: list[str]):
         if len(prompts) == 1:
             tokens = list(ctx.generate(prompts[0], max_tokens=n_gen, stop_at_eog=False))
         else:
-            tokens = list(ctx.stream_batch(prompts, n_gen, stop_at_eog=False))
+            tokens = list(stream_batch(ctx, prompts, n_gen, stop_at_eog=False))
         return tokens, ctx.stop_trace(), ctx.moe_cache_stats(), ctx.layer_stats()
 
 
