@@ -59,7 +59,7 @@ def _recorded() -> tuple[list[Path], list[str]]:
 
 def candidate_paths() -> list[Path]:
     """Where the library is looked for, in order: $LLAMA_MOE_LIB, else the builds recorded in the build's manifest
-    (``llama_moe/_native/library.json``) whose patches are this package's, CUDA before CPU. Never a system
+    (``library.json`` in ``llama_moe/_native/``) whose patches are this package's, CUDA before CPU. Never a system
     libllama: its ABI is not ours."""
     env = os.environ.get(LIB_ENV)
     if env:

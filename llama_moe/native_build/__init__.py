@@ -2,7 +2,7 @@
 
 Steps: find the pinned source, apply ``patches/``, configure with CMake, build with ninja, and install
 the libraries and tools into ``<cache>/<base>-<patch hash>-<cpu|cuda>/`` with a ``manifest.json``, and record
-the library in ``llama_moe/_native/library.json`` (library.py), where the loader finds it.
+the library in ``library.json`` in ``llama_moe/_native/`` (library.py), where the loader finds it.
 """
 from __future__ import annotations
 
