@@ -16,6 +16,7 @@ import numpy as np
 
 from llama_moe import Context, ContextParams, Model, ModelParams
 from llama_moe._native.env import environment
+from llama_moe.batch import generate_batch
 from llama_moe.tools.equivalence import DEVICE_TOLERANCE, PROMPTS, Mode, compare_mode, greedy_steps, reference, top_gap
 from llama_moe.tools.experts import expert_layout
 
@@ -49,14 +50,14 @@ def batch_check(model: Model, modes: dict, mib_at, pcts: list[int], n: int) -> b
     short one (the cache's path), greedy, in each mode against the same batch without a cache. Where a sequence's
     tokens part, no cache's top-two gap at that step (that sequence decoded alone, teacher-forced) says whether it
     is a near tie."""
-    from llama_moe.synth.corpus import load_corpus, paragraphs
+    from llama_moe.tools.synth.corpus import load_corpus, paragraphs
 
     texts = [p for t in load_corpus().values() for p in paragraphs(t)]
     prompts: list = [model.tokenize(texts[45] + " " + texts[46], add_special=False)[:154], PROMPTS[0]]
 
     def batch(cp: ContextParams) -> tuple[list[list[int]], object]:
         with Context(model, cp) as ctx:
-            res = ctx.generate_batch(prompts, n, stop_at_eog=False)
+            res = generate_batch(ctx, prompts, n, stop_at_eog=False)
             return [list(c.tokens) for c in res.completions], ctx.moe_cache_stats()
 
     ref, _ = batch(ContextParams(n_ctx=1024, n_seq_max=2))
