@@ -36,12 +36,12 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from llama_moe.routing.heldout import t_interval
-from llama_moe.routing.policies import run_policy
-from llama_moe.routing.ranking import prefill_resident, rank_pairs
-from llama_moe.routing.routes import Routes
-from llama_moe.synth import SHAPES, sample_routes
-from llama_moe.synth.corpus import load_corpus, paragraphs
+from llama_moe.tools.routing.heldout import t_interval
+from llama_moe.tools.routing.policies import run_policy
+from llama_moe.tools.routing.ranking import prefill_resident, rank_pairs
+from llama_moe.tools.routing.routes import Routes
+from llama_moe.tools.synth import SHAPES, sample_routes
+from llama_moe.tools.synth.corpus import load_corpus, paragraphs
 
 DEFAULT_POLICIES = "static,adaptive,admit1,admit2,admit4,lru,belady"
 

@@ -3,7 +3,7 @@
 python benchmarks/batch_decode.py [MODEL.gguf] [--seqs 1,2,4,8] [-n 64] [--slots 16] [--hybrid] [--threads N]
                                   [--repeat 2]
 
-For each number of sequences, ``Context.generate_batch`` decodes that many corpus paragraphs (one per
+For each number of sequences, ``llama_moe.batch.generate_batch`` decodes that many corpus paragraphs (one per
 sequence, greedy, ``-n`` tokens each, no early end) together: one llama_batch a step, so the MoE layers see
 ubatches of as many tokens as sequences. Each run is timed twice (``--repeat``) in a fresh context and the
 best kept; tok/s is the tokens decoded in the steps after the prompts over the time of those steps, over all
@@ -28,10 +28,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from llama_moe import Context, ContextParams, Model, ModelParams, MoeCacheStats  # noqa: E402
-from llama_moe.default_model import default_model_path  # noqa: E402
-from llama_moe.experts import expert_layout  # noqa: E402
-from llama_moe.routing.budget import mib_for_slots  # noqa: E402
-from llama_moe.synth.corpus import load_corpus, paragraphs  # noqa: E402
+from llama_moe.tools.default_model import default_model_path  # noqa: E402
+from llama_moe.tools.experts import expert_layout  # noqa: E402
+from llama_moe.tools.routing.budget import mib_for_slots  # noqa: E402
+from llama_moe.tools.synth.corpus import load_corpus, paragraphs  # noqa: E402
+from llama_moe.batch import generate_batch  # noqa: E402
 
 
 def prompts(n: int) -> list[str]:
@@ -45,7 +46,7 @@ def run(model: Model, params: ContextParams, n_seq: int, n_gen: int, repeat: int
     best, best_stats = 0.0, None
     for _ in range(repeat):
         with Context(model, params) as ctx:
-            res = ctx.generate_batch(prompts(n_seq), n_gen, stop_at_eog=False)
+            res = generate_batch(ctx, prompts(n_seq), n_gen, stop_at_eog=False)
             stats = ctx.moe_cache_stats()
         if res.decode_tps > best:
             best, best_stats = res.decode_tps, stats

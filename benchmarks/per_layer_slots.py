@@ -1,7 +1,7 @@
 """Slots per layer from miss curves against equal slots, held out, on the synthetic models' calibrated routing.
 
 For each document of the embedded corpus (leave one document out): the other documents' paragraphs, as one
-stream of one-token decodes, give every layer's miss curve (``llama_moe.routing.misscurves``: LRU stack
+stream of one-token decodes, give every layer's miss curve (``llama_moe.tools.routing.misscurves``: LRU stack
 distances, or the static profile's counts) and the profile; the same total of slots as ``pct`` percent of the
 experts in every layer is split across the layers by those curves (``split_slots``, each layer at least k);
 then the held-out document is replayed with the equal and the split slots:
@@ -23,9 +23,9 @@ import time
 
 import numpy as np
 
-from llama_moe.routing.misscurves import lru_miss_curves, split_slots, static_curves
-from llama_moe.routing.policies import run_policy
-from llama_moe.routing.ranking import pair_counts, rank_pairs
+from llama_moe.tools.routing.misscurves import lru_miss_curves, split_slots, static_curves
+from llama_moe.tools.routing.policies import run_policy
+from llama_moe.tools.routing.ranking import pair_counts, rank_pairs
 
 from admit_policies import cell, held_out, shape_arguments, shape_documents, sizes  # the same corpus folds and cells as the admission tables
 

@@ -9,7 +9,7 @@ decodes by the hybrid admitting ``--admit`` experts per layer and decode:
 - equal: the same slots in every layer;
 - offline: the split from the other documents' curves;
 - online R: equal slots at the start, re-partitioned every R decodes from the shadow LRU stacks' miss curves
-  (``llama_moe.routing.repartition``, the simulator's ``admitN-repartR``; the engine does not run it);
+  (``llama_moe.tools.routing.repartition``, the simulator's ``admitN-repartR``; the engine does not run it);
 - offline + online R: the offline split at the start, then re-partitioned online.
 
 Misses per token count every lookup the slots did not serve; the intervals are 95% t intervals over the
@@ -25,10 +25,10 @@ import time
 
 import numpy as np
 
-from llama_moe.routing.misscurves import lru_miss_curves, split_slots
-from llama_moe.routing.policies import drive
-from llama_moe.routing.policies.admit import ADMIT_CHUNK_TOKENS, AdmitReplay
-from llama_moe.routing.ranking import rank_pairs
+from llama_moe.tools.routing.misscurves import lru_miss_curves, split_slots
+from llama_moe.tools.routing.policies import drive
+from llama_moe.tools.routing.policies.admit import ADMIT_CHUNK_TOKENS, AdmitReplay
+from llama_moe.tools.routing.ranking import rank_pairs
 
 from admit_policies import cell, held_out, shape_arguments, shape_documents, sizes  # the same corpus folds and cells as the admission tables
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from llama_moe.routing.policies import drive
-from llama_moe.routing.policies.admit import ADMIT_CHUNK_TOKENS, AdmitReplay
-from llama_moe.synth import SHAPES, sample_routes
+from llama_moe.tools.routing.policies import drive
+from llama_moe.tools.routing.policies.admit import ADMIT_CHUNK_TOKENS, AdmitReplay
+from llama_moe.tools.synth import SHAPES, sample_routes
 
 from admit_policies import documents, routes_of, shape_arguments, sizes
 

@@ -1,5 +1,5 @@
 """bench-adaptive's protocol replayed in numpy: a synthetic shape's own routing (synth/routing.py) of the corpus
-through the static and adaptive policies of llama_moe/routing/policies/, which the engine's cache mirrors. Seconds where
+through the static and adaptive policies of llama_moe/tools/routing/policies/, which the engine's cache mirrors. Seconds where
 the engine takes an hour on a GPU; for choosing the adaptive cache's constants before measuring them.
 
     python benchmarks/replay_adaptive.py --shape qwen3-30b-a3b --cache-pct 50 [--prior 0 16 64] [--warmup 256]
@@ -15,13 +15,13 @@ from collections import Counter
 
 import numpy as np
 
-from llama_moe.bench.adaptive import CONFIGS, held_out_paragraphs, recovery
-from llama_moe.synth.corpus import TOPICS, split_paragraphs
-from llama_moe.synth.design import build_design
-from llama_moe.synth.routing import route
-from llama_moe.synth.shapes import get_shape
-from llama_moe.routing.policies import adaptive, static
-from llama_moe.routing.routes import Routes
+from llama_moe.tools.bench.adaptive import CONFIGS, held_out_paragraphs, recovery
+from llama_moe.tools.synth.corpus import TOPICS, split_paragraphs
+from llama_moe.tools.synth.design import build_design
+from llama_moe.tools.synth.routing import route
+from llama_moe.tools.synth.shapes import get_shape
+from llama_moe.tools.routing.policies import adaptive, static
+from llama_moe.tools.routing.routes import Routes
 
 
 def _routes(seqs: list[np.ndarray], layers: tuple[int, ...]) -> Routes:

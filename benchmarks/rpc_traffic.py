@@ -20,10 +20,10 @@ import time
 from pathlib import Path
 
 from llama_moe import Context, ContextParams, Model, ModelParams
-from llama_moe.experts import expert_layout
+from llama_moe.tools.experts import expert_layout
 from llama_moe.rpc import greet, parse_endpoint
-from llama_moe.server.process import free_port
-from llama_moe.synth import synthesize
+from llama_moe.tools.server.process import free_port
+from llama_moe.tools.synth import synthesize
 
 PROMPT = "The ship left the harbour at dawn, and the crew watched the grey cliffs fall behind them"
 

@@ -17,11 +17,12 @@ from pathlib import Path
 os.environ.setdefault("LLAMA_MOE_CACHE_DEVICE", "CPU")
 
 from llama_moe import Context, ContextParams, Model, ModelParams, Sampling  # noqa: E402
-from llama_moe.experts import expert_layout  # noqa: E402
-from llama_moe.routing.budget import cache_bytes_for_slots  # noqa: E402
-from llama_moe.routing.heldout import t_interval  # noqa: E402
-from llama_moe.synth import synthesize  # noqa: E402
-from llama_moe.synth.corpus import TOPICS, load_corpus  # noqa: E402
+from llama_moe.tools.experts import expert_layout  # noqa: E402
+from llama_moe.tools.routing.budget import cache_bytes_for_slots  # noqa: E402
+from llama_moe.tools.routing.heldout import t_interval  # noqa: E402
+from llama_moe.tools.synth import synthesize  # noqa: E402
+from llama_moe.tools.synth.corpus import TOPICS, load_corpus  # noqa: E402
+from llama_moe.session import load_session, save_session  # noqa: E402
 
 
 def main() -> int:
@@ -46,10 +47,10 @@ def main() -> int:
                 with Context(model, cp) as ctx:
                     ctx.decode(model.tokenize(text)[:400])
                     list(ctx.generate([], 32, Sampling(temperature=0.8, seed=i), stop_at_eog=False))
-                    ctx.save_session(session)
+                    save_session(ctx, session)
                 for warm in (False, True):
                     with Context(model, cp) as ctx:
-                        ctx.load_session(session, warm=warm)
+                        load_session(ctx, session, warm=warm)
                         s0 = ctx.moe_cache_stats()
                         list(ctx.generate([], a.n, Sampling(temperature=0.8, seed=100 + i), stop_at_eog=False))
                         s1 = ctx.moe_cache_stats()

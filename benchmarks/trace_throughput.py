@@ -38,9 +38,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from llama_moe.experts import ExpertLayout, LayerExperts  # noqa: E402
-from llama_moe.routing import TraceRoutes, make_profile, read_routes, run_policy, simulate_sizes  # noqa: E402
-from llama_moe.routing.budget import MiB, cache_bytes_for_slots  # noqa: E402
+from llama_moe.tools.experts import ExpertLayout, LayerExperts  # noqa: E402
+from llama_moe.tools.routing import TraceRoutes, make_profile, read_routes, run_policy, simulate_sizes  # noqa: E402
+from llama_moe.tools.routing.budget import MiB, cache_bytes_for_slots  # noqa: E402
 from llama_moe.formats.trace import record_bytes  # noqa: E402
 
 N_LAYER, N_EXPERT, K = 48, 128, 8

@@ -9,7 +9,8 @@ from __future__ import annotations
 import argparse
 
 from llama_moe import Context, ContextParams, Model, ModelParams, Sampling
-from llama_moe.default_model import default_model_path
+from llama_moe.tools.default_model import default_model_path
+from llama_moe.batch import generate_batch
 
 PROMPTS = ["The ship left the harbour at dawn, and the crew", "To grow tomatoes in a small garden, start with",
            "The telescope turned towards the faint galaxy", "Before the concert the orchestra"]
@@ -29,7 +30,7 @@ def main() -> None:
     with Model(path, ModelParams(cpu_moe=True, repack=False)) as model, Context(model, params) as ctx:
         # one sampler a prompt: different seeds, the last one greedy; each stops at its own end
         samplings = [Sampling(temperature=0.8, seed=i) for i in range(len(prompts) - 1)] + [Sampling()]
-        res = ctx.generate_batch(prompts, max_tokens=args.n, sampling=samplings)
+        res = generate_batch(ctx, prompts, max_tokens=args.n, sampling=samplings)
         for i, (prompt, c) in enumerate(zip(prompts, res.completions)):
             print(f"[{i}] {prompt}{c.text}\n    ({len(c.tokens)} tokens, ended by {c.stopped_by})")
         print(f"\n{len(prompts)} sequences: {res.n_decoded} tokens decoded in {res.n_steps} steps at "

@@ -10,7 +10,8 @@ from __future__ import annotations
 import argparse
 
 from llama_moe import Context, ContextParams, Model, ModelParams, Sampling
-from llama_moe.default_model import default_model_path
+from llama_moe.tools.default_model import default_model_path
+from llama_moe.chat import ChatStream
 
 
 def main() -> None:
@@ -32,7 +33,7 @@ def main() -> None:
         for text in turns:
             messages.append({"role": "user", "content": text})
             print(f"user: {text}\nassistant: ", end="", flush=True)
-            stream = ctx.chat_stream(messages, max_tokens=args.n, sampling=Sampling(temperature=0.7, seed=1),
+            stream = ChatStream(ctx, messages, max_tokens=args.n, sampling=Sampling(temperature=0.7, seed=1),
                                      template=args.template)
             for piece in stream:
                 print(piece, end="", flush=True)

@@ -11,8 +11,8 @@ import argparse
 import os
 
 from llama_moe import Context, ContextParams, Model, ModelParams, Sampling
-from llama_moe.default_model import default_model_path
-from llama_moe.experts import expert_layout
+from llama_moe.tools.default_model import default_model_path
+from llama_moe.tools.experts import expert_layout
 
 
 def main() -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 
 from llama_moe import Context, ContextParams, Model, ModelParams, Sampling
-from llama_moe.default_model import default_model_path
+from llama_moe.tools.default_model import default_model_path
 
 
 def main() -> None:

@@ -11,7 +11,8 @@ import tempfile
 from pathlib import Path
 
 from llama_moe import Context, ContextParams, Model, ModelParams, Sampling
-from llama_moe.default_model import default_model_path
+from llama_moe.tools.default_model import default_model_path
+from llama_moe.session import load_session, save_session
 
 
 def main() -> None:
@@ -28,12 +29,12 @@ def main() -> None:
     with Model(args.model or default_model_path(), ModelParams(cpu_moe=True, repack=False)) as model:
         with Context(model, cp) as ctx:
             text = ctx.complete("The ship left the harbour at dawn, and the crew", args.n, sampling).text
-            info = ctx.save_session(path)
+            info = save_session(ctx, path)
         print(f"before: ...{text[-60:]!r}")
         print(f"saved {info.n_tokens} tokens, {info.state_bytes} bytes of state and "
               f"{sum(len(v) for v in info.working_set.values())} experts to {path}")
         with Context(model, cp) as ctx:
-            info = ctx.load_session(path)
+            info = load_session(ctx, path)
             start = ctx.moe_cache_stats()
             more = ctx.complete([], args.n, sampling).text
             end = ctx.moe_cache_stats()

@@ -9,11 +9,9 @@ import logging
 from .batch import BatchResult, BatchStream
 from .chat import ChatMessage, ChatResult, ChatStream
 from .context import GREEDY, Completion, Context, Perf, Sampling
-from .errors import (AbiMismatchError, AuditError, BuildError, CacheBudgetError, ChatTemplateError, CheckAuditError,
-                     ClosedError, CodeEvalError, GgufError, LlamaMoeError, MetricsError, ModelLoadError, MonitorError,
-                     MoeCacheWarning, NativeCallError, NativeLibraryError, ParameterError, PlotUnavailableError,
-                     ProfileError, RpcServerError, ServePlanError, ServerError, ServerStartError, SessionError,
-                     ToolInputError, TraceError)
+from .errors import (AbiMismatchError, AuditError, BuildError, ChatTemplateError, ClosedError, GgufError, LlamaMoeError,
+                     ModelLoadError, MoeCacheWarning, NativeCallError, NativeLibraryError, ParameterError, ProfileError,
+                     RpcServerError, SessionError, TraceError)
 from .model import MoeGeometry, Model
 from .params import ContextParams, ModelParams
 from .session import SessionInfo
@@ -46,10 +44,8 @@ __all__ = [
     # what its methods return
     "BatchResult", "BatchStream", "CacheDevice", "ChatMessage", "ChatResult", "ChatStream", "Completion", "HitRate", "LayerStats",
     "MoeCacheStats", "MoeCacheStatus", "MoeGeometry", "Perf", "RoutingRecord", "SeqStats", "SessionInfo",
-    # every error and warning llama_moe raises (llama_moe.errors)
-    "AbiMismatchError", "AuditError", "BuildError", "CacheBudgetError", "ChatTemplateError", "CheckAuditError",
-    "ClosedError", "CodeEvalError", "GgufError", "LlamaMoeError", "MetricsError", "ModelLoadError", "MonitorError",
-    "MoeCacheWarning", "NativeCallError", "NativeLibraryError", "ParameterError", "PlotUnavailableError",
-    "ProfileError", "RpcServerError", "ServePlanError", "ServerError", "ServerStartError", "SessionError", "ToolInputError",
-    "TraceError",
+    # every error and warning the binding raises (llama_moe.errors; the tools' own: llama_moe.tools.errors)
+    "AbiMismatchError", "AuditError", "BuildError", "ChatTemplateError", "ClosedError", "GgufError", "LlamaMoeError",
+    "ModelLoadError", "MoeCacheWarning", "NativeCallError", "NativeLibraryError", "ParameterError", "ProfileError",
+    "RpcServerError", "SessionError", "TraceError",
 ]

@@ -16,14 +16,12 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterator, Sequence
+from typing import Iterator, Sequence
 
 from ._native import check as _check
+from .context import GREEDY, Completion, Context, Sampling, _Sampler
 from .errors import ParameterError
 from .result_stream import ResultStream
-
-if TYPE_CHECKING:
-    from .context import Completion, Context, Sampling
 
 log = logging.getLogger(__name__)
 
@@ -63,8 +61,6 @@ class _Run:
 
     def __init__(self, ctx: Context, prompts: Sequence[str | Sequence[int]], max_tokens: int | Sequence[int],
                  sampling: Sampling | Sequence[Sampling], stop_at_eog: bool) -> None:
-        from .context import Sampling
-
         self.t0 = time.perf_counter()
         if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
             raise ParameterError(f"prompts must be a list of strings or token lists, got {type(prompts).__name__}")
@@ -110,8 +106,6 @@ class _Run:
         _check.check(ctx._lib.llama_decode(ctx._live(), ctx._batch), "llama_decode", _check.DECODE_CODES)
 
     def steps(self) -> Iterator[tuple[int, int]]:
-        from .context import Completion, _Sampler
-
         ctx, lib, n = self.ctx, self.ctx._lib, len(self.prompts)
         out: list[list[int]] = [[] for _ in range(n)]
         stopped = ["length"] * n
@@ -210,8 +204,6 @@ class BatchStream(ResultStream[tuple[int, int], BatchResult]):
 def stream_batch(ctx: Context, prompts: Sequence[str | Sequence[int]], max_tokens: int | Sequence[int] = 128,
                  sampling: Sampling | Sequence[Sampling] | None = None, stop_at_eog: bool = True) -> BatchStream:
     """The (index, token) pairs of every sequence as they are made; the input is checked at the call."""
-    from .context import GREEDY
-
     return BatchStream(_Run(ctx, prompts, max_tokens, GREEDY if sampling is None else sampling, stop_at_eog))
 
 

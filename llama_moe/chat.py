@@ -11,15 +11,13 @@ import codecs
 import logging
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence, Union
+from typing import Any, Iterator, Mapping, Sequence, Union
 
 from ._native.ffi import ffi
+from .context import GREEDY, Context, Sampling
 from .errors import ChatTemplateError, ParameterError
+from .model import Model
 from .result_stream import ResultStream
-
-if TYPE_CHECKING:
-    from .context import Context, Sampling
-    from .model import Model
 
 log = logging.getLogger(__name__)
 
@@ -266,7 +264,7 @@ class ChatStream(ResultStream[str, ChatResult]):
     """An answer as it is made: iterating gives pieces of its text (never a split character); ``result`` is the
     ChatResult once the iteration ends. ``close()`` (or leaving a ``with`` block) stops it early."""
 
-    def __init__(self, ctx: Context, messages: Sequence[Message], max_tokens: int, sampling: Sampling, *,
+    def __init__(self, ctx: Context, messages: Sequence[Message], max_tokens: int = 256, sampling: Sampling = GREEDY, *,
                  template: str | None = None, stop: Sequence[str] = ()) -> None:
         prep = _prepare(ctx, messages, max_tokens, template, stop)  # refused at the call, not at the first next()
         super().__init__(_run(ctx, prep, sampling))
@@ -275,8 +273,6 @@ class ChatStream(ResultStream[str, ChatResult]):
 def chat(ctx: Context, messages: Sequence[Message], max_tokens: int = 256, sampling: Sampling | None = None, *,
          template: str | None = None, stop: Sequence[str] = ()) -> ChatResult:
     """The whole answer; the context's lock is held throughout, so a concurrent call waits its turn."""
-    from .context import GREEDY
-
     with ctx._lock:
         stream = ChatStream(ctx, messages, max_tokens, sampling or GREEDY, template=template, stop=stop)
         for _ in stream:

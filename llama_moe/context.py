@@ -1,10 +1,10 @@
-"""A context over a model: decoding batches, logits, and generation (greedy or sampled, streamed)."""
+"""A context over a model: decoding batches, logits, and generation (greedy or sampled, streamed). Chat, several
+sequences and sessions build on it (chat.py, batch.py, session.py: functions that take a Context)."""
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
@@ -17,11 +17,6 @@ from .model import Model
 from .params import LLAMA_MAX_SEQ, ContextParams, check_sampling
 from .stats import CacheDevice, LayerStats, MoeCacheStats, MoeCacheStatus, SeqStats
 from .formats.trace import RoutingRecord, parse_stream
-
-if TYPE_CHECKING:
-    from .batch import BatchResult
-    from .chat import ChatResult, ChatStream, Message
-    from .session import SessionInfo
 
 
 @dataclass(frozen=True)
@@ -244,50 +239,6 @@ class Context(NativeHandle):
         t_first = t_first or t_end
         return Completion(tuple(prompt_tokens), tuple(out), self.detokenize(out), t_first - t0, t_end - t_first,
                           "length" if len(out) == max_tokens else "eog")
-
-    # -- chat and several sequences (chat.py, batch.py) -------------------------------------------------------
-    def chat(self, messages: Sequence[Message], max_tokens: int = 256, sampling: Sampling = GREEDY, *,
-             template: str | None = None, stop: Sequence[str] = ()) -> ChatResult:
-        """Answers a conversation formatted with the model's chat template (or the named ``template``), up to the
-        template's end of turn, a ``stop`` string or ``max_tokens``. See llama_moe.chat."""
-        from .chat import chat
-
-        return chat(self, messages, max_tokens, sampling, template=template, stop=stop)
-
-    def chat_stream(self, messages: Sequence[Message], max_tokens: int = 256, sampling: Sampling = GREEDY, *,
-                    template: str | None = None, stop: Sequence[str] = ()) -> ChatStream:
-        """``chat`` as it is made: iterates over pieces of text; ``.result`` holds the ChatResult at the end."""
-        from .chat import ChatStream
-
-        return ChatStream(self, messages, max_tokens, sampling, template=template, stop=stop)
-
-    def generate_batch(self, prompts: Sequence[str | Sequence[int]], max_tokens: int | Sequence[int] = 128,
-                       sampling: Sampling | Sequence[Sampling] = GREEDY, stop_at_eog: bool = True) -> BatchResult:
-        """Generates for up to ``n_seq_max`` prompts at once, one batch per step. See llama_moe.batch."""
-        from .batch import generate_batch
-
-        return generate_batch(self, prompts, max_tokens, sampling, stop_at_eog)
-
-    def stream_batch(self, prompts: Sequence[str | Sequence[int]], max_tokens: int | Sequence[int] = 128,
-                     sampling: Sampling | Sequence[Sampling] = GREEDY, stop_at_eog: bool = True
-                     ) -> Iterator[tuple[int, int]]:
-        """``generate_batch`` as it is made: yields (prompt index, token) pairs."""
-        from .batch import stream_batch
-
-        return stream_batch(self, prompts, max_tokens, sampling, stop_at_eog)
-
-    def save_session(self, path: str | os.PathLike[str]) -> SessionInfo:
-        """Writes sequence 0 (its KV state and tokens) and the cache's working set to ``path``. See llama_moe.session."""
-        from .session import save_session
-
-        return save_session(self, path)
-
-    def load_session(self, path: str | os.PathLike[str], warm: bool = True) -> SessionInfo:
-        """Replaces sequence 0 by a saved session of the same model; a refused file leaves the context as it was.
-        With ``warm`` (and a cache) the session's working set is brought into the cache before the next token."""
-        from .session import load_session
-
-        return load_session(self, path, warm)
 
     # -- the model's vocabulary, through the context: it works after model.close() while the context is open
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:

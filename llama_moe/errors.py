@@ -1,4 +1,5 @@
-"""The package's exception hierarchy, in one place: every error llama_moe raises derives from LlamaMoeError.
+"""The binding's exception hierarchy, in one place: every error llama_moe raises derives from LlamaMoeError (the
+tools' own errors too, which live in llama_moe.tools.errors).
 
 Each class also derives from the built-in exception a caller would expect (ValueError for input that is wrong,
 OSError for a file or a port, RuntimeError for a process or a call that failed), so ``except ValueError`` keeps
@@ -96,55 +97,8 @@ class AuditError(LlamaMoeError, ValueError):
         self.problems = tuple(problems)
 
 
-# -- the routing tools --------------------------------------------------------------------------------------
-
-class ToolInputError(LlamaMoeError, ValueError):
-    """A file, a text or an option the tools cannot use: missing, too short, or contradicting another."""
-
-
-class CacheBudgetError(ToolInputError):
-    """The budget cannot hold one expert slot per cached layer (the engine would turn the cache off)."""
-
-
-# -- benchmarks ---------------------------------------------------------------------------------------------
-
-class PlotUnavailableError(LlamaMoeError, ImportError):
-    """matplotlib, which the benchmark's plot needs, is not installed."""
-
-
-# -- serving ------------------------------------------------------------------------------------------------
-
-class ServerStartError(LlamaMoeError, RuntimeError):
-    """llama-server is missing, exited, or did not become healthy in time (the message ends with its log)."""
-
-
-class ServerError(LlamaMoeError, ConnectionError):
-    """A llama-server that cannot be reached, or that does not serve /metrics."""
-
-
-class MetricsError(LlamaMoeError, ValueError):
-    """/metrics text that is not the Prometheus format llama-server writes, or lacks a series."""
-
-
-class ServePlanError(LlamaMoeError, ValueError):
-    """The model and the requested context cannot be served on this GPU."""
-
-
-class MonitorError(LlamaMoeError, OSError):
-    """The monitor cannot listen on its port."""
-
-
-class CodeEvalError(LlamaMoeError, RuntimeError):
-    """The model could not be served or asked."""
-
-
-class CheckAuditError(LlamaMoeError, ValueError):
-    """The inputs cannot make the check (a missing model or profile, a size that is no size)."""
-
-
 __all__ = [
-    "AbiMismatchError", "AuditError", "BuildError", "CacheBudgetError", "ChatTemplateError", "CheckAuditError",
-    "ClosedError", "CodeEvalError", "GgufError", "LlamaMoeError", "MetricsError", "ModelLoadError", "MonitorError",
-    "MoeCacheWarning", "NativeCallError", "NativeLibraryError", "ParameterError", "PlotUnavailableError",
-    "ProfileError", "ServePlanError", "ServerError", "ServerStartError", "SessionError", "ToolInputError", "TraceError",
+    "AbiMismatchError", "AuditError", "BuildError", "ChatTemplateError", "ClosedError", "GgufError", "LlamaMoeError",
+    "ModelLoadError", "MoeCacheWarning", "NativeCallError", "NativeLibraryError", "ParameterError", "ProfileError",
+    "RpcServerError", "SessionError", "TraceError",
 ]

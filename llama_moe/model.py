@@ -29,7 +29,7 @@ def _check_gguf(path: Path) -> tuple[MoeGeometry, int]:
     """Reads the GGUF header before llama.cpp does, so a corrupt or truncated file gets an error that says what
     is wrong (the reader checks that every tensor's data lies inside the file). Returns the geometry and the
     byte where the tensor data ends."""
-    from .gguf.reader import read_gguf
+    from .gguf_files.reader import read_gguf
 
     try:
         gguf = read_gguf(path)

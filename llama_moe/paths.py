@@ -25,3 +25,9 @@ def patches_dir() -> Path:
 
 def models_dir() -> Path:
     return cache_dir() / "models"
+
+
+def library_manifest() -> Path:
+    """The build's record of the libraries it made from this package's patches, which the loader reads
+    (``python -m llama_moe build`` writes it; it is no part of the sources)."""
+    return PACKAGE_DIR / "_native" / "library.json"

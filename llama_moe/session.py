@@ -16,14 +16,12 @@ import struct
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ._native.ffi import ffi
+from .context import Context
 from .errors import SessionError
 from .formats.atomic import write_bytes
-
-if TYPE_CHECKING:
-    from .context import Context
 
 log = logging.getLogger(__name__)
 

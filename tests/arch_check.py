@@ -26,11 +26,11 @@ from support.cache_sizes import mib_for_slots  # noqa: E402
 
 from llama_moe import Context, ContextParams, Model, ModelParams  # noqa: E402
 from oracles.lru import simulate_lru  # noqa: E402
-from llama_moe.experts import ExpertLayout, expert_layout  # noqa: E402
-from llama_moe.gguf import read_gguf  # noqa: E402
+from llama_moe.tools.experts import ExpertLayout, expert_layout  # noqa: E402
+from llama_moe.gguf_files import read_gguf  # noqa: E402
 from llama_moe.params import EXPERTS_REGEX  # noqa: E402
 from llama_moe.formats.profile import Profile, write_profile  # noqa: E402
-from llama_moe.routing.budget import engine_slots, mib_to_bytes  # noqa: E402
+from llama_moe.tools.routing.budget import engine_slots, mib_to_bytes  # noqa: E402
 
 N_GEN = 128
 RAM = ModelParams(cpu_moe=True, repack=False)

@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from test_architectures import NEEDS_ENGINE  # noqa: E402
 
-from llama_moe.synth.archs import CONFIGS, arch_model  # noqa: E402
+from llama_moe.tools.synth.archs import CONFIGS, arch_model  # noqa: E402
 
 BEGIN, END = "<!-- architecture table: begin -->", "<!-- architecture table: end -->"
 DESIGNED = {"qwen3moe": "designed routing (docs/synthetic-models.md); 6 layers x 32 experts",

@@ -22,7 +22,7 @@ def lib():
 
 @pytest.fixture(scope="session")
 def tiny_model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from llama_moe.synth import synthesize
+    from llama_moe.tools.synth import synthesize
 
     path = tmp_path_factory.mktemp("models") / "tiny-q8_0.gguf"
     synthesize(path, shape="tiny", expert_type="q8_0", seed=0)
@@ -31,7 +31,7 @@ def tiny_model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_q4_model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from llama_moe.synth import synthesize
+    from llama_moe.tools.synth import synthesize
 
     path = tmp_path_factory.mktemp("models") / "tiny-q4_0.gguf"
     synthesize(path, shape="tiny", expert_type="q4_0", seed=1)
@@ -40,7 +40,7 @@ def tiny_q4_model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def gpt_oss_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from llama_moe.synth import synthesize
+    from llama_moe.tools.synth import synthesize
 
     path = tmp_path_factory.mktemp("models") / "gpt-oss-tiny-mxfp4.gguf"
     synthesize(path, "gpt-oss-tiny", "mxfp4", seed=0)

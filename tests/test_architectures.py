@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from llama_moe.synth import synthesize
-from llama_moe.synth.archs import CONFIGS, arch_model
-from llama_moe.synth.synthesize import synthesize_arch
+from llama_moe.tools.synth import synthesize
+from llama_moe.tools.synth.archs import CONFIGS, arch_model
+from llama_moe.tools.synth.synthesize import synthesize_arch
 
 HERE = Path(__file__).resolve().parent
 REPORT = os.environ.get("LLAMA_MOE_ARCH_REPORT")
@@ -56,8 +56,8 @@ def test_the_tools_count_the_trunk_and_read_per_layer_experts_per_token(tmp_path
     """An MTP block is in block_count but never run: neither a cached layer nor a profile's; experts per token
     stored per layer (0 where there are none) are read as such, not taken for a number; chunk experts are not a
     layer's routed experts."""
-    from llama_moe.experts import expert_layout
-    from llama_moe.routing.budget import engine_slots
+    from llama_moe.tools.experts import expert_layout
+    from llama_moe.tools.routing.budget import engine_slots
 
     synthesize_arch(tmp_path / "mtp.gguf", "glm4moe-mtp")
     layout = expert_layout(tmp_path / "mtp.gguf")
@@ -73,8 +73,8 @@ def test_the_tools_count_the_trunk_and_read_per_layer_experts_per_token(tmp_path
 
 
 def test_synth_cli_writes_an_architecture_and_refuses_what_it_cannot(tmp_path: Path, capsys) -> None:
-    from llama_moe.gguf import read_gguf
-    from llama_moe.cli import main as cli_main
+    from llama_moe.gguf_files import read_gguf
+    from llama_moe.tools.cli import main as cli_main
 
     assert cli_main(["synth", str(tmp_path / "d.gguf"), "--arch", "deepseek2", "--shape", "tiny", "--quiet"]) == 0
     g = read_gguf(tmp_path / "d.gguf")

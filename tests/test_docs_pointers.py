@@ -181,18 +181,18 @@ def test_the_checks_find_what_is_stale_and_leave_what_is_not() -> None:
                                   "tests/gpu/h200_serve.sh", "tests/gpu/h200_serve.sh (not at commit 0000000)",
                                   "src/llama-moe-nope.cpp (the series adds no such file: no patch has "
                                   "+++ b/src/llama-moe-nope.cpp)"]
-    fine = ("`tests/cli/test_cli_errors.py`, docs/tools.md's, `llama_moe/routing/`, `tests/...py`, `docs/*.md`, "
+    fine = ("`tests/cli/test_cli_errors.py`, docs/tools.md's, `llama_moe/tools/routing/`, `tests/...py`, `docs/*.md`, "
             "`src/llama-moe-policy.{h,cpp}`, `~/.cache/llama_moe/models/x.gguf`, `$OUT/benchmarks/x.json`, `/tmp/docs/x`, "
             "`tools/server/server.cpp`, `src/models/ARCH.cpp`, https://example.org/docs/nope.md, "
             "gajsanders/moe-trace, docs/findings 004-007, owner/repo docs/LOCALITY.md")
     assert stale_paths(fine) == []
-    assert stale_modules("``llama_moe._loader``, `llama_moe.routing.budget.nope(x)`") == [
-        "llama_moe._loader (llama_moe has no _loader)", "llama_moe.routing.budget.nope (llama_moe.routing.budget has no nope)"]
+    assert stale_modules("``llama_moe._loader``, `llama_moe.tools.routing.budget.nope(x)`") == [
+        "llama_moe._loader (llama_moe has no _loader)", "llama_moe.tools.routing.budget.nope (llama_moe.tools.routing.budget has no nope)"]
     assert stale_documents("(reference.md, \"The adaptive cache\"); docs/tools.md, README.md") == ["reference.md"]
     assert stale_documents(_prose(Path("x.py"), "# see reference.md\nx = args.md\n")) == ["reference.md"]
     assert stale_documents(_prose(Path("x.py"), "x = args.md\n")) == []
-    assert stale_modules("``llama_moe._native.loader``, `llama_moe.routing.budget.engine_slots(layout)`, "
-                         "`llama_moe.Model`, `llama_moe.routing.policies`") == []
+    assert stale_modules("``llama_moe._native.loader``, `llama_moe.tools.routing.budget.engine_slots(layout)`, "
+                         "`llama_moe.Model`, `llama_moe.tools.routing.policies`") == []
 
 
 @pytest.mark.parametrize("path", scanned_files(), ids=lambda p: str(p.relative_to(ROOT)))

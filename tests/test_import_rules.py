@@ -1,21 +1,32 @@
-"""The package's layers, read from its sources (ast, nothing imported): the binding (params, model, context,
-stats, _native/) never reaches routing/, bench/, server/ or cli/, not even through another module; formats/
-imports only errors; nothing imports cli/ but the entry points; argparse lives in cli/ alone, so no library
-function can take its Namespace. The checker is also run on a small tree of its own with one violation of
-each rule, so that a checker that finds nothing cannot pass."""
+"""The package's layers, read from its sources (ast, nothing imported): the binding (every module of llama_moe
+outside llama_moe/tools/, bar the entry point __main__) never imports llama_moe.tools, so it cannot reach it
+through another module either; inside the binding, context never reaches chat, batch or session (they build on it), and the loader
+never reaches native_build (it reads the build's manifest); formats/ imports only errors; nothing imports
+tools/cli/ but the entry points; argparse lives in tools/cli/ alone, so no library function can take its
+Namespace; no module is named after a third-party package the package imports. The checker is also run on a
+small tree of its own with one violation of each rule, so that a checker that finds nothing cannot pass; and a
+fresh interpreter that imports every binding module is checked to have loaded no tool module."""
 from __future__ import annotations
 
 import ast
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "llama_moe"
 
-BINDING = ("llama_moe.params", "llama_moe.model", "llama_moe.context", "llama_moe.stats", "llama_moe._native",
-           "llama_moe.chat", "llama_moe.batch", "llama_moe.session", "llama_moe.result_stream")
-TOOLS = ("llama_moe.routing", "llama_moe.bench", "llama_moe.server", "llama_moe.cli")
+TOOLS = "llama_moe.tools"
+ENTRY_POINTS = ("llama_moe.__main__",)
+CLI = "llama_moe.tools.cli"
+# Inside the binding: what a module must not reach, with the reason the message gives.
+NEVER_REACHES = (
+    ("llama_moe.context", ("llama_moe.chat", "llama_moe.batch", "llama_moe.session"), "they build on Context"),
+    ("llama_moe._native.loader", ("llama_moe.native_build",), "the loader reads the build's manifest"),
+)
 # Known exceptions, each with its reason; any other import that breaks a rule fails.
 ALLOWED = {
-    ("llama_moe.__main__", "llama_moe.cli"),
+    ("llama_moe.__main__", "llama_moe.tools.cli"),  # python -m llama_moe runs the command line
 }
 ARGPARSE_ALLOWED: set[str] = set()
 
@@ -53,45 +64,70 @@ def _within(module: str, prefixes: tuple[str, ...]) -> bool:
     return any(module == p or module.startswith(p + ".") for p in prefixes)
 
 
+def _paths(graph: dict[str, set[str]], start: str, allowed: set[tuple[str, str]]) -> dict[str, list[str]]:
+    """Every module ``start`` reaches, each with one chain of imports that leads to it."""
+    via = {start: [start]}
+    todo = [start]
+    while todo:
+        cur = todo.pop()
+        for m in sorted(graph.get(cur, ())):
+            if (cur, m) not in allowed and m not in via:
+                via[m] = via[cur] + [m]
+                todo.append(m)
+    return via
+
+
+def binding_modules(found: dict[str, Path], pkg: str = "llama_moe") -> list[str]:
+    tools, entry = TOOLS.replace("llama_moe", pkg, 1), tuple(e.replace("llama_moe", pkg, 1) for e in ENTRY_POINTS)
+    return [n for n in found if not _within(n, (tools,)) and n not in entry]
+
+
 def violations(root: Path) -> list[str]:
     found = modules(root)
     pkg = root.name
+
+    def ours(name: str) -> str:
+        return name.replace("llama_moe", pkg, 1)
+
     graph = {name: {m for m in imports(name, path, set(found)) if _within(m, (pkg,))} for name, path in found.items()}
     raw = {name: imports(name, path, set(found)) for name, path in found.items()}
-    binding = tuple(b.replace("llama_moe", pkg, 1) for b in BINDING)
-    tools = tuple(t.replace("llama_moe", pkg, 1) for t in TOOLS)
-    allowed = {(a.replace("llama_moe", pkg, 1), b.replace("llama_moe", pkg, 1)) for a, b in ALLOWED}
+    allowed = {(ours(a), ours(b)) for a, b in ALLOWED}
+    tools, cli = ours(TOOLS), ours(CLI)
     out = []
-    # 1. the binding, and all it imports in turn, never reaches the tools
-    for start in (n for n in found if _within(n, binding)):
-        seen, todo, via = {start}, [start], {start: [start]}
-        while todo:
-            cur = todo.pop()
-            for m in sorted(graph[cur]):
-                if (cur, m) in allowed or m in seen:
-                    continue
-                seen.add(m)
-                via[m] = via[cur] + [m]
-                if _within(m, tools):
-                    out.append(f"the binding reaches {m}: {' -> '.join(via[m])}")
-                else:
-                    todo.append(m)
-    # 2. formats/ imports only errors (and itself)
+    # 1. no binding module imports a tool module; as every module outside tools/ is the binding's, nothing the
+    # binding imports can reach the tools in turn
+    for name in binding_modules(found, pkg):
+        for m in sorted(graph[name]):
+            if _within(m, (tools,)) and (name, m) not in allowed:
+                out.append(f"{name} imports {m}: the binding never imports the tools")
+    # 2. inside the binding, the lower module never reaches the higher ones
+    for start, targets, why in NEVER_REACHES:
+        for name in (n for n in found if _within(n, (ours(start),))):
+            for m, chain in _paths(graph, name, allowed).items():
+                if _within(m, tuple(ours(t) for t in targets)) and not _within(chain[-2], tuple(ours(t) for t in targets)):
+                    out.append(f"{name} reaches {m} ({why}): {' -> '.join(chain)}")
+    # 3. formats/ imports only errors (and itself)
     for name in (n for n in found if _within(n, (f"{pkg}.formats",))):
         for m in sorted(graph[name]):
             if not _within(m, (f"{pkg}.errors", f"{pkg}.formats")):
                 out.append(f"{name} imports {m}: formats/ imports only {pkg}.errors")
-    # 3. nothing imports cli/ but cli/ itself and the entry points
+    # 4. nothing imports the command line but itself and the entry points
     for name, deps in graph.items():
-        if _within(name, (f"{pkg}.cli",)):
+        if _within(name, (cli,)):
             continue
         for m in sorted(deps):
-            if _within(m, (f"{pkg}.cli",)) and (name, m) not in allowed:
+            if _within(m, (cli,)) and (name, m) not in allowed:
                 out.append(f"{name} imports {m}: only the entry points import the command line")
-    # 4. argparse in cli/ alone
+    # 5. argparse in the command line alone
     for name, deps in raw.items():
-        if "argparse" in deps and not _within(name, (f"{pkg}.cli",)) and name.replace(pkg, "llama_moe", 1) not in ARGPARSE_ALLOWED:
-            out.append(f"{name} imports argparse: option parsing belongs to {pkg}.cli")
+        if "argparse" in deps and not _within(name, (cli,)) and name.replace(pkg, "llama_moe", 1) not in ARGPARSE_ALLOWED:
+            out.append(f"{name} imports argparse: option parsing belongs to {cli}")
+    # 6. no module named after a third-party package the package imports (llama_moe/gguf once hid gguf-py)
+    third_party = {m.split(".")[0] for deps in raw.values() for m in deps
+                   if m and not _within(m, (pkg,)) and m.split(".")[0] not in sys.stdlib_module_names}
+    for name in found:
+        if name.rpartition(".")[2] in third_party:
+            out.append(f"{name} has the name of the package {name.rpartition('.')[2]}, which {pkg} imports")
     return sorted(set(out))
 
 
@@ -99,29 +135,49 @@ def test_the_package_keeps_its_import_rules() -> None:
     assert violations(PACKAGE) == []
 
 
+def test_the_binding_loads_no_tool_module() -> None:
+    """What the sources say, checked on a real interpreter: importing every binding module loads no tool module."""
+    names = binding_modules(modules(PACKAGE))
+    code = (f"import importlib, json, sys\nfor n in {names!r}:\n    importlib.import_module(n)\n"
+            f"print(json.dumps(sorted(m for m in sys.modules if m == {TOOLS!r} or m.startswith({TOOLS + '.'!r}))))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=PACKAGE.parent, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert len(names) > 20 and "llama_moe.context" in names and "llama_moe.native_build" in names
+    assert json.loads(proc.stdout) == []
+
+
 def test_the_checker_finds_a_violation_of_each_rule(tmp_path: Path) -> None:
     root = tmp_path / "llama_moe"
     files = {
         "__init__.py": "",
         "errors.py": "",
-        "middle.py": "from .routing import plan\n",                      # the binding reaches routing through it
-        "context.py": "from . import middle\n",
-        "model.py": "def f():\n    from .bench.run import x\n",        # a lazy import counts as well
-        "_native/__init__.py": "",
-        "routing/__init__.py": "", "routing/plan.py": "", "routing/budget.py": "",
-        "bench/__init__.py": "", "bench/run.py": "import argparse\n",   # argparse outside cli/
+        "middle.py": "from .tools.routing import plan\nfrom . import chat\n",  # the binding imports a tool
+        "model.py": "def f():\n    from .tools.bench.run import x\n",   # a lazy import counts as well
+        "context.py": "from . import middle\n",                        # and so context reaches chat
+        "chat.py": "from .context import Context\n",
+        "numpy.py": "",                                                 # the name of a package it imports
+        "_native/__init__.py": "", "_native/loader.py": "from ..native_build import patches\nimport numpy\n",
+        "native_build/__init__.py": "", "native_build/patches.py": "",
         "formats/__init__.py": "", "formats/trace.py": "from ..errors import E\nfrom .. import middle\n",
-        "server/__init__.py": "from ..cli import main\n",               # a library module importing cli/
-        "cli/__init__.py": "import argparse\n",
+        "tools/__init__.py": "",
+        "tools/routing/__init__.py": "", "tools/routing/plan.py": "from ...context import Context\n",
+        "tools/bench/__init__.py": "", "tools/bench/run.py": "import argparse\n",   # argparse outside the cli
+        "tools/server/__init__.py": "from ..cli import main\n",                      # a library module importing it
+        "tools/cli/__init__.py": "import argparse\nfrom ..routing import plan\n",
+        "__main__.py": "from .tools.cli import main\n",
     }
     for rel, text in files.items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_text(text)
     found = violations(root)
     assert found == [
-        "llama_moe.bench.run imports argparse: option parsing belongs to llama_moe.cli",
+        "llama_moe._native.loader reaches llama_moe.native_build.patches (the loader reads the build's manifest): "
+        "llama_moe._native.loader -> llama_moe.native_build.patches",
+        "llama_moe.context reaches llama_moe.chat (they build on Context): llama_moe.context -> llama_moe.middle -> llama_moe.chat",
         "llama_moe.formats.trace imports llama_moe.middle: formats/ imports only llama_moe.errors",
-        "llama_moe.server imports llama_moe.cli: only the entry points import the command line",
-        "the binding reaches llama_moe.bench.run: llama_moe.model -> llama_moe.bench.run",
-        "the binding reaches llama_moe.routing.plan: llama_moe.context -> llama_moe.middle -> llama_moe.routing.plan",
+        "llama_moe.middle imports llama_moe.tools.routing.plan: the binding never imports the tools",
+        "llama_moe.model imports llama_moe.tools.bench.run: the binding never imports the tools",
+        "llama_moe.numpy has the name of the package numpy, which llama_moe imports",
+        "llama_moe.tools.bench.run imports argparse: option parsing belongs to llama_moe.tools.cli",
+        "llama_moe.tools.server imports llama_moe.tools.cli: only the entry points import the command line",
     ], found

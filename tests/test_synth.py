@@ -1,4 +1,4 @@
-"""Tests of llama_moe.gguf (reader, writer, quants) and llama_moe.synth; pure Python, no libllama."""
+"""Tests of llama_moe.gguf_files (reader, writer, quants) and llama_moe.tools.synth; pure Python, no libllama."""
 from __future__ import annotations
 
 import argparse
@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from llama_moe.errors import GgufError, LlamaMoeError
-from llama_moe.gguf import GgmlType, GgufValueType, GgufWriter, dequantize, quantize, random_quantized, read_gguf
-from llama_moe.gguf.reader import read_tensor_bytes
-from llama_moe.synth import (
+from llama_moe.gguf_files import GgmlType, GgufValueType, GgufWriter, dequantize, quantize, random_quantized, read_gguf
+from llama_moe.gguf_files.reader import read_tensor_bytes
+from llama_moe.tools.synth import (
     SHAPES,
     RoutingConfig,
     build_design,
@@ -26,10 +26,10 @@ from llama_moe.synth import (
     static_hit_rate,
     synthesize,
 )
-from llama_moe.cli import synth as synth_cli
-from llama_moe.synth.corpus import TOPICS, paragraphs
-from llama_moe.synth.design import build_tokenizer
-from llama_moe.synth.tokenizer import IM_END, IM_START, TOKEN_CONTROL, TOKEN_UNUSED, BpeTokenizer, train_bpe
+from llama_moe.tools.cli import synth as synth_cli
+from llama_moe.tools.synth.corpus import TOPICS, paragraphs
+from llama_moe.tools.synth.design import build_tokenizer
+from llama_moe.tools.synth.tokenizer import IM_END, IM_START, TOKEN_CONTROL, TOKEN_UNUSED, BpeTokenizer, train_bpe
 
 # a model small enough to synthesize in about a second
 MICRO = "n_layer=2,n_embd=64,n_head=2,n_head_kv=1,head_dim=32,n_expert=8,n_expert_used=2,n_ff_exp=32,n_vocab=512"

@@ -12,13 +12,13 @@ import pytest
 
 from llama_moe import Context, ContextParams, Model, ModelParams
 from llama_moe.errors import LlamaMoeError
-from llama_moe.experts import expert_layout
-from llama_moe.gguf import GgmlType, dequantize, quantize, random_quantized, read_gguf
-from llama_moe.gguf.quants import KVALUES_MXFP4
-from llama_moe.gguf.reader import read_tensor_bytes
-from llama_moe.synth import SHAPES, load_design, parse_shape, synthesize
-from llama_moe.cli import synth as synth_cli
-from llama_moe.synth import recency
+from llama_moe.tools.experts import expert_layout
+from llama_moe.gguf_files import GgmlType, dequantize, quantize, random_quantized, read_gguf
+from llama_moe.gguf_files.quants import KVALUES_MXFP4
+from llama_moe.gguf_files.reader import read_tensor_bytes
+from llama_moe.tools.synth import SHAPES, load_design, parse_shape, synthesize
+from llama_moe.tools.cli import synth as synth_cli
+from llama_moe.tools.synth import recency
 from support.cache_sizes import mib_for_slots
 
 PROMPT = "The ship left the harbour at dawn, and the crew"

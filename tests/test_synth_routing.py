@@ -12,12 +12,12 @@ import pytest
 
 from llama_moe import Context, ContextParams, Model, ModelParams
 from llama_moe.errors import LlamaMoeError
-from llama_moe.synth import RoutingConfig, load_design, lru_hit_rate, recency, route, sample_routes, split_paragraphs
-from llama_moe.synth.calibrate import (FRACTIONS, PUBLISHED_BELADY, PUBLISHED_LRU, PUBLISHED_SLOTS, measure,
-                                       published_at, qwen3_equivalent, targets_for)
-from llama_moe.synth.corpus import load_corpus, paragraphs
-from llama_moe.synth.hitrate import adjacent_overlap, belady_per_prompt, lru_per_prompt, shuffled
-from llama_moe.synth.shapes import SHAPES
+from llama_moe.tools.synth import RoutingConfig, load_design, lru_hit_rate, recency, route, sample_routes, split_paragraphs
+from llama_moe.tools.synth.calibrate import (FRACTIONS, PUBLISHED_BELADY, PUBLISHED_LRU, PUBLISHED_SLOTS, measure,
+                                             published_at, qwen3_equivalent, targets_for)
+from llama_moe.tools.synth.corpus import load_corpus, paragraphs
+from llama_moe.tools.synth.hitrate import adjacent_overlap, belady_per_prompt, lru_per_prompt, shuffled
+from llama_moe.tools.synth.shapes import SHAPES
 
 
 def _lru_replay(routes: list[np.ndarray], n_expert: int, slots: int) -> tuple[int, int]:
@@ -114,7 +114,7 @@ def test_shuffling_costs_an_lru_and_the_recency_head_is_why() -> None:
     h, n = lru_per_prompt(routes, n_e, slots)
     hs, ns = lru_per_prompt(shuffled(routes), n_e, slots)
     assert h / n - hs / ns > 0.03
-    from llama_moe.synth import build_design
+    from llama_moe.tools.synth import build_design
 
     flat = build_design(SHAPES["tiny"], 0)
     no_recency = [route(r_ids, flat, RoutingConfig(recency=0.0)) for r_ids in _corpus_ids(flat)]
@@ -133,7 +133,7 @@ def test_sample_routes_is_the_models_routing() -> None:
     n_paragraphs = sum(len(paragraphs(t)) for t in load_corpus().values())
     assert len(routes) == n_paragraphs
     assert all(r.dtype == np.int32 and r.shape[1:] == (s.n_layer, s.n_expert_used) for r in routes)
-    from llama_moe.synth import build_design
+    from llama_moe.tools.synth import build_design
 
     d = build_design(s, 1)
     first = next(iter(load_corpus().values()))
@@ -181,7 +181,7 @@ CALIBRATED = {"qwen3-30b-a3b": ("gajsanders/moe-trace", "0.424 / 0.647 / 0.810 /
 def test_every_preset_has_its_calibration_or_the_label() -> None:
     """Each preset says what its routing is calibrated against (the figures and their source) or that it is not;
     a shape given as k=v is a preset only when its sizes are one's."""
-    from llama_moe.synth.calibration import _PRESETS, calibration_of, custom_shape_warning, preset_name
+    from llama_moe.tools.synth.calibration import _PRESETS, calibration_of, custom_shape_warning, preset_name
 
     assert set(_PRESETS) == set(SHAPES)  # a new preset needs its entry
     for name in SHAPES:
@@ -209,7 +209,7 @@ def test_the_report_prints_the_calibration_and_a_custom_shape_is_warned_of(tmp_p
     synth and synth-report warn that a k=v shape's routing is not calibrated."""
     from dataclasses import replace
 
-    from llama_moe.synth.config import QWEN3_ROUTING
+    from llama_moe.tools.synth.config import QWEN3_ROUTING
 
     rep = measure("tiny,n_layer=2", seeds=(0,), sizes=(4,))
     assert "calibration: not calibrated: a custom shape" in rep.format()
@@ -233,7 +233,7 @@ def test_the_report_prints_the_calibration_and_a_custom_shape_is_warned_of(tmp_p
 
 @pytest.fixture(scope="module")
 def gpt_oss_tiny_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from llama_moe.synth import synthesize
+    from llama_moe.tools.synth import synthesize
 
     path = tmp_path_factory.mktemp("gpt-oss") / "gpt-oss-tiny.gguf"
     synthesize(path, "gpt-oss-tiny", "mxfp4", seed=0)

@@ -1,5 +1,5 @@
 """``python -m llama_moe bench`` with the admitting hybrid's budget set: bench's ``hybrid-admit`` mode admits
-``llama_moe.bench.throughput.ADMIT`` missed experts per layer and decode; this sets it, then runs bench.
+``llama_moe.tools.bench.throughput.ADMIT`` missed experts per layer and decode; this sets it, then runs bench.
 
     python3 benchmarks/cuda/bench_admit.py --admit 4 -v bench MODEL --modes hybrid-admit ...
     python3 benchmarks/cuda/bench_admit.py --admit auto -v bench MODEL --modes hybrid-admit ...  (the engine's choice)
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import sys
 
-import llama_moe.bench.throughput as throughput
-from llama_moe.cli import main
+import llama_moe.tools.bench.throughput as throughput
+from llama_moe.tools.cli import main
 
 if __name__ == "__main__":
     argv = sys.argv[1:]

@@ -9,7 +9,7 @@ from pathlib import Path
 logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
 
 from llama_moe import Context, ContextParams, Model, ModelParams  # noqa: E402
-from llama_moe.experts import expert_layout  # noqa: E402
+from llama_moe.tools.experts import expert_layout  # noqa: E402
 
 path, what = Path(sys.argv[1]), sys.argv[2]
 text = ("The ship left the harbour at dawn, and the crew sang as the sails filled with the morning wind. " * 12)
@@ -38,11 +38,11 @@ elif what == "trace-mmap-u32":
 elif what == "trace-mmap-u16":
     decode(mmap, ContextParams(n_ctx=1024, n_batch=16, n_ubatch=16), 16, True)
 elif what == "trace-long":  # what train_profile does: 4096-token windows of the corpus, 32 tokens a decode
-    from llama_moe.bench.corpus_profile import train_profile
+    from llama_moe.tools.bench.corpus_profile import train_profile
     train_profile(path, Path("/tmp/bisect.strp"), log=lambda s: None)
     print(f"{what}: ok", flush=True)
 elif what in ("plain-long", "plain-long-last"):  # trace-long's decodes without the trace (every logit, or the last)
-    from llama_moe.synth.corpus import split_paragraphs
+    from llama_moe.tools.synth.corpus import split_paragraphs
     split = split_paragraphs()
     text = "\n\n".join(p for topic in sorted(split.train) for p in split.train[topic])
     with Model(path, mmap) as model, Context(model, ContextParams(n_ctx=4096, n_batch=32, n_ubatch=32)) as ctx:
@@ -58,7 +58,7 @@ elif what == "plain-u32-ctx4096":  # trace-long's context without the trace
 elif what == "trace-u32-ctx4096":
     decode(mmap, ContextParams(n_ctx=4096, n_batch=32, n_ubatch=32), 32, True)
 elif what == "trace-512":
-    from llama_moe.bench.corpus_profile import train_profile
+    from llama_moe.tools.bench.corpus_profile import train_profile
     train_profile(path, Path("/tmp/bisect.strp"), log=lambda s: None, n_ctx=512)
     print(f"{what}: ok", flush=True)
 elif what == "hybrid-u16":  # ubatches of 9-32 tokens on the device: MMQ, where repeated null slots went wrong

@@ -1,5 +1,5 @@
 """On a CUDA build: the MoE cache on the GPU against llama.cpp's own CPU path for experts in RAM, by
-llama_moe.equivalence's rule (tokens identical, or parting only at a near tie with teacher-forced logits within
+llama_moe.tools.equivalence's rule (tokens identical, or parting only at a near tie with teacher-forced logits within
 DEVICE_TOLERANCE of the largest), the hybrid through the mailbox against the hybrid through the scheduler (the same kernels on
 both sides: bit-identical tokens and logits), and the prompt copies (bit-identical logits).
 
@@ -16,8 +16,9 @@ import numpy as np
 
 from llama_moe import Context, ContextParams, Model, ModelParams
 from llama_moe._native.env import environment
-from llama_moe.equivalence import DEVICE_TOLERANCE, PROMPTS, Mode, compare_mode, greedy_steps, reference, top_gap
-from llama_moe.experts import expert_layout
+from llama_moe.batch import generate_batch
+from llama_moe.tools.equivalence import DEVICE_TOLERANCE, PROMPTS, Mode, compare_mode, greedy_steps, reference, top_gap
+from llama_moe.tools.experts import expert_layout
 
 
 def prompt_copies(path: Path, total_mib: float, profile: Path) -> bool:
@@ -49,14 +50,14 @@ def batch_check(model: Model, modes: dict, mib_at, pcts: list[int], n: int) -> b
     short one (the cache's path), greedy, in each mode against the same batch without a cache. Where a sequence's
     tokens part, no cache's top-two gap at that step (that sequence decoded alone, teacher-forced) says whether it
     is a near tie."""
-    from llama_moe.synth.corpus import load_corpus, paragraphs
+    from llama_moe.tools.synth.corpus import load_corpus, paragraphs
 
     texts = [p for t in load_corpus().values() for p in paragraphs(t)]
     prompts: list = [model.tokenize(texts[45] + " " + texts[46], add_special=False)[:154], PROMPTS[0]]
 
     def batch(cp: ContextParams) -> tuple[list[list[int]], object]:
         with Context(model, cp) as ctx:
-            res = ctx.generate_batch(prompts, n, stop_at_eog=False)
+            res = generate_batch(ctx, prompts, n, stop_at_eog=False)
             return [list(c.tokens) for c in res.completions], ctx.moe_cache_stats()
 
     ref, _ = batch(ContextParams(n_ctx=1024, n_seq_max=2))
@@ -103,11 +104,11 @@ def main() -> int:
     if args.model:
         path = Path(args.model)
     elif args.arch:
-        from llama_moe.synth.synthesize import synthesize_arch
+        from llama_moe.tools.synth.synthesize import synthesize_arch
         path = Path(tempfile.mkdtemp()) / f"{args.arch}-{args.experts}.gguf"
         synthesize_arch(path, args.arch, expert_type=args.experts, seed=0)
     else:
-        from llama_moe.synth.synthesize import synthesize
+        from llama_moe.tools.synth.synthesize import synthesize
         path = Path(tempfile.mkdtemp()) / f"{args.shape}-{args.experts}.gguf"
         synthesize(path, shape=args.shape, expert_type=args.experts, seed=0)
     layout = expert_layout(path)
@@ -119,11 +120,11 @@ def main() -> int:
         fixed +1 MiB holds every expert of the small architectures' tiny models."""
         if pct >= 100:
             return total + 1
-        from llama_moe.routing.budget import cache_bytes_for_slots
+        from llama_moe.tools.routing.budget import cache_bytes_for_slots
         slots = max(1, min(layout.n_expert - 1, round(layout.n_expert * pct / 100)))
         half = sum(l.bytes_per_expert for l in layout.layers) // 2
         return (cache_bytes_for_slots(layout, slots, True) + half) / 2**20
-    from llama_moe.bench.corpus_profile import train_profile
+    from llama_moe.tools.bench.corpus_profile import train_profile
 
     # short windows: on the tiny model (head_dim 32, no flash attention on CUDA) tracing in 4096-token windows
     # traps the device with CUDA graphs, on the unpatched base too (benchmarks/cuda/results/2026-12-01-h200-mailbox-ring/trap.md)

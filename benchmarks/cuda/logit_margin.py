@@ -10,8 +10,8 @@ import numpy as np
 
 from llama_moe import ContextParams, Model, ModelParams
 from llama_moe._native.env import environment
-from llama_moe.equivalence import PROMPTS, Mode, greedy_steps, top_gap
-from llama_moe.experts import expert_layout
+from llama_moe.tools.equivalence import PROMPTS, Mode, greedy_steps, top_gap
+from llama_moe.tools.experts import expert_layout
 
 path, profile = Path(sys.argv[1]), Path(sys.argv[2])
 steps = int(sys.argv[3]) if len(sys.argv) > 3 else 24

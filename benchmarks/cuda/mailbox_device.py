@@ -53,14 +53,14 @@ def _log_lines() -> list[str]:
 
 
 def _model(shape: str, tmp: Path) -> Path:
-    from llama_moe.synth.synthesize import synthesize
+    from llama_moe.tools.synth.synthesize import synthesize
     path = tmp / "model.gguf"
     synthesize(path, shape=shape, expert_type="q8_0", seed=0)
     return path
 
 
 def _profile(path: Path, tmp: Path) -> Path:
-    from llama_moe.bench.corpus_profile import train_profile
+    from llama_moe.tools.bench.corpus_profile import train_profile
     return train_profile(path, tmp / "p.strp", log=lambda s: None, n_ctx=512)
 
 
@@ -74,9 +74,9 @@ def _generate(model, cp, tokens: list[int], n: int) -> tuple[list[int], np.ndarr
 def one(check: str, n: int, model_path: Path | None, profile_path: Path | None) -> str:
     from llama_moe import Context, ContextParams, Model, ModelParams
     from llama_moe._native.env import environment
-    from llama_moe.equivalence import DEVICE_TOLERANCE, PROMPTS, Mode, compare_mode, reference
+    from llama_moe.tools.equivalence import DEVICE_TOLERANCE, PROMPTS, Mode, compare_mode, reference
     from llama_moe.errors import NativeCallError
-    from llama_moe.experts import expert_layout
+    from llama_moe.tools.experts import expert_layout
 
     tmp = Path(tempfile.mkdtemp())
     lines = _log_lines()

@@ -8,7 +8,7 @@ import argparse
 from pathlib import Path
 
 from llama_moe import Context, ContextParams, Model, ModelParams
-from llama_moe.experts import expert_layout
+from llama_moe.tools.experts import expert_layout
 
 
 def main() -> None:

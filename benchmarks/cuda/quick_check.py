@@ -11,7 +11,7 @@ logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
 logging.getLogger("llama_moe.native").setLevel(logging.WARNING)
 
 from llama_moe import Context, ContextParams, Model, ModelParams  # noqa: E402
-from llama_moe.experts import expert_layout  # noqa: E402
+from llama_moe.tools.experts import expert_layout  # noqa: E402
 
 path = Path(sys.argv[1])
 total = expert_layout(path).total_expert_bytes / 2**20

@@ -23,7 +23,7 @@
 #   lifecycle    the lifecycle loop under memcheck with leak checking (lifecycle_sanitize.sh)
 #   equivalence  every cache mode against no cache on the tiny and gpt-oss-tiny models (equivalence.py)
 #   split        upload mode's split on the device against the replay of the engine's trace (split_lookups.py)
-#   archs        the same on every architecture's tiny model (llama_moe.synth.archs), three at a time
+#   archs        the same on every architecture's tiny model (llama_moe.tools.synth.archs), three at a time
 #   mailbox      the mailbox's device checks (mailbox_device.py; MAILBOX_CHECKS, default all)
 #   trap         llama-bench -p 4096 -ub 32 with CUDA graphs, a GPU core dump read by cuda-gdb (the faulting
 #                kernel), then the traced corpus with graphs off and blocking launches
@@ -80,15 +80,15 @@ step_big() {
   [ -f $M ] || { echo "the big model is still being written ($(du -sh /tmp/.*.tmp-* 2>/dev/null | cut -f1))"; return; }
   [ -f $P ] || timeout $(cap ${PROFILE_SECONDS:-150}) python3 -c "
 from pathlib import Path
-from llama_moe.bench.corpus_profile import train_profile
+from llama_moe.tools.bench.corpus_profile import train_profile
 train_profile(Path('$M'), Path('$P'), stride=3)"
   [ -f $P ] && mark big
 }
 step_tiny() {
   timeout $(cap 60) python3 -c "
 from pathlib import Path
-from llama_moe.synth import synthesize
-from llama_moe.bench.corpus_profile import train_profile
+from llama_moe.tools.synth import synthesize
+from llama_moe.tools.bench.corpus_profile import train_profile
 synthesize('/tmp/tiny.gguf', shape='tiny', expert_type='q8_0', seed=0)
 train_profile(Path('/tmp/tiny.gguf'), Path('/tmp/tiny.strp'), log=lambda s: None, n_ctx=512)" > $R/tiny.log 2>&1 && mark tiny
 }
@@ -147,7 +147,7 @@ step_archs() {
     echo "$1: rc $?, $(grep -c -- '-> ok' /tmp/cuda-run/arch/$1.txt) ok, $(grep -c WRONG /tmp/cuda-run/arch/$1.txt) wrong"
   }
   export -f run_arch
-  python3 -c "from llama_moe.synth.archs import CONFIGS; print('\n'.join(CONFIGS))" \
+  python3 -c "from llama_moe.tools.synth.archs import CONFIGS; print('\n'.join(CONFIGS))" \
       | timeout $(left $DEADLINE) xargs -P 3 -I{} bash -c 'run_arch {}' | sort | tee $R/archs.md
   mark archs
 }

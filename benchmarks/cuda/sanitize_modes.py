@@ -21,8 +21,8 @@ from pathlib import Path
 
 from llama_moe import Context, ContextParams, Model, ModelParams
 from llama_moe._native.env import environment
-from llama_moe.equivalence import PROMPTS
-from llama_moe.experts import expert_layout
+from llama_moe.tools.equivalence import PROMPTS
+from llama_moe.tools.experts import expert_layout
 
 MODES = ("upload", "upload-split", "hybrid", "hybrid-split", "gpu-reads-all", "adaptive", "admit", "admit-split",
          "admit-repart")
@@ -35,8 +35,8 @@ def main() -> int:
     ap.add_argument("--model", type=Path, help="a tiny model made beforehand (with --profile)")
     ap.add_argument("--profile", type=Path, help="its profile")
     a = ap.parse_args()
-    from llama_moe.bench.corpus_profile import train_profile
-    from llama_moe.synth.synthesize import synthesize
+    from llama_moe.tools.bench.corpus_profile import train_profile
+    from llama_moe.tools.synth.synthesize import synthesize
     if a.model and a.profile:
         path, profile = a.model, a.profile
     else:

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import requests
 
-from llama_moe.server.process import free_port, launch, server_binary, stop_process
-from llama_moe.synth.corpus import split_paragraphs
+from llama_moe.tools.server.process import free_port, launch, server_binary, stop_process
+from llama_moe.tools.synth.corpus import split_paragraphs
 
 
 def _metrics(url: str) -> dict[str, float]:

@@ -4,9 +4,9 @@ uploads misses into the slots it does not use while any is left, and leaves the 
 at 2 k slots (one token fits, a ubatch of 4 tokens may not) and at k / 2 (no token fits): one sequence whose
 prompt goes in ubatches of 4 tokens, and three sequences decoded together. Checks that nothing is refused, that
 hits + misses are the distinct selections per layer, that the bytes the CPU read are n_cpu experts', and that the
-engine's hits, misses and n_cpu, in all and per layer, are what ``llama_moe.routing.lru`` counts on the engine's
+engine's hits, misses and n_cpu, in all and per layer, are what ``llama_moe.tools.routing.lru`` counts on the engine's
 trace (and the independent replay of tests/oracles/lru.py); the tokens are compared with no cache's (by
-llama_moe.equivalence's rule: identical, or parting at a near tie).
+llama_moe.tools.equivalence's rule: identical, or parting at a near tie).
 
 python benchmarks/cuda/split_lookups.py [MODEL]
 """
@@ -20,10 +20,11 @@ from pathlib import Path
 import numpy as np
 
 from llama_moe import Context, ContextParams, Model, ModelParams
-from llama_moe.equivalence import PROMPTS
-from llama_moe.experts import expert_layout
-from llama_moe.routing import lru, routes_from_records
-from llama_moe.routing.budget import cache_bytes_for_slots
+from llama_moe.tools.equivalence import PROMPTS
+from llama_moe.tools.experts import expert_layout
+from llama_moe.tools.routing import lru, routes_from_records
+from llama_moe.tools.routing.budget import cache_bytes_for_slots
+from llama_moe.batch import stream_batch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))  # tests/: the independent replay the engine is held to
 from oracles.lru import simulate_lru  # noqa: E402
@@ -40,7 +41,7 @@ def run(model: Model, mib: float, n_gen: int, params: dict, prompts: list[str]):
         if len(prompts) == 1:
             tokens = list(ctx.generate(prompts[0], max_tokens=n_gen, stop_at_eog=False))
         else:
-            tokens = list(ctx.stream_batch(prompts, n_gen, stop_at_eog=False))
+            tokens = list(stream_batch(ctx, prompts, n_gen, stop_at_eog=False))
         return tokens, ctx.stop_trace(), ctx.moe_cache_stats(), ctx.layer_stats()
 
 
@@ -52,7 +53,7 @@ def main() -> int:
     if args.model:
         path = Path(args.model)
     else:
-        from llama_moe.synth import synthesize
+        from llama_moe.tools.synth import synthesize
 
         path = Path(tempfile.mkdtemp()) / "tiny.gguf"
         synthesize(path, shape="tiny", expert_type="q8_0", seed=0)

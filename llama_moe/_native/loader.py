@@ -1,6 +1,7 @@
 """Finding and loading the patched libllama, and refusing a build whose ABI is not the one declared."""
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -22,27 +23,49 @@ _lib: Any = None
 _lib_path: Path | None = None
 
 
+def _changed_input(inputs: dict[str, str]) -> str | None:
+    """The first file of the patch series that is not what the build was made from, or None."""
+    root = paths.patches_dir()
+    for rel, digest in inputs.items():
+        path = root / rel
+        if not path.is_file() or hashlib.sha256(path.read_bytes()).hexdigest() != digest:
+            return rel
+    return None
+
+
+def _recorded() -> tuple[list[Path], list[str]]:
+    """The libraries the build recorded for this package (``paths.library_manifest()``), CUDA before CPU, and why
+    any recorded one is passed over."""
+    manifest = paths.library_manifest()
+    if not manifest.is_file():
+        return [], []
+    try:
+        entries = json.loads(manifest.read_text())
+        found, skipped = [], []
+        for variant in ("cuda", "cpu"):
+            entry = entries.get(variant)
+            if entry is None:
+                continue
+            lib = Path(entry["library"])
+            changed = _changed_input(entry["inputs"])
+            if changed is None:
+                found.append(lib)
+            else:
+                skipped.append(f"{lib}: built from other patches ({paths.patches_dir() / changed} changed since)")
+        return found, skipped
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        return [], [f"{manifest}: unreadable ({exc!r})"]
+
+
 def candidate_paths() -> list[Path]:
-    """Where the library is looked for, in order: $LLAMA_MOE_LIB, then the cache's builds of our patches,
-    CUDA before CPU and newest first. Never a system libllama: its ABI is not ours."""
+    """Where the library is looked for, in order: $LLAMA_MOE_LIB, else the builds recorded in the build's manifest
+    (``library.json`` in ``llama_moe/_native/``) whose patches are this package's, CUDA before CPU. Never a system
+    libllama: its ABI is not ours."""
     env = os.environ.get(LIB_ENV)
     if env:
         p = Path(env).expanduser()
         return [p / LIB_NAME if p.is_dir() else p]
-    from ..native_build.patches import PatchSeries
-    from ..native_build.source import BasePin
-
-    found: list[Path] = []
-    try:
-        series = PatchSeries(paths.patches_dir())
-        pin = BasePin.read(series.root / "BASE")
-        digest = series.digest()
-    except Exception as exc:  # a broken patches/ must not hide a usable build
-        log.debug("cannot hash the patch series: %s", exc)
-        return found
-    for variant in ("cuda", "cpu"):
-        found.append(paths.cache_dir() / f"{pin.commit}-{digest}-{variant}" / LIB_NAME)
-    return found
+    return _recorded()[0]
 
 
 def _check_abi(lib: Any, path: Path) -> None:
@@ -107,7 +130,9 @@ def get_lib() -> Any:
                 _lib, _lib_path = lib, path
                 log.debug("loaded %s", path)
                 return lib
-        where = "\n  ".join(str(p) for p in tried) or "(none: the patch series could not be read)"
+        where = "\n  ".join([*(str(p) for p in tried), *([] if os.environ.get(LIB_ENV) else _recorded()[1])])
+        if not where:
+            where = f"(nothing: {paths.library_manifest()}, which the build writes, does not exist)"
         raise NativeLibraryError(
             f"the patched libllama was not found. Looked in:\n  {where}\n"
             f"Build it with 'python -m llama_moe build' (or 'python build_native.py'), or set {LIB_ENV} to a libllama.so "

@@ -1,7 +1,7 @@
 """The MoE cache's JSONL audit log (``--moe-cache-audit FILE``), record by record: the typed records, each
 validated against the field list of docs/formats.md ("Audit log"), and the file read as a whole (a last line cut
 short by a killed process is a warning, never an error). The invariants between records are checked by
-``llama_moe.server.audit``."""
+``llama_moe.tools.server.audit``."""
 from __future__ import annotations
 
 import json

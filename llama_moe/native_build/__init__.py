@@ -1,7 +1,8 @@
 """Builds the patched llama.cpp: ``python build_native.py`` / ``python -m llama_moe build``.
 
 Steps: find the pinned source, apply ``patches/``, configure with CMake, build with ninja, and install
-the libraries and tools into ``<cache>/<base>-<patch hash>-<cpu|cuda>/`` with a ``manifest.json``.
+the libraries and tools into ``<cache>/<base>-<patch hash>-<cpu|cuda>/`` with a ``manifest.json``, and record
+the library in ``library.json`` in ``llama_moe/_native/`` (library.py), where the loader finds it.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from pathlib import Path
 from .. import paths
 from ..errors import BuildError
 from . import cuda as cuda_probe
+from .library import record_library
 from .ninja import ProgressLine, run_logged
 from .patches import PatchSeries, apply_series, export_dev_tree, make_dev_tree
 from .source import BasePin, pristine_tree, write_bundle
@@ -166,6 +168,7 @@ def build(source: str | None = None, variant_choice: str = "auto", cuda_archs: s
         old = json.loads(manifest_path.read_text())
         if old.get("cmake_args") == cmake_args and set(targets) <= set(old.get("targets", [])):
             log.info("up to date: %s (patches %s)", install, patch_hash)
+            record_library(install, variant, series, old)
             return BuildResult(install, variant, patch_hash, False, time.monotonic() - started, old)
 
     cache = paths.cache_dir()
@@ -222,6 +225,7 @@ def build(source: str | None = None, variant_choice: str = "auto", cuda_archs: s
     if install.exists():
         shutil.rmtree(install)
     tmp_install.rename(install)
+    record_library(install, variant, series, manifest)
     elapsed = time.monotonic() - started
     log.info("installed %s in %.0f s", install, elapsed)
     return BuildResult(install, variant, patch_hash, True, elapsed, manifest)

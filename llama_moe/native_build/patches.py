@@ -35,6 +35,10 @@ class PatchSeries:
         files = self.root / FILES_DIR
         return sorted(p.relative_to(files) for p in files.rglob("*") if p.is_file()) if files.is_dir() else []
 
+    def inputs(self) -> list[str]:
+        """The files ``digest`` reads, relative to the series' folder: BASE, series, the diffs, the new files."""
+        return ["BASE", "series", *self.names, *(f"{FILES_DIR}/{rel.as_posix()}" for rel in self.new_files())]
+
     def digest(self) -> str:
         """A hash of everything that changes the patched tree: the series, every diff and every new file."""
         h = hashlib.sha256()

@@ -102,6 +102,43 @@ def test_a_second_build_with_nothing_changed_is_a_no_op() -> None:
     assert manifest["patch_hash"] == PatchSeries(paths.patches_dir()).digest()
     for tool in ("libllama.so", "llama-server", "llama-cli", "llama-bench", "test-backend-ops"):
         assert (install / tool).exists(), tool
+    recorded = json.loads(paths.library_manifest().read_text())["cpu"]  # where the loader finds the library
+    assert recorded["library"] == str(install / "libllama.so") and recorded["patch_hash"] == manifest["patch_hash"]
+    assert set(recorded["inputs"]) == {"BASE", "series", *PatchSeries(paths.patches_dir()).names} | {
+        f"files/{p.as_posix()}" for p in PatchSeries(paths.patches_dir()).new_files()}
+
+
+def test_the_loader_finds_the_build_by_its_manifest_and_refuses_it_for_other_patches(tmp_path) -> None:
+    """A copy of the package and its patches: the build (up to date) records its library in the copy's manifest,
+    the loader loads it without importing the build code, and once a patch changes it refuses the build, naming
+    the patch."""
+    import shutil
+
+    shutil.copytree(ROOT / "llama_moe", tmp_path / "llama_moe", ignore=shutil.ignore_patterns("__pycache__", "library.json"))
+    shutil.copytree(ROOT / "patches", tmp_path / "patches")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    env.pop("LLAMA_MOE_LIB", None)
+    load = ("import sys, llama_moe; v = llama_moe.native_version(); "
+            "print(v['path'], v['abi_version'], any(m.startswith('llama_moe.native_build') for m in sys.modules))")
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+
+    proc = run("-c", load)
+    assert proc.returncode != 0 and "the patched libllama was not found" in proc.stderr
+    assert f"{tmp_path / 'llama_moe' / '_native' / 'library.json'}, which the build writes, does not exist" in proc.stderr
+    proc = run("-m", "llama_moe", "build", "--cpu", "--tests")
+    assert proc.returncode == 0 and "up to date" in proc.stdout, proc.stderr
+    proc = run("-c", load)
+    assert proc.returncode == 0, proc.stderr
+    path, abi, build_code = proc.stdout.split()
+    assert Path(path).name == "libllama.so" and int(abi) == ABI_VERSION and build_code == "False"
+    last = PatchSeries(tmp_path / "patches").names[-1]
+    with open(tmp_path / "patches" / last, "a") as f:
+        f.write("\n")
+    proc = run("-c", load)
+    assert proc.returncode != 0
+    assert f"{path}: built from other patches ({tmp_path / 'patches' / last} changed since)" in proc.stderr
 
 
 def test_cuda_without_a_toolkit_fails_hard(tmp_path) -> None:

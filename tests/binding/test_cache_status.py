@@ -17,7 +17,7 @@ from llama_moe import Context, ContextParams, Model, ModelParams, MoeCacheStatus
 
 # no layer in RAM (no_layer) needs a device besides the CPU: on a CPU-only build every expert is in RAM
 from llama_moe.errors import MoeCacheWarning
-from llama_moe.experts import expert_layout
+from llama_moe.tools.experts import expert_layout
 from llama_moe.formats.profile import Profile, write_profile
 from support.cache_sizes import mib_for_slots
 
@@ -147,9 +147,9 @@ def test_the_command_line_says_a_cache_other_than_asked(lib, tiny_model_path: Pa
 
 
 def test_every_command_prints_a_cache_warning_as_one_line(capsys) -> None:
-    """The display every command runs under (llama_moe.cli.main): a MoeCacheWarning is one line on stderr each time
+    """The display every command runs under (llama_moe.tools.cli.main): a MoeCacheWarning is one line on stderr each time
     it is raised, at any verbosity; the display ends with the command."""
-    from llama_moe.cli import show_cache_warnings
+    from llama_moe.tools.cli import show_cache_warnings
 
     before = warnings.showwarning
     with warnings.catch_warnings():

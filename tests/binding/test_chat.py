@@ -11,8 +11,8 @@ import pytest
 
 from llama_moe import ChatMessage, ChatResult, ChatTemplateError, Context, ContextParams, Model, ModelParams, \
     ParameterError, Sampling
-from llama_moe.chat import builtin_templates, format_chat, model_template
-from llama_moe.synth import CHAT_TEMPLATE
+from llama_moe.chat import ChatStream, builtin_templates, chat, format_chat, model_template
+from llama_moe.tools.synth import CHAT_TEMPLATE
 
 CONVERSATION = [{"role": "system", "content": "You write short stories."},
                 {"role": "user", "content": "The ship left the harbour at dawn, and the crew"}]
@@ -65,7 +65,7 @@ def test_the_model_carries_a_chatml_template_that_llama_cpp_applies(model) -> No
 
 
 def test_chat_answers_as_generate_does_and_ends_at_the_end_of_turn(model, ctx) -> None:
-    res = ctx.chat(CONVERSATION, max_tokens=48)
+    res = chat(ctx, CONVERSATION, max_tokens=48)
     assert isinstance(res, ChatResult)
     assert res.prompt == CHATML and res.prompt_tokens == tuple(model.tokenize(CHATML, parse_special=True))
     assert list(res.tokens) == _alone(model, CHATML, 48)
@@ -78,7 +78,7 @@ def test_chat_answers_as_generate_does_and_ends_at_the_end_of_turn(model, ctx) -
     # the end of generation: sampled text reaches <|im_end|>, which ends the answer and is not in it
     eog_seen = False
     for seed in range(12):
-        res = ctx.chat(CONVERSATION, max_tokens=160, sampling=Sampling(temperature=1.5, top_k=0, seed=seed))
+        res = chat(ctx, CONVERSATION, max_tokens=160, sampling=Sampling(temperature=1.5, top_k=0, seed=seed))
         assert not any(model.is_eog(t) for t in res.tokens)
         if res.finish_reason == "stop":
             eog_seen = True
@@ -88,31 +88,31 @@ def test_chat_answers_as_generate_does_and_ends_at_the_end_of_turn(model, ctx) -
 
 
 def test_stop_strings_cut_the_text_and_the_stream_gives_the_same_answer(model, ctx) -> None:
-    full = ctx.chat(CONVERSATION, max_tokens=40)
+    full = chat(ctx, CONVERSATION, max_tokens=40)
     assert len(full.text) > 20
     stop = full.text[12:16]
-    cut = ctx.chat(CONVERSATION, max_tokens=40, stop=[stop, "never in the text \u2603"])
+    cut = chat(ctx, CONVERSATION, max_tokens=40, stop=[stop, "never in the text \u2603"])
     assert cut.finish_reason == "stop" and cut.text == full.text[:full.text.index(stop)]
     assert full.tokens[:len(cut.tokens)] == cut.tokens
-    with ctx.chat_stream(CONVERSATION, max_tokens=40, stop=[stop]) as stream:
+    with ChatStream(ctx, CONVERSATION, max_tokens=40, stop=[stop]) as stream:
         pieces = list(stream)
     assert "".join(pieces) == cut.text and stop not in "".join(pieces)
     assert stream.result is not None and stream.result.tokens == cut.tokens
-    stream = ctx.chat_stream(CONVERSATION, max_tokens=40)
+    stream = ChatStream(ctx, CONVERSATION, max_tokens=40)
     assert "".join(stream) == full.text and stream.result.tokens == full.tokens
 
 
 def test_the_next_turn_keeps_the_previous_one_and_answers_as_a_fresh_context(model, ctx) -> None:
-    first = ctx.chat(CONVERSATION, max_tokens=24)
+    first = chat(ctx, CONVERSATION, max_tokens=24)
     turn = CONVERSATION + [first.message, {"role": "user", "content": "And then the storm came"}]
-    second = ctx.chat(turn, max_tokens=24)
+    second = chat(ctx, turn, max_tokens=24)
     assert second.n_reused >= len(first.prompt_tokens)
     with Context(model, ContextParams(n_ctx=512, n_threads=2)) as fresh:
-        again = fresh.chat(turn, max_tokens=24)
+        again = chat(fresh, turn, max_tokens=24)
     assert again.n_reused == 0 and again.tokens == second.tokens
     # a generate() in between is seen: its tokens are not mistaken for the conversation's
     list(ctx.generate(" and", 4))
-    third = ctx.chat(turn, max_tokens=24)
+    third = chat(ctx, turn, max_tokens=24)
     assert third.tokens == second.tokens
 
 
@@ -123,7 +123,7 @@ def test_tool_call_text_goes_through_untouched(model, ctx) -> None:
     prompt = format_chat(model, messages)
     assert f"<|im_start|>assistant\n{call}<|im_end|>" in prompt
     assert '<|im_start|>tool\n{"temp_c": 4}<|im_end|>' in prompt
-    res = ctx.chat(messages, max_tokens=16)
+    res = chat(ctx, messages, max_tokens=16)
     assert res.prompt == prompt and res.text == model.detokenize(res.tokens)
 
 
@@ -139,36 +139,36 @@ def test_bad_input_is_refused_before_anything_is_evaluated(model, ctx, untemplat
              ([("user", "hi")], ParameterError, "ChatMessage or a mapping")]
     for messages, cls, text in cases:
         with pytest.raises(cls, match=text):
-            ctx.chat(messages)
+            chat(ctx, messages)
         with pytest.raises(cls, match=text):
-            ctx.chat_stream(messages)
+            ChatStream(ctx, messages)
     with pytest.raises(ChatTemplateError, match="no chat template named 'tool_use'"):
-        ctx.chat(CONVERSATION, template="tool_use")
+        chat(ctx, CONVERSATION, template="tool_use")
     with pytest.raises(ChatTemplateError, match="cannot apply"):
-        ctx.chat(CONVERSATION, template="{% for m in messages %}{{ m.content }}{% endfor %}")
+        chat(ctx, CONVERSATION, template="{% for m in messages %}{{ m.content }}{% endfor %}")
     with pytest.raises(ParameterError, match="max_tokens"):
-        ctx.chat(CONVERSATION, max_tokens=-1)
+        chat(ctx, CONVERSATION, max_tokens=-1)
     with pytest.raises(ParameterError, match="stop must be"):
-        ctx.chat(CONVERSATION, stop="\n")
+        chat(ctx, CONVERSATION, stop="\n")
     with pytest.raises(ParameterError, match="does not fit"):
-        ctx.chat([{"role": "user", "content": "word " * 600}])
+        chat(ctx, [{"role": "user", "content": "word " * 600}])
     assert ctx.n_past == n_past  # nothing was evaluated or dropped
     with Model(untemplated_path, ModelParams(cpu_moe=True, repack=False)) as bare, \
             Context(bare, ContextParams(n_ctx=256, n_threads=2)) as bare_ctx:
         assert model_template(bare) is None
         with pytest.raises(ChatTemplateError, match="has no chat template"):
-            bare_ctx.chat(CONVERSATION)
-        assert bare_ctx.chat(CONVERSATION, max_tokens=4, template="chatml").prompt == CHATML  # a named one works
+            chat(bare_ctx, CONVERSATION)
+        assert chat(bare_ctx, CONVERSATION, max_tokens=4, template="chatml").prompt == CHATML  # a named one works
 
 
 def test_concurrent_chats_on_one_context_queue(model, ctx) -> None:
     turns = [CONVERSATION, [{"role": "user", "content": "To grow tomatoes in a small garden, start with"}]]
-    expected = [ctx.chat(t, max_tokens=16).tokens for t in turns]
+    expected = [chat(ctx, t, max_tokens=16).tokens for t in turns]
     got: dict[int, list[tuple[int, ...]]] = {k: [] for k in range(4)}
 
     def worker(k: int) -> None:
         for _ in range(3):
-            got[k].append(ctx.chat(turns[k % 2], max_tokens=16).tokens)
+            got[k].append(chat(ctx, turns[k % 2], max_tokens=16).tokens)
 
     threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
     for t in threads:

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from llama_moe import Context, ContextParams, Model, ModelLoadError, ModelParams, MoeCacheWarning, ParameterError
-from llama_moe.cli import main
-from llama_moe.errors import ServePlanError
-from llama_moe.server.plan import plan_serve
-from llama_moe.experts import expert_layout
+from llama_moe.tools.cli import main
+from llama_moe.tools.errors import ServePlanError
+from llama_moe.tools.server.plan import plan_serve
+from llama_moe.tools.experts import expert_layout
 from llama_moe.formats.profile import Profile, write_profile
 
 RAM = ModelParams(cpu_moe=True, repack=False)

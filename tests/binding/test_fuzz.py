@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from llama_moe.errors import GgufError, ProfileError
-from llama_moe.gguf.reader import read_gguf
+from llama_moe.gguf_files.reader import read_gguf
 from llama_moe.formats.profile import Profile, read_profile
 from llama_moe.formats.trace import TraceError, read_trace
 from support.patched import patched_tree
@@ -128,7 +128,7 @@ def test_audit_reader_and_checker_refuse_or_read(tmp_path, cuts, length) -> None
     AuditError; never another exception."""
     from llama_moe.errors import AuditError
     from llama_moe.formats.audit import read_audit
-    from llama_moe.server.audit import check_audit, summarize
+    from llama_moe.tools.server.audit import check_audit, summarize
 
     path = tmp_path / "audit.jsonl"
     path.write_bytes(_mutate(GOOD_AUDIT, cuts)[:length])
@@ -154,7 +154,7 @@ def test_audit_checker_refuses_or_reads_odd_fields(tmp_path, changes) -> None:
     """A valid log whose fields take values of the wrong type or range: checked, or refused with AuditError."""
     from llama_moe.errors import AuditError
     from llama_moe.formats.audit import read_audit
-    from llama_moe.server.audit import check_audit, summarize
+    from llama_moe.tools.server.audit import check_audit, summarize
 
     records = [json.loads(line) for line in GOOD_AUDIT.decode().splitlines()]
     for r, k, value in changes:

@@ -11,7 +11,7 @@ import pytest
 import requests
 
 from llama_moe import Context, ContextParams, Model, ModelParams, Sampling
-from llama_moe.experts import expert_layout
+from llama_moe.tools.experts import expert_layout
 from llama_moe.formats.profile import Profile, write_profile
 from support.llama_server import find_server_binary, start_server, stop_server
 

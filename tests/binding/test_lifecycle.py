@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from llama_moe import paths
-from llama_moe.experts import expert_layout
+from llama_moe.tools.experts import expert_layout
 from llama_moe.formats.profile import Profile, write_profile
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from llama_moe import Context, ContextParams, Model, ModelParams, SessionError
-from llama_moe.session import MAGIC, read_session
+from llama_moe.chat import chat
+from llama_moe.session import MAGIC, load_session, read_session, save_session
 
 PROMPT = "The ship left the harbour at dawn, and the crew"
 RAM = ModelParams(cpu_moe=True, repack=False)
@@ -31,18 +32,18 @@ def test_a_loaded_session_continues_as_the_saved_context_would(model, tmp_path: 
     path = tmp_path / "s.session"
     with Context(model, _params(moe_cache_mib=2)) as ctx:
         first = list(ctx.generate(PROMPT, 16, stop_at_eog=False))
-        info = ctx.save_session(path)
+        info = save_session(ctx, path)
         rest = list(ctx.generate([], 16, stop_at_eog=False))
     assert info.n_tokens == len(model.tokenize(PROMPT)) + len(first) and info.state_bytes > 0
     assert info.working_set and all(len(v) > 0 for v in info.working_set.values())
     with Context(model, _params()) as other:
         list(other.generate("Something else entirely", 8))
-        loaded = other.load_session(path)
+        loaded = load_session(other, path)
         assert loaded.tokens == info.tokens and loaded.working_set == info.working_set
         assert other.n_past == info.n_tokens
         assert list(other.generate([], 16, stop_at_eog=False)) == rest
         # a chat afterwards sees the loaded tokens as what the context holds
-        assert other.chat([{"role": "user", "content": "hi"}], max_tokens=2).n_reused == 0
+        assert chat(other, [{"role": "user", "content": "hi"}], max_tokens=2).n_reused == 0
 
 
 def _with_header(tmp_path: Path, data: bytes, **model: int) -> Path:
@@ -65,7 +66,7 @@ def test_bad_files_are_refused_and_the_context_is_unchanged(model, tmp_path: Pat
     path = tmp_path / "s.session"
     with Context(model, _params()) as ctx:
         list(ctx.generate(PROMPT, 300, stop_at_eog=False))
-        ctx.save_session(path)
+        save_session(ctx, path)
     data = path.read_bytes()
     header, state = read_session(path)
     flipped = bytearray(data)
@@ -80,10 +81,10 @@ def test_bad_files_are_refused_and_the_context_is_unchanged(model, tmp_path: Pat
             p = tmp_path / name
             p.write_bytes(content)
             with pytest.raises(SessionError, match=why):
-                ctx.load_session(p)
+                load_session(ctx, p)
             assert ctx.n_past == n_past
         with pytest.raises(SessionError, match="another model"):  # the identity is read before anything else
-            ctx.load_session(_with_header(tmp_path, data, n_embd=1))
+            load_session(ctx, _with_header(tmp_path, data, n_embd=1))
         assert ctx.n_past == n_past
         # a well-formed file whose state llama.cpp refuses (cut short): the sequence held before is put back
         import struct
@@ -93,16 +94,16 @@ def test_bad_files_are_refused_and_the_context_is_unchanged(model, tmp_path: Pat
         body = data[:at] + struct.pack("<Q", len(state) // 2) + state[:len(state) // 2]
         (tmp_path / "cut.session").write_bytes(body + struct.pack("<I", zlib.crc32(body)))
         with pytest.raises(SessionError, match="llama.cpp refused the saved state"):
-            ctx.load_session(tmp_path / "cut.session")
+            load_session(ctx, tmp_path / "cut.session")
         assert ctx.n_past == n_past
         with pytest.raises(SessionError, match="cannot read"):
-            ctx.load_session(tmp_path / "missing.session")
+            load_session(ctx, tmp_path / "missing.session")
         with Model(tiny_q4_model_path, RAM) as q4, Context(q4, _params()) as foreign:
             with pytest.raises(SessionError, match="another model"):
-                foreign.load_session(path)
+                load_session(foreign, path)
         with Context(model, ContextParams(n_ctx=256, n_threads=2)) as small:
             with pytest.raises(SessionError, match="do not fit"):
-                small.load_session(path)
+                load_session(small, path)
         expected = list(ctx.generate([], 8, stop_at_eog=False))
     with Context(model, _params()) as fresh:
         list(fresh.generate("To grow tomatoes in a small garden, start with", 4, stop_at_eog=False))
@@ -121,13 +122,13 @@ def test_a_returning_conversation_starts_with_its_experts(model, tmp_path: Path,
     path = tmp_path / "warm.session"
     with Context(model, cp) as ctx:
         list(ctx.generate(PROMPT, 96, sampling, stop_at_eog=False))
-        saved = ctx.save_session(path)
+        saved = save_session(ctx, path)
     n_saved = sum(len(v) for v in saved.working_set.values())
     assert n_saved > 0
     runs = {}
     for warm in (False, True):
         with Context(model, cp) as ctx:
-            info = ctx.load_session(path, warm=warm)
+            info = load_session(ctx, path, warm=warm)
             assert info.n_warmed == (n_saved if warm else 0)
             if warm:
                 for il, experts in saved.working_set.items():

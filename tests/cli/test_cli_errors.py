@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from llama_moe.cli import make_parser
-from llama_moe.experts import expert_layout
+from llama_moe.tools.cli import make_parser
+from llama_moe.tools.experts import expert_layout
 from llama_moe.formats.profile import Profile, write_profile
 from llama_moe.formats.trace import RoutingRecord, write_trace
 from support.llama_server import free_port

@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 
 from llama_moe import BatchResult, Context, ContextParams, Model, ModelParams, ParameterError, Sampling
-from llama_moe.experts import expert_layout
+from llama_moe.tools.experts import expert_layout
 from llama_moe.formats.profile import Profile, write_profile
+from llama_moe.batch import generate_batch, stream_batch
 from oracles.lru import MAX_UBATCH, simulate_lru
 from support.cache_sizes import mib_for_slots
 
@@ -75,7 +76,7 @@ def test_each_sequence_gets_the_tokens_it_gets_alone_and_the_counters_add_up(mod
         if mode == "hybrid":
             resident = {l.il: set(ctx.resident(l.il).tolist()) for l in layout.layers}
         ctx.start_trace()
-        res = ctx.generate_batch(PROMPTS, MAX_TOKENS, stop_at_eog=False)
+        res = generate_batch(ctx, PROMPTS, MAX_TOKENS, stop_at_eog=False)
         records = ctx.stop_trace()
         stats, layers = ctx.moe_cache_stats(), ctx.layer_stats()
         assert ctx.n_past == 0  # the run leaves the context empty
@@ -120,7 +121,7 @@ LONG_SHORT_MODES = {
 
 @pytest.fixture(scope="module")
 def long_and_short(model) -> list[list[int] | str]:
-    from llama_moe.synth.corpus import load_corpus, paragraphs
+    from llama_moe.tools.synth.corpus import load_corpus, paragraphs
 
     texts = [p for t in load_corpus().values() for p in paragraphs(t)]
     long = model.tokenize(texts[45] + " " + texts[46], add_special=False)[:154]
@@ -131,7 +132,7 @@ def long_and_short(model) -> list[list[int] | str]:
 @pytest.fixture(scope="module")
 def batch_without_cache(model, long_and_short) -> list[list[int]]:
     with Context(model, ContextParams(n_ctx=1024, n_threads=2, n_seq_max=2)) as ctx:
-        return [list(c.tokens) for c in ctx.generate_batch(long_and_short, 48, stop_at_eog=False).completions]
+        return [list(c.tokens) for c in generate_batch(ctx, long_and_short, 48, stop_at_eog=False).completions]
 
 
 @pytest.mark.parametrize("mode", LONG_SHORT_MODES)
@@ -147,7 +148,7 @@ def test_every_cache_mode_gives_the_tokens_of_the_batch_without_a_cache(model, t
     params = ContextParams(n_ctx=1024, n_threads=2, n_seq_max=2, moe_cache_mib=mib,
                            moe_cache_profile=profile_path if profile else None, **opts)
     with Context(model, params) as ctx:
-        res = ctx.generate_batch(long_and_short, 48, stop_at_eog=False)
+        res = generate_batch(ctx, long_and_short, 48, stop_at_eog=False)
         stats = ctx.moe_cache_stats()
     assert [list(c.tokens) for c in res.completions] == batch_without_cache
     assert stats is not None and stats.n_hit > 0 and stats.n_miss > 0
@@ -162,14 +163,14 @@ def test_sampled_sequences_keep_their_own_sampler(model) -> None:
         with Context(model, ContextParams(n_ctx=128, n_threads=2)) as ctx:
             alone.append(list(ctx.generate(prompt, n, s, stop_at_eog=False)))
     with Context(model, ContextParams(n_ctx=512, n_threads=2, n_seq_max=4)) as ctx:
-        res = ctx.generate_batch(PROMPTS, MAX_TOKENS, samplings, stop_at_eog=False)
+        res = generate_batch(ctx, PROMPTS, MAX_TOKENS, samplings, stop_at_eog=False)
     assert [list(c.tokens) for c in res.completions] == alone
 
 
 def test_the_stream_yields_each_token_as_it_is_made(model, alone) -> None:
     with Context(model, ContextParams(n_ctx=512, n_threads=2, n_seq_max=4)) as ctx:
         pairs = []
-        with ctx.stream_batch(PROMPTS, MAX_TOKENS, stop_at_eog=False) as stream:
+        with stream_batch(ctx, PROMPTS, MAX_TOKENS, stop_at_eog=False) as stream:
             for pair in stream:
                 pairs.append(pair)
         assert [[t for i, t in pairs if i == k] for k in range(4)] == alone
@@ -178,11 +179,11 @@ def test_the_stream_yields_each_token_as_it_is_made(model, alone) -> None:
         assert [i for i, _ in pairs[-2:]] == [0, 0]
         assert stream.result is not None and [list(c.tokens) for c in stream.result.completions] == alone
         # closed early: the context is left empty and takes the next run
-        stream = ctx.stream_batch(PROMPTS, 20, stop_at_eog=False)
+        stream = stream_batch(ctx, PROMPTS, 20, stop_at_eog=False)
         next(stream), next(stream)
         stream.close()
         assert ctx.n_past == 0
-        assert [list(c.tokens) for c in ctx.generate_batch(PROMPTS[:2], MAX_TOKENS[:2], stop_at_eog=False).completions] \
+        assert [list(c.tokens) for c in generate_batch(ctx, PROMPTS[:2], MAX_TOKENS[:2], stop_at_eog=False).completions] \
             == alone[:2]
         # a single-sequence generate afterwards is the plain one
         assert list(ctx.generate(PROMPTS[3], MAX_TOKENS[3], stop_at_eog=False)) == alone[3]
@@ -192,7 +193,7 @@ def test_end_of_generation_ends_one_sequence_and_the_others_go_on(model) -> None
     prompt = model.tokenize("<|im_start|>user\nThe ship left the harbour at dawn<|im_end|>\n<|im_start|>assistant\n",
                             parse_special=True)
     with Context(model, ContextParams(n_ctx=1024, n_threads=2, n_seq_max=4)) as ctx:
-        res = ctx.generate_batch([prompt] * 4, 160, [Sampling(temperature=1.5, top_k=0, seed=s) for s in range(4)])
+        res = generate_batch(ctx, [prompt] * 4, 160, [Sampling(temperature=1.5, top_k=0, seed=s) for s in range(4)])
         ended = [c for c in res.completions if c.stopped_by == "eog"]
         assert ended and all(len(c.tokens) < 160 for c in ended)
         assert not any(model.is_eog(t) for c in res.completions for t in c.tokens)
@@ -208,16 +209,16 @@ def test_bad_input_is_refused(model) -> None:
                  (["word " * 200], "positions")]
         for prompts, text in cases:
             with pytest.raises(ParameterError, match=text):
-                ctx.generate_batch(prompts)
+                generate_batch(ctx, prompts)
             with pytest.raises(ParameterError, match=text):
-                ctx.stream_batch(prompts)
+                stream_batch(ctx, prompts)
         with pytest.raises(ParameterError, match="2 values for 1 prompts"):
-            ctx.generate_batch(PROMPTS[:1], [3, 4])
+            generate_batch(ctx, PROMPTS[:1], [3, 4])
         with pytest.raises(ParameterError, match="max_tokens"):
-            ctx.generate_batch(PROMPTS[:2], -1)
+            generate_batch(ctx, PROMPTS[:2], -1)
         with pytest.raises(ParameterError, match="sampling"):
-            ctx.generate_batch(PROMPTS[:2], 4, [Sampling(), "greedy"])
-        res = ctx.generate_batch(PROMPTS[:2], [0, 3], stop_at_eog=False)
+            generate_batch(ctx, PROMPTS[:2], 4, [Sampling(), "greedy"])
+        res = generate_batch(ctx, PROMPTS[:2], [0, 3], stop_at_eog=False)
         assert [len(c.tokens) for c in res.completions] == [0, 3]
 
 
@@ -226,7 +227,7 @@ def test_concurrent_batches_on_one_context_queue(model, alone) -> None:
         got: list[list[list[int]]] = []
 
         def worker() -> None:
-            got.append([list(c.tokens) for c in ctx.generate_batch(PROMPTS, MAX_TOKENS, stop_at_eog=False).completions])
+            got.append([list(c.tokens) for c in generate_batch(ctx, PROMPTS, MAX_TOKENS, stop_at_eog=False).completions])
 
         threads = [threading.Thread(target=worker) for _ in range(3)]
         for t in threads:

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from llama_moe.bench.throughput import MODES, run_bench, to_markdown, train_profile
+from llama_moe.tools.bench.throughput import MODES, run_bench, to_markdown, train_profile
 
 
 def test_every_mode_runs_and_reports(lib, tiny_model_path, tmp_path, monkeypatch) -> None:
@@ -65,7 +65,7 @@ def test_profile_stride_traces_fewer_paragraphs(lib, tiny_model_path, tmp_path) 
 
 
 def test_the_gpu_bounds_every_mode_where_it_binds_first() -> None:
-    from llama_moe.bench.throughput import BenchRow, with_gpu_ceiling
+    from llama_moe.tools.bench.throughput import BenchRow, with_gpu_ceiling
 
     def row(mode: str, decode: float, bound: float | None, by: str | None) -> BenchRow:
         return BenchRow(mode, 0.0, 0.0, 16, decode, 0.0, 1.0, 0.0, None, None, 1, 1.0, bound,
@@ -85,8 +85,8 @@ def test_merge_joins_runs_under_one_ceiling_and_refuses_what_it_cannot(tmp_path,
     import dataclasses
     import json
 
-    from llama_moe.cli import main
-    from llama_moe.bench.throughput import BenchRow
+    from llama_moe.tools.cli import main
+    from llama_moe.tools.bench.throughput import BenchRow
 
     def row(mode: str, decode: float, bound: float | None, by: str | None) -> BenchRow:
         return BenchRow(mode, 100.0, 50.0, 16, decode, 1.0, 900.0, 5.0, 0.9, 2000.0, 2, 10.0, bound,

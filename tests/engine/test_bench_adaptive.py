@@ -7,11 +7,11 @@ import json
 
 import pytest
 
-from llama_moe.cli import main
-from llama_moe.bench.adaptive import (CONFIGS, held_out_paragraphs, recovery, run_bench_adaptive,
+from llama_moe.tools.cli import main
+from llama_moe.tools.bench.adaptive import (CONFIGS, held_out_paragraphs, recovery, run_bench_adaptive,
                                                to_markdown)
-from llama_moe.synth.corpus import TOPICS, split_paragraphs
-from llama_moe.errors import ToolInputError
+from llama_moe.tools.synth.corpus import TOPICS, split_paragraphs
+from llama_moe.tools.errors import ToolInputError
 
 
 pytestmark = pytest.mark.usefixtures("cache_on_cpu")

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from llama_moe.bench.plot import decode_figure, plot_decode
-from llama_moe.bench.throughput import BenchRow
+from llama_moe.tools.bench.plot import decode_figure, plot_decode
+from llama_moe.tools.bench.throughput import BenchRow
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -137,8 +137,8 @@ def test_without_matplotlib_the_message_says_what_to_install(tmp_path: Path) -> 
     # the function says the same, as a LlamaMoeError
     api = python("-c", textwrap.dedent(f"""
         from pathlib import Path
-        from llama_moe.bench.plot import plot_decode
-        from llama_moe.bench.throughput import BenchRow
+        from llama_moe.tools.bench.plot import plot_decode
+        from llama_moe.tools.bench.throughput import BenchRow
         from llama_moe.errors import LlamaMoeError
         try:
             plot_decode([BenchRow("cpu-moe", 0, 0, 8, 9.0, 0.5, 100.0, 1.0, None, None, 2)], Path({str(out)!r}))

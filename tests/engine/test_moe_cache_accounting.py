@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from llama_moe import Context, ContextParams, Model, ModelParams, ParameterError, SeqStats
+from llama_moe.batch import generate_batch, stream_batch
 from support.cache_sizes import mib_for_slots
 
 PROMPTS = ["The ship left the harbour at dawn, and the crew", "To grow tomatoes in a small garden, start with",
@@ -30,7 +31,7 @@ def test_the_sequences_shares_add_up_to_the_counters(model, tiny_model_path, hyb
     cp = ContextParams(n_ctx=1024, n_seq_max=4, moe_cache_mib=mib, moe_cache_hybrid=hybrid, moe_cache_adaptive=hybrid,
                        n_threads=2)
     with Context(model, cp) as ctx:
-        ctx.generate_batch(PROMPTS, max_tokens=[24, 12, 18, 6])
+        generate_batch(ctx, PROMPTS, max_tokens=[24, 12, 18, 6])
         total = ctx.moe_cache_stats()
         shares = [ctx.moe_cache_seq_stats(q) for q in range(4)]
         assert all(isinstance(s, SeqStats) and s.n_lookup > 0 for s in shares), shares
@@ -56,7 +57,7 @@ def test_each_lookup_goes_to_the_sequence_that_selected_it_first(model, tiny_mod
     cp = ContextParams(n_ctx=1024, n_seq_max=4, moe_cache_mib=mib_for_slots(tiny_model_path, 16, hybrid),
                        moe_cache_hybrid=hybrid, moe_cache_adaptive=hybrid, n_threads=2)
     with Context(model, cp) as ctx:
-        with ctx.stream_batch(PROMPTS, max_tokens=max_tokens, stop_at_eog=False) as stream:
+        with stream_batch(ctx, PROMPTS, max_tokens=max_tokens, stop_at_eog=False) as stream:
             for _ in range(4):  # the prompts' first tokens, before any step
                 next(stream)
             before = [ctx.moe_cache_seq_stats(q).n_lookup for q in range(4)]
@@ -96,7 +97,7 @@ def test_each_lookup_goes_to_the_sequence_that_selected_it_first(model, tiny_mod
 def test_one_sequence_gets_every_lookup(model, tiny_model_path) -> None:
     cp = ContextParams(n_ctx=512, moe_cache_mib=mib_for_slots(tiny_model_path, 13), n_threads=2)
     with Context(model, cp) as ctx:
-        ctx.generate_batch(PROMPTS[:1], max_tokens=16)
+        generate_batch(ctx, PROMPTS[:1], max_tokens=16)
         total, own = ctx.moe_cache_stats(), ctx.moe_cache_seq_stats(0)
         assert (own.n_hit, own.n_miss, own.n_refused, own.n_bytes_upload) == (
             total.n_hit, total.n_miss, total.n_refused, total.n_bytes_upload)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from llama_moe import Context, ContextParams, Model, ModelParams, Sampling
-from llama_moe.experts import expert_layout
+from llama_moe.tools.experts import expert_layout
 from support.cache_sizes import mib_for_slots
 from llama_moe.formats.profile import Profile, write_profile
 
@@ -123,8 +123,8 @@ def test_a_profiles_experts_start_with_a_prior_as_the_replay_has_it(lib, tiny_mo
     """A profile's experts start with the heat of their share of 64 tokens' picks (llama-moe-policy.h), so a few
     picks of text do not evict them. The engine's swaps and hits over a generation equal the numpy replay's
     (routing.policies.adaptive) with that prior, and the replay without it swaps more."""
-    from llama_moe.routing.policies import PRIOR_TOKENS, adaptive
-    from llama_moe.routing.routes import routes_from_records
+    from llama_moe.tools.routing.policies import PRIOR_TOKENS, adaptive
+    from llama_moe.tools.routing.routes import routes_from_records
 
     layout = expert_layout(tiny_model_path)
     # a profile of other text: each layer's experts by index from the top, which the text does not favour

@@ -15,7 +15,7 @@ import pytest
 
 from llama_moe import Context, ContextParams, Model, ModelParams, Sampling
 from llama_moe.errors import ParameterError
-from llama_moe.experts import expert_layout
+from llama_moe.tools.experts import expert_layout
 from llama_moe.formats.trace import RoutingRecord
 from support.cache_sizes import mib_for_slots
 from support.traced import traced_generation

@@ -10,7 +10,7 @@ import pytest
 
 from llama_moe import Context, ContextParams, Model, ModelParams
 from llama_moe.errors import MoeCacheWarning
-from llama_moe.experts import expert_layout
+from llama_moe.tools.experts import expert_layout
 from support.cache_sizes import mib_for_slots
 from llama_moe.formats.profile import Profile, write_profile
 

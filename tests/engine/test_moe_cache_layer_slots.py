@@ -15,10 +15,11 @@ import pytest
 
 from llama_moe import Context, ContextParams, Model, Sampling
 from llama_moe.errors import MoeCacheWarning
-from llama_moe.experts import expert_layout
+from llama_moe.tools.experts import expert_layout
 from llama_moe.formats.profile import Profile, write_profile
 from llama_moe.params import MiB
-from llama_moe.routing.budget import cache_bytes_for_layer_slots, engine_layer_slots
+from llama_moe.tools.routing.budget import cache_bytes_for_layer_slots, engine_layer_slots
+from llama_moe.batch import stream_batch
 from oracles.hybrid import simulate_hybrid
 from oracles.lru import simulate_lru
 
@@ -77,7 +78,7 @@ def _batch(model: Model, cp: ContextParams, path: Path, counts: dict[int, int] |
             _check_slots(path, ctx, counts)
         ctx.start_trace()
         tokens, logits = [], []
-        with ctx.stream_batch(PROMPTS, N_STEPS + 1, SAMPLINGS, stop_at_eog=False) as stream:
+        with stream_batch(ctx, PROMPTS, N_STEPS + 1, SAMPLINGS, stop_at_eog=False) as stream:
             for n, (i, tok) in enumerate(stream):
                 tokens.append((i, tok))
                 if n >= len(PROMPTS):

@@ -1,7 +1,7 @@
 """The admitting hybrid moving slots between layers online (moe_cache_repartition R) on the real patched libllama,
 the CPU as the cache's device: every R decodes the engine splits the slots anew from each layer's observed miss
 curve. Nothing a token computes changes, and the counters, the rounds and each layer's slots are those of the
-simulator's replay of the engine's own routing trace (``admitN-repartR``, llama_moe.routing.repartition)."""
+simulator's replay of the engine's own routing trace (``admitN-repartR``, llama_moe.tools.routing.repartition)."""
 from __future__ import annotations
 
 import logging
@@ -12,11 +12,11 @@ import pytest
 
 from llama_moe import Context, ContextParams, Model, ModelParams, Sampling
 from llama_moe.errors import ParameterError
-from llama_moe.experts import expert_layout
+from llama_moe.tools.experts import expert_layout
 from llama_moe.formats.trace import RoutingRecord
-from llama_moe.routing.policies.admit import ADMIT_CHUNK_TOKENS, AdmitReplay
-from llama_moe.routing.policies.base import drive
-from llama_moe.routing.routes import routes_from_records
+from llama_moe.tools.routing.policies.admit import ADMIT_CHUNK_TOKENS, AdmitReplay
+from llama_moe.tools.routing.policies.base import drive
+from llama_moe.tools.routing.routes import routes_from_records
 from support.cache_sizes import mib_for_slots
 from support.traced import traced_generation
 

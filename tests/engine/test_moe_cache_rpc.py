@@ -16,8 +16,8 @@ import pytest
 
 from llama_moe import Context, ContextParams, Model, ModelParams
 from llama_moe.errors import ParameterError, RpcServerError
-from llama_moe.experts import expert_layout
-from llama_moe.server.process import free_port
+from llama_moe.tools.experts import expert_layout
+from llama_moe.tools.server.process import free_port
 from oracles.lru import simulate_lru
 from llama_moe.params import mib_to_bytes
 from support.cache_sizes import mib_for_slots
@@ -219,9 +219,10 @@ def test_a_profile_the_engine_refuses_is_refused_across_devices_too(rpc_pair, ti
     """A profile for another geometry, or one giving a cached layer no slots, is refused with the layers split
     across devices as on one device: said (profile_refused), and each device gives its layers equal slots; the
     planner's read of the engine says the engine refused it."""
-    from llama_moe.errors import MoeCacheWarning, ToolInputError
+    from llama_moe.errors import MoeCacheWarning
+    from llama_moe.tools.errors import ToolInputError
     from llama_moe.formats.profile import Profile, write_profile
-    from llama_moe.routing.placement import engine_devices, mirrored_devices
+    from llama_moe.tools.routing.placement import engine_devices, mirrored_devices
 
     layout = expert_layout(tiny_model_path)
     other = tmp_path / "other.strp"
@@ -293,7 +294,7 @@ def test_llama_server_with_rpc_puts_each_layer_s_slots_on_its_device(rpc_pair, t
     """llama.cpp's own --rpc, in our llama-server: the same placement, said in its load line, and it serves."""
     import requests
 
-    from llama_moe.server import process as server_process
+    from llama_moe.tools.server import process as server_process
     from support.llama_server import find_server_binary
 
     endpoints = ",".join(s.endpoint for s in rpc_pair)
@@ -356,7 +357,7 @@ def test_a_server_killed_mid_run_ends_the_run_with_a_clear_error(lib, tiny_model
 def test_the_planners_mirror_of_the_split_is_the_engines(rpc_pair, tiny_model_path, split, hybrid) -> None:
     """routing.placement's mirror of llama.cpp's layer split and the engine's slots per device, against the
     engine's own placement (Context.cache_devices) on the two servers' devices, for the same tensor split."""
-    from llama_moe.routing.placement import engine_devices, mirrored_devices
+    from llama_moe.tools.routing.placement import engine_devices, mirrored_devices
 
     layout = expert_layout(tiny_model_path)
     mib = 1.0
@@ -366,8 +367,8 @@ def test_the_planners_mirror_of_the_split_is_the_engines(rpc_pair, tiny_model_pa
     # (3, 1) leaves the second device the output layer alone, (0, 1) the first nothing: no MoE layer, no slots there
     assert len(placed) == {(1.0, 1.0): 2, (3.0, 1.0): 1, (1.0, 4.0): 2, (0.0, 1.0): 1}[split] and {d.description for d in placed} <= {s.endpoint for s in rpc_pair}
     # the buffer the engine allocates on each device, as the plan reports it
-    from llama_moe.routing.budget import engine_buffer_bytes
-    from llama_moe.routing.planning import device_slots, _on
+    from llama_moe.tools.routing.budget import engine_buffer_bytes
+    from llama_moe.tools.routing.planning import device_slots, _on
 
     slots = device_slots(layout, placed)
     for d in placed:
@@ -401,9 +402,9 @@ def test_the_planners_mirror_of_per_layer_counts_across_devices_is_the_engines(r
     """A profile's per-layer counts with the layers split across devices: routing.placement's mirror of each
     device sizing its own layers from them within its own budget, against the engine's slots for each layer
     (Context.cache_devices, Context.layer_stats) on the two servers' devices; the buffer as the plan reports it."""
-    from llama_moe.routing.budget import cache_bytes_for_layer_slots, engine_buffer_bytes, engine_device_layer_slots
-    from llama_moe.routing.placement import engine_devices, mirrored_devices
-    from llama_moe.routing.planning import _on, device_slots
+    from llama_moe.tools.routing.budget import cache_bytes_for_layer_slots, engine_buffer_bytes, engine_device_layer_slots
+    from llama_moe.tools.routing.placement import engine_devices, mirrored_devices
+    from llama_moe.tools.routing.planning import _on, device_slots
 
     layout = expert_layout(tiny_model_path)
     profile = _layer_slots_profile(layout, tmp_path, _SCALED)
@@ -432,7 +433,7 @@ def test_plan_reads_each_devices_layers_and_slots_from_the_engine(rpc_pair, tiny
     same split, each device's held-out counts the sum of its layers' (the simulator's split counted)."""
     import json
 
-    from llama_moe.cli import main
+    from llama_moe.tools.cli import main
 
     text = tmp_path / "t.txt"
     text.write_text(" ".join([LONG_PROMPT] * 6), encoding="utf-8")
@@ -471,10 +472,10 @@ def test_llama_server_reports_each_device_in_metrics_and_audit(rpc_pair, tiny_mo
     import requests
 
     from llama_moe.formats.audit import ExitRecord, LoadRecord, read_audit
-    from llama_moe.routing.placement import mirrored_devices
-    from llama_moe.server import process as server_process
-    from llama_moe.server.audit import check_audit
-    from llama_moe.server.metrics import fetch_metrics_text, parse_moe_cache
+    from llama_moe.tools.routing.placement import mirrored_devices
+    from llama_moe.tools.server import process as server_process
+    from llama_moe.tools.server.audit import check_audit
+    from llama_moe.tools.server.metrics import fetch_metrics_text, parse_moe_cache
     from support.llama_server import find_server_binary
 
     layout = expert_layout(tiny_model_path)

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from llama_moe import Context, ContextParams, Model, ModelParams, Sampling
-from llama_moe.experts import expert_layout
+from llama_moe.tools.experts import expert_layout
+from llama_moe.batch import stream_batch
 from oracles.lru import simulate_lru
 from support.cache_sizes import mib_for_slots
 
@@ -41,7 +42,7 @@ def _batch(model: Model, cp: ContextParams, trace: bool):
         if trace:
             ctx.start_trace()
         tokens, logits = [], []
-        with ctx.stream_batch(PROMPTS, N_STEPS + 1, SAMPLINGS, stop_at_eog=False) as stream:
+        with stream_batch(ctx, PROMPTS, N_STEPS + 1, SAMPLINGS, stop_at_eog=False) as stream:
             for n, (i, tok) in enumerate(stream):
                 tokens.append((i, tok))
                 if n >= len(PROMPTS):  # a step's token: the step decoded every sequence, output i is sequence i

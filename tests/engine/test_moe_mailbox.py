@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 from llama_moe import Context, ContextParams, Model
-from llama_moe.experts import expert_layout
+from llama_moe.tools.experts import expert_layout
 from llama_moe.formats.profile import Profile, write_profile
+from llama_moe.batch import generate_batch
 from support.cache_sizes import mib_for_slots
 from test_moe_cache_hybrid import PROMPTS, RAM
 
@@ -96,7 +97,7 @@ def test_mailbox_gives_the_same_tokens_logits_and_counts(lib, tiny_model_path, t
 
 
 def test_mailbox_with_expert_biases(lib, tmp_path, monkeypatch, caplog) -> None:
-    from llama_moe.synth import synthesize
+    from llama_moe.tools.synth import synthesize
 
     caplog.set_level(logging.INFO, logger="llama_moe.native")
     path = tmp_path / "gpt-oss-tiny.gguf"
@@ -398,7 +399,7 @@ def test_mailbox_with_several_sequences_in_one_decode(lib, tiny_model_path, tmp_
 
     def run(model: Model, params: ContextParams) -> tuple:
         with Context(model, params) as ctx:
-            res = ctx.generate_batch(prompts, max_tokens, stop_at_eog=False)
+            res = generate_batch(ctx, prompts, max_tokens, stop_at_eog=False)
             return [list(c.tokens) for c in res.completions], [(l.n_hit, l.n_miss) for l in ctx.layer_stats()]
 
     with Model(tiny_model_path, RAM) as model:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from llama_moe.experts import expert_layout
+from llama_moe.tools.experts import expert_layout
 from llama_moe.formats.profile import Profile, write_profile
-from llama_moe.synth import synthesize
+from llama_moe.tools.synth import synthesize
 
 
 def main(out: Path) -> None:

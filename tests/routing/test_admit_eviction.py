@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from llama_moe.routing.policies import LRFU_HALF_LIFE, run_policy
-from llama_moe.routing.routes import Routes
+from llama_moe.tools.routing.policies import LRFU_HALF_LIFE, run_policy
+from llama_moe.tools.routing.routes import Routes
 
 
 def _reference(x: np.ndarray, slots: int, admit: int, half_life: float) -> tuple[int, int]:

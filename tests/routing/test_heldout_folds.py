@@ -11,17 +11,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from llama_moe.cli import main
-from llama_moe.experts import ExpertLayout, LayerExperts, expert_layout
-from llama_moe.synth import SHAPES, sample_routes
-from llama_moe.synth.corpus import TOPICS
-from llama_moe.routing import TraceRoutes, load_traces, plan_cache, rank_pairs, simulate_sizes
-from llama_moe.routing.budget import MiB, cache_bytes_for_slots
-from llama_moe.errors import ToolInputError
-from llama_moe.routing.heldout import (Folds, choose_folds, document_split, fold_counts, kfold_result, min_fold_tokens,
+from llama_moe.tools.cli import main
+from llama_moe.tools.experts import ExpertLayout, LayerExperts, expert_layout
+from llama_moe.tools.synth import SHAPES, sample_routes
+from llama_moe.tools.synth.corpus import TOPICS
+from llama_moe.tools.routing import TraceRoutes, load_traces, plan_cache, rank_pairs, simulate_sizes
+from llama_moe.tools.routing.budget import MiB, cache_bytes_for_slots
+from llama_moe.tools.errors import ToolInputError
+from llama_moe.tools.routing.heldout import (Folds, choose_folds, document_split, fold_counts, kfold_result, min_fold_tokens,
                                      t_interval, trace_folds)
-from llama_moe.routing.policies import HALF_LIFE_TOKENS
-from llama_moe.routing.routes import Routes
+from llama_moe.tools.routing.policies import HALF_LIFE_TOKENS
+from llama_moe.tools.routing.routes import Routes
 from llama_moe.formats.trace import RoutingRecord, write_trace
 
 PER_TOPIC = 9  # sample_routes: 72 paragraphs, 9 per topic, in TOPICS order
@@ -238,7 +238,7 @@ def test_predict_trains_and_scores_on_different_traces(tiny_model_path: Path, ti
 def test_simulate_prints_every_policy_it_accepts(tiny_model_path: Path, tiny_topics: list[Path], capsys) -> None:
     """The text report (not only --json) of the admitting policies and their variants: each row names its policy
     and says what it is, with the admissions it made (and the slots the re-partitioning moved)."""
-    from llama_moe.routing.policies import ALL_POLICIES, describe
+    from llama_moe.tools.routing.policies import ALL_POLICIES, describe
 
     assert all(describe(name) for name in ALL_POLICIES)
     with pytest.raises(ValueError, match="unknown policy"):

@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 
 from llama_moe import Context, ContextParams, Model, ModelParams, Sampling
-from llama_moe.experts import expert_layout
+from llama_moe.tools.experts import expert_layout
 from llama_moe.formats.profile import Profile, write_profile
 from llama_moe.formats.trace import RoutingRecord
-from llama_moe.routing import lru, routes_from_records
-from llama_moe.routing.routes import Routes
+from llama_moe.tools.routing import lru, routes_from_records
+from llama_moe.tools.routing.routes import Routes
+from llama_moe.batch import stream_batch
 from oracles.lru import simulate_lru
 from support.cache_sizes import mib_for_slots
 
@@ -37,7 +38,7 @@ def _engine(model: Model, cp: ContextParams, n_gen: int, several: bool):
     with Context(model, cp) as ctx:
         ctx.start_trace()
         if several:
-            list(ctx.stream_batch(PROMPTS, n_gen, SAMPLINGS, stop_at_eog=False))
+            list(stream_batch(ctx, PROMPTS, n_gen, SAMPLINGS, stop_at_eog=False))
         else:
             list(ctx.generate(PROMPTS[0], n_gen, SAMPLINGS[0], stop_at_eog=False))
         return ctx.moe_cache_stats(), ctx.layer_stats(), ctx.stop_trace()

@@ -11,16 +11,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from llama_moe.cli import main
-from llama_moe.errors import CacheBudgetError, ToolInputError
-from llama_moe.experts import expert_layout
-from llama_moe.routing import plan_cache
-from llama_moe.routing.budget import MiB, cache_bytes_for_slots
-from llama_moe.routing.misscurves import lru_miss_curves, split_slots, static_curves
-from llama_moe.routing.planning import per_layer_slots
-from llama_moe.routing.policies import run_policy
-from llama_moe.routing.ranking import pair_counts
-from llama_moe.routing.routes import Routes
+from llama_moe.tools.cli import main
+from llama_moe.tools.errors import CacheBudgetError, ToolInputError
+from llama_moe.tools.experts import expert_layout
+from llama_moe.tools.routing import plan_cache
+from llama_moe.tools.routing.budget import MiB, cache_bytes_for_slots
+from llama_moe.tools.routing.misscurves import lru_miss_curves, split_slots, static_curves
+from llama_moe.tools.routing.planning import per_layer_slots
+from llama_moe.tools.routing.policies import run_policy
+from llama_moe.tools.routing.ranking import pair_counts
+from llama_moe.tools.routing.routes import Routes
 
 from test_heldout_folds import layout_of, tiny_topics  # noqa: F401  (the fixture)
 
@@ -129,7 +129,7 @@ def test_per_layer_slots_miss_less_than_equal_slots_held_out() -> None:
 
 
 def test_the_planner_splits_the_engines_bytes(tiny_topics: list[Path]) -> None:  # noqa: F811
-    from llama_moe.routing import TraceRoutes
+    from llama_moe.tools.routing import TraceRoutes
 
     layout = layout_of("tiny")
     routes = TraceRoutes([str(p) for p in tiny_topics], layout).scan()

@@ -7,7 +7,7 @@ import sys
 
 from support.cache_sizes import mib_for_slots
 from llama_moe import Context, ContextParams, Model, ModelParams
-from llama_moe.synth.corpus import split_paragraphs
+from llama_moe.tools.synth.corpus import split_paragraphs
 
 RAM = ModelParams(cpu_moe=True, repack=False)
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from llama_moe.routing.misscurves import lru_miss_curves
-from llama_moe.routing.policies import REPLAYS, drive, run_policy
-from llama_moe.routing.policies.admit import ADMIT_CHUNK_TOKENS, AdmitReplay
-from llama_moe.routing.repartition import HYSTERESIS, ShadowStack, kept_slots, target
-from llama_moe.routing.routes import Routes
+from llama_moe.tools.routing.misscurves import lru_miss_curves
+from llama_moe.tools.routing.policies import REPLAYS, drive, run_policy
+from llama_moe.tools.routing.policies.admit import ADMIT_CHUNK_TOKENS, AdmitReplay
+from llama_moe.tools.routing.repartition import HYSTERESIS, ShadowStack, kept_slots, target
+from llama_moe.tools.routing.routes import Routes
 
 
 def _one_token_routes(experts: np.ndarray) -> Routes:

@@ -12,17 +12,17 @@ import pytest
 
 from llama_moe import Context, ContextParams, Model, ModelParams
 from oracles.lru import simulate_lru
-from llama_moe.cli import main
-from llama_moe.experts import expert_layout
+from llama_moe.tools.cli import main
+from llama_moe.tools.experts import expert_layout
 from llama_moe.formats.profile import read_profile
-from llama_moe.synth.corpus import split_paragraphs
-from llama_moe.routing import (CacheBudgetError, adaptive, belady, cache_bytes_for_slots, engine_slots, kfold,
+from llama_moe.tools.synth.corpus import split_paragraphs
+from llama_moe.tools.routing import (CacheBudgetError, adaptive, belady, cache_bytes_for_slots, engine_slots, kfold,
                              kfold_splits, lru, prefill_resident, rank_pairs, read_routes, routes_from_records,
                              static, t_interval, trace_text)
-from llama_moe.routing.budget import MiB, engine_buffer_bytes, mib_to_bytes
-from llama_moe.routing import ToolInputError
-from llama_moe.routing.heldout import fold_bounds, t975
-from llama_moe.routing.routes import Routes
+from llama_moe.tools.routing.budget import MiB, engine_buffer_bytes, mib_to_bytes
+from llama_moe.tools.routing import ToolInputError
+from llama_moe.tools.routing.heldout import fold_bounds, t975
+from llama_moe.tools.routing.routes import Routes
 from llama_moe.formats.trace import RoutingRecord, TraceError, write_trace
 
 RAM = ModelParams(cpu_moe=True, repack=False)
@@ -328,9 +328,9 @@ def test_plan_per_layer_splits_each_devices_budget_across_its_layers(lib, tiny_m
     """``plan --tensor-split 1,1 --per-layer``: each device's bytes split across its own layers (a device's layers
     never take another's), written into the profile; the engine's rule mirrored per device
     (``engine_device_layer_slots``) keeps the counts as they are, since each device's fit its budget."""
-    from llama_moe.routing.budget import cache_bytes_for_layer_slots, engine_device_layer_slots
-    from llama_moe.routing.placement import mirrored_devices
-    from llama_moe.routing.planning import _on
+    from llama_moe.tools.routing.budget import cache_bytes_for_layer_slots, engine_device_layer_slots
+    from llama_moe.tools.routing.placement import mirrored_devices
+    from llama_moe.tools.routing.planning import _on
 
     layout = expert_layout(tiny_model_path)
     out = tmp_path / "split.strp"
@@ -361,9 +361,9 @@ def test_plan_per_layer_splits_each_devices_budget_across_its_layers(lib, tiny_m
 def test_the_mirror_scales_a_devices_counts_by_the_engines_rule(tiny_model_path) -> None:
     """Counts that do not fit a device's budget are scaled on that device alone (engine_layer_slots' rule on its
     layers); a count of 0 for a layer the cache serves is refused, as the engine refuses such a profile."""
-    from llama_moe.routing.budget import engine_device_layer_slots, engine_layer_slots
-    from llama_moe.routing.placement import mirrored_devices
-    from llama_moe.routing.planning import _on
+    from llama_moe.tools.routing.budget import engine_device_layer_slots, engine_layer_slots
+    from llama_moe.tools.routing.placement import mirrored_devices
+    from llama_moe.tools.routing.planning import _on
 
     layout = expert_layout(tiny_model_path)
     counts = {0: 3, 1: 12, 2: 2, 3: 37, 4: 5, 5: 16}  # the first device's 4 layers ask 49 slots of about 40

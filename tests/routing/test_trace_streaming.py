@@ -13,16 +13,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from llama_moe.cli import main
-from llama_moe.experts import ExpertLayout, LayerExperts
-from llama_moe.routing import (TraceRoutes, adaptive, belady, kfold, kfold_splits, load_traces, lru, make_profile,
+from llama_moe.tools.cli import main
+from llama_moe.tools.experts import ExpertLayout, LayerExperts
+from llama_moe.tools.routing import (TraceRoutes, adaptive, belady, kfold, kfold_splits, load_traces, lru, make_profile,
                              plan_cache, predict_routes, rank_pairs, read_routes, run_policy, simulate_sizes, static)
-from llama_moe.routing import policies
-from llama_moe.routing.budget import MiB, cache_bytes_for_slots
-from llama_moe.routing.heldout import ranked_replay
-from llama_moe.routing.policies import merge_results
-from llama_moe.routing.ranking import pair_counts
-from llama_moe.routing.routes import JoinedRoutes, Routes, concat_routes
+from llama_moe.tools.routing import policies
+from llama_moe.tools.routing.budget import MiB, cache_bytes_for_slots
+from llama_moe.tools.routing.heldout import ranked_replay
+from llama_moe.tools.routing.policies import merge_results
+from llama_moe.tools.routing.ranking import pair_counts
+from llama_moe.tools.routing.routes import JoinedRoutes, Routes, concat_routes
 from llama_moe.formats.trace import TraceError, iter_trace_chunks, read_trace, record_bytes, write_trace, RoutingRecord
 from support.replays import lru_slot_by_slot
 

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from llama_moe.experts import expert_layout
+from llama_moe.tools.experts import expert_layout
 from llama_moe.formats.profile import Profile, write_profile
 
 

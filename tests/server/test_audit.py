@@ -1,4 +1,4 @@
-"""The audit log reader and checker (llama_moe.server.audit, ``python -m llama_moe audit``) on hand-made logs that
+"""The audit log reader and checker (llama_moe.tools.server.audit, ``python -m llama_moe audit``) on hand-made logs that
 follow the field list of docs/formats.md, then break it one way at a time. The real server's log is checked in
 test_server.py."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 
 from llama_moe.errors import AuditError
 from llama_moe.formats.audit import ExitRecord, LoadRecord, RequestRecord, parse_record, read_audit
-from llama_moe.server.audit import check_audit, summarize
+from llama_moe.tools.server.audit import check_audit, summarize
 from support.audit_log import EXPERT, Run
 
 def write(path: Path, records: list[dict], tail: str = "") -> Path:

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from llama_moe.formats.audit import OwnCounters, RequestRecord, read_audit
-from llama_moe.server.audit import check_audit, summarize
+from llama_moe.tools.server.audit import check_audit, summarize
 from support.audit_log import EXPERT, Run
 
 

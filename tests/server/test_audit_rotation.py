@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from llama_moe.errors import AuditError
-from llama_moe.server.audit import check_audit, summarize
+from llama_moe.tools.server.audit import check_audit, summarize
 from support.audit_log import Run
 
 

@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-from llama_moe.server.check_api import KEY_WANTED, check_api, serve_and_check
+from llama_moe.tools.server.check_api import KEY_WANTED, check_api, serve_and_check
 from support.llama_server import find_server_binary, start_server, stop_server
 
 NAMES = ["api key", "openai chat.completions", "openai completions", "openai chat.completions stream",

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from llama_moe.server.check_audit import PROMPTS, CheckAuditError, check_audit_run
+from llama_moe.tools.server.check_audit import PROMPTS, CheckAuditError, check_audit_run
 from support.llama_server import find_server_binary
 
 

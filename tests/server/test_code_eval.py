@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from llama_moe.server.code_eval import SUITES, extract_code, run_answer
+from llama_moe.tools.server.code_eval import SUITES, extract_code, run_answer
 from support.llama_server import find_server_binary, free_port, start_server, stop_server
 
 RIGHT = {

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from llama_moe.server.monitor import MonitorServer, monitor_html
-from llama_moe.server.metrics import PREFIX, MoeCacheMetrics, parse_moe_cache, parse_prometheus
+from llama_moe.tools.server.monitor import MonitorServer, monitor_html
+from llama_moe.tools.server.metrics import PREFIX, MoeCacheMetrics, parse_moe_cache, parse_prometheus
 
 LAYERS = 6
 EXPERT = 26112
@@ -516,7 +516,7 @@ def test_the_page_shows_the_admitting_hybrid_s_series(tmp_path: Path, lib, tiny_
     (admissions, the misses computed on the CPU, refused, bytes, the hit ratio gauge), the per-layer table the
     layers' series; and stats --server says the same."""
     from support.llama_server import find_server_binary
-    from llama_moe.server import process as server_process
+    from llama_moe.tools.server import process as server_process
 
     binary = find_server_binary()
     args = ["-m", str(tiny_model_path), "--cpu-moe", "--no-repack", "--moe-cache-mib", "2", "--moe-cache-hybrid",
@@ -547,7 +547,7 @@ def test_the_page_shows_the_peer_s_series(tmp_path: Path, lib, tiny_model_path: 
     the /metrics series; stats --server says the same."""
     from support.llama_server import find_server_binary
     from support.rpc_servers import find_rpc_server_binary, start_rpc_server
-    from llama_moe.server import process as server_process
+    from llama_moe.tools.server import process as server_process
 
     rpc = [start_rpc_server(find_rpc_server_binary(), tmp_path / f"rpc{i}.log") for i in range(2)]
     try:

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from llama_moe.errors import LlamaMoeError, ServerStartError
-from llama_moe.server import process
+from llama_moe.errors import LlamaMoeError
+from llama_moe.tools.errors import ServerStartError
+from llama_moe.tools.server import process
 from support.llama_server import find_server_binary
 
 

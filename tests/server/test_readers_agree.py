@@ -17,8 +17,8 @@ import pytest
 import requests
 
 from llama_moe.formats.audit import ExitRecord, LoadRecord, ReadyRecord, RequestRecord, read_audit
-from llama_moe.server.audit import check_audit, summarize
-from llama_moe.server.metrics import parse_moe_cache, parse_request_log_line
+from llama_moe.tools.server.audit import check_audit, summarize
+from llama_moe.tools.server.metrics import parse_moe_cache, parse_request_log_line
 from support.llama_server import find_server_binary, start_server, stop_server
 
 PROMPTS = ["The ship left the harbour at dawn, and the crew", "Bread rises when the yeast", "A comet's tail points"]
@@ -111,7 +111,7 @@ def test_the_admitting_hybrid_with_a_peer(tmp_path: Path, lib, tiny_model_path: 
     """The model's layers on one rpc-server, its experts in RAM, the cache there with admission and the peer tier
     on a second rpc-server: misses computed on the CPU or by the peer, admissions between decodes."""
     from support.rpc_servers import find_rpc_server_binary, start_rpc_server
-    from llama_moe.server import process as server_process
+    from llama_moe.tools.server import process as server_process
 
     rpc = [start_rpc_server(find_rpc_server_binary(), tmp_path / f"rpc{i}.log") for i in range(2)]
 

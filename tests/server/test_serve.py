@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import requests
 
-from llama_moe.server.check_api import check_api
-from llama_moe.errors import ServePlanError
-from llama_moe.server.plan import plan_serve
-from llama_moe.experts import expert_layout
+from llama_moe.tools.server.check_api import check_api
+from llama_moe.tools.errors import ServePlanError
+from llama_moe.tools.server.plan import plan_serve
+from llama_moe.tools.experts import expert_layout
 
 SERVER = Path("/nonexistent/llama-server")  # plans only name it
 

@@ -1,4 +1,4 @@
-"""llama-server with the MoE cache, as an operator runs it: /metrics (llama_moe.server.metrics, ``stats
+"""llama-server with the MoE cache, as an operator runs it: /metrics (llama_moe.tools.server.metrics, ``stats
 --server``), the per-request log line and the audit log. The parsers are tested on fixed text first; then a
 real llama-server (patch 0005) serves the tiny model on 127.0.0.1 with the cache in RAM."""
 from __future__ import annotations
@@ -19,10 +19,10 @@ from support.llama_server import find_server_binary, free_port, start_server, st
 import requests
 
 from llama_moe.formats.audit import ExitRecord, LoadRecord, ReadyRecord, RequestRecord, read_audit
-from llama_moe.server.audit import check_audit
-from llama_moe.server.metrics import (ALL_SERIES, PREFIX, MetricsError, MoeCacheMetrics, ServerError,
-                                      UPLOAD_LINE_RE, fetch_server_metrics, parse_moe_cache,
-                                      parse_prometheus, parse_request_log_line, parse_server_metrics)
+from llama_moe.tools.server.audit import check_audit
+from llama_moe.tools.server.metrics import (ALL_SERIES, PREFIX, MetricsError, MoeCacheMetrics, ServerError,
+                                            UPLOAD_LINE_RE, fetch_server_metrics, parse_moe_cache,
+                                            parse_prometheus, parse_request_log_line, parse_server_metrics)
 
 # What llama-server --metrics writes, trimmed to two layers; values as its C++ stream prints doubles.
 METRICS = """\

@@ -13,8 +13,8 @@ import pytest
 import requests
 
 from llama_moe.formats.audit import ExitRecord, ReadyRecord, RequestRecord, read_audit
-from llama_moe.server.audit import check_audit
-from llama_moe.server.metrics import parse_moe_cache, parse_prometheus, parse_request_log_line
+from llama_moe.tools.server.audit import check_audit
+from llama_moe.tools.server.metrics import parse_moe_cache, parse_prometheus, parse_request_log_line
 from support.llama_server import find_server_binary, start_server, stop_server
 
 N_REQUESTS = 40
@@ -140,7 +140,7 @@ def test_the_sequences_series_add_up_to_the_totals(soak) -> None:
 
 
 def test_the_own_part_of_the_request_line_is_parsed() -> None:
-    from llama_moe.server.metrics import OwnShare, parse_request_log_line
+    from llama_moe.tools.server.metrics import OwnShare, parse_request_log_line
 
     up = parse_request_log_line("0.08.054.425 I MoE cache hits = 59.2 % (255 hit, 0 from the profile, 109 uploaded: "
                                 "2.7 MiB, 0.06 GiB/s), 67 refused; own: 50.0 % (40 hit, 30 uploaded: 0.7 MiB, 10 refused)")

@@ -112,7 +112,7 @@ def test_four_slots_and_two_hundred_requests(server_binary, tiny_model_path, tmp
         return r.status_code
 
     def watch(stop: threading.Event) -> None:
-        from llama_moe.server.metrics import parse_moe_cache
+        from llama_moe.tools.server.metrics import parse_moe_cache
 
         while not stop.is_set():
             m = parse_moe_cache(requests.get(url + "/metrics", timeout=30).text)
@@ -162,7 +162,7 @@ def test_admission_in_the_server_counts_and_is_audited(server_binary, tiny_model
         r = requests.post(f"{url}/completion", json={"prompt": "The ship left the harbour", "n_predict": 48,
                                                       "temperature": 0.8, "seed": 1}, timeout=120)
         assert r.status_code == 200, r.text
-        from llama_moe.server.metrics import parse_moe_cache
+        from llama_moe.tools.server.metrics import parse_moe_cache
         metrics = parse_moe_cache(requests.get(f"{url}/metrics", timeout=30).text)
     finally:
         stop_server(proc)

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from llama_moe.experts import expert_layout
-from llama_moe.routing.budget import cache_bytes_for_slots
+from llama_moe.tools.experts import expert_layout
+from llama_moe.tools.routing.budget import cache_bytes_for_slots
 
 
 def mib_for_slots(path: Path, slots: int, hybrid: bool = False) -> float:

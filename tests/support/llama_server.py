@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from llama_moe.server import process as server_process
-from llama_moe.server.process import free_port
+from llama_moe.tools.server import process as server_process
+from llama_moe.tools.server.process import free_port
 
 
 # Our patches' llama-server options (0002-0005): the tests' servers use them all.

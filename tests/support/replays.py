@@ -3,10 +3,10 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from llama_moe.routing.policies import LruLoopReplay, PolicyResult
-from llama_moe.routing.policies.base import drive
-from llama_moe.routing.ranking import CHUNK_TOKENS
-from llama_moe.routing.routes import Routes
+from llama_moe.tools.routing.policies import LruLoopReplay, PolicyResult
+from llama_moe.tools.routing.policies.base import drive
+from llama_moe.tools.routing.ranking import CHUNK_TOKENS
+from llama_moe.tools.routing.routes import Routes
 
 
 def lru_slot_by_slot(routes: Routes, slots: dict[int, int], n_expert: int,

@@ -14,7 +14,7 @@ import pytest
 
 from llama_moe.errors import RpcServerError
 from llama_moe.rpc import greet, parse_endpoint
-from llama_moe.server.process import free_port
+from llama_moe.tools.server.process import free_port
 
 RPC_SERVER = "ggml-rpc-server"
 ADDRESS_SPACE_BYTES = 4 << 30  # a tiny model's layers and compute buffers need far less; a runaway is stopped

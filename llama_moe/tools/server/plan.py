@@ -1,0 +1,245 @@
+"""Serving a MoE model with llama-server, the cache sized to the GPU's free memory (``python -m llama_moe serve``).
+
+The plan: everything but the experts on the GPU (-ngl 999), the experts in RAM (--cpu-moe), and as much of
+them cached as fits next to the dense weights, the KV cache of the requested context, the compute buffers
+and a margin.
+"""
+from __future__ import annotations
+
+import ipaddress
+import math
+import os
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import ServePlanError
+from ..experts import expert_layout
+from ...gguf_files.reader import read_gguf
+
+MiB = 2**20
+# llama-server reads its key from this variable (its --api-key's environment name): a key on a command line is
+# visible to every user of the machine in ps
+API_KEY_ENV = "LLAMA_API_KEY"
+
+
+@dataclass(frozen=True)
+class ServePlan:
+    gpu: str | None
+    gpu_free_mib: float | None
+    dense_mib: float           # non-expert weights, on the GPU
+    experts_mib: float         # all experts, in RAM
+    kv_mib: float              # K and V for n_ctx tokens, f16
+    compute_mib: float         # an estimate of llama.cpp's compute buffers for the ubatch
+    margin_mib: float
+    cache_mib: float           # what the MoE cache gets
+    cache_pct: float           # of the experts
+    n_ubatch: int
+    command: tuple[str, ...]
+    cache_where: str = ""          # where the cache is, or why there is none ("off: ...")
+    notes: tuple[str, ...] = ()    # what the plan did not do as asked, and why
+    api_key_env: bool = False      # the key goes to llama-server in $LLAMA_API_KEY (never in the command)
+    warnings: tuple[str, ...] = ()  # what the server will do that its user may not want (listening without a key)
+
+    @property
+    def cache_on(self) -> bool:
+        return self.cache_mib > 0 and not self.cache_where.startswith("off")
+
+    def describe(self) -> str:
+        size = f"{self.cache_mib:.0f}" if self.cache_mib >= 100 else f"{self.cache_mib:.3g}"  # 1.5 MiB, not 2
+        cache = (f"MoE cache {size} MiB ({self.cache_pct:.0f}% of them), {self.cache_where}" if self.cache_on
+                 else f"MoE cache {self.cache_where}")
+        lines = [f"GPU          {self.gpu or 'none'}" + (f", {self.gpu_free_mib:.0f} MiB free" if self.gpu_free_mib is not None else ""),
+                 f"dense        {self.dense_mib:9.0f} MiB on the GPU",
+                 f"KV cache     {self.kv_mib:9.0f} MiB",
+                 f"compute      {self.compute_mib:9.0f} MiB (ubatch {self.n_ubatch})",
+                 f"margin       {self.margin_mib:9.0f} MiB",
+                 f"experts      {self.experts_mib:9.0f} MiB in RAM; {cache}"]
+        lines += [f"note         {n}" for n in self.notes]
+        lines += [f"warning      {w}" for w in self.warnings]
+        env = f"{API_KEY_ENV}=(the key, hidden) " if self.api_key_env else ""
+        lines.append("command      " + env + " ".join(shlex.quote(c) for c in self.command))
+        return "\n".join(lines)
+
+
+def _passed_cache_mib(extra: tuple[str, ...]) -> float | None:
+    """The --moe-cache-mib given after "--" (llama-server takes the last one), or None."""
+    value = None
+    for i, a in enumerate(extra):
+        if a == "--moe-cache-mib":
+            if i + 1 >= len(extra):
+                raise ServePlanError("-- --moe-cache-mib needs a value (MiB)")
+            value = extra[i + 1]
+        elif a.startswith("--moe-cache-mib="):
+            value = a.split("=", 1)[1]
+    if value is None:
+        return None
+    try:
+        mib = float(value)
+    except ValueError:
+        raise ServePlanError(f"-- --moe-cache-mib {value}: not a number of MiB") from None
+    if not math.isfinite(mib) or mib < 0:
+        raise ServePlanError(f"-- --moe-cache-mib {value}: must be a finite number >= 0")
+    return mib
+
+
+def _cache_device_note() -> str:
+    """Where llama-server puts a cache on a machine without a GPU (llama-moe-config reads the same variable)."""
+    device = os.environ.get("LLAMA_MOE_CACHE_DEVICE", "")
+    if device.upper() == "CPU":
+        return "in RAM (LLAMA_MOE_CACHE_DEVICE=CPU: it checks the cache, it makes nothing faster)"
+    if device:
+        return f"on {device} (LLAMA_MOE_CACHE_DEVICE)"
+    return ""
+
+
+def is_loopback(host: str) -> bool:
+    """Whether llama-server's --host reaches this machine alone: a loopback address (127.0.0.0/8, ::1), localhost,
+    or a UNIX socket (a path ending in .sock). Any other name or address (0.0.0.0 listens on every interface)
+    is reachable from the network."""
+    if host.lower() == "localhost" or host.endswith(".sock"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def exposure_warning(host: str, port: int, api_key: str | None) -> str:
+    """A warning when the server listens beyond this machine without a key ("" otherwise)."""
+    if api_key or is_loopback(host):
+        return ""
+    return (f"--host {host} listens beyond this machine and no API key is set: anyone who reaches port {port} can use "
+            f"the server; set {API_KEY_ENV} (or --api-key), or listen on 127.0.0.1")
+
+
+def _kv_mib(path: Path, n_ctx: int) -> float:
+    g = read_gguf(path)
+    arch = g.architecture or ""
+    n_layer = int(g.get(f"{arch}.block_count", 0))
+    n_head = int(g.get(f"{arch}.attention.head_count", 1) or 1)
+    n_head_kv = int(g.get(f"{arch}.attention.head_count_kv", n_head) or n_head)
+    n_embd = int(g.get(f"{arch}.embedding_length", 0))
+    k = int(g.get(f"{arch}.attention.key_length", n_embd // max(n_head, 1)))
+    v = int(g.get(f"{arch}.attention.value_length", k))
+    return n_layer * n_ctx * n_head_kv * (k + v) * 2 / MiB
+
+
+def plan_serve(model: Path, server: Path, *, gpu_free_mib: float | None, gpu_name: str | None, n_ctx: int = 32768,
+               parallel: int = 1, favor: str = "generation", ubatch: int | None = None, cache_mib: float | None = None,
+               min_cache_mib: float = 1500, margin_mib: float = 400, profile: str | None = None, hybrid: bool = False,
+               api_key: str | None = None, alias: str | None = None, host: str = "127.0.0.1", port: int = 8080,
+               threads: int | None = None, extra: tuple[str, ...] = ()) -> ServePlan:
+    if n_ctx < 256 or parallel < 1:
+        raise ServePlanError(f"--ctx must be >= 256 and --parallel >= 1, got {n_ctx} and {parallel}")
+    if n_ctx > 1 << 24 or parallel > 1024:
+        raise ServePlanError(f"--ctx must be at most {1 << 24} and --parallel at most 1024, got {n_ctx} and {parallel}")
+    for flag, value in (("--cache-mib", cache_mib), ("--min-cache-mib", min_cache_mib), ("--margin-mib", margin_mib)):
+        if value is not None and not value >= 0:  # also NaN
+            raise ServePlanError(f"{flag} must be >= 0, got {value:g}")
+        if value is not None and not value <= 1 << 24:  # also infinity
+            raise ServePlanError(f"{flag} must be at most {1 << 24} (16 TiB), got {value:g}")
+    if cache_mib == 0:
+        raise ServePlanError("--cache-mib 0 turns the cache off: serve the model with llama-server directly, or leave "
+                             "--cache-mib out to fit the cache to the GPU")
+    if ubatch is not None and not 1 <= ubatch <= 1 << 16:
+        raise ServePlanError(f"--ubatch must be from 1 to {1 << 16} or auto, got {ubatch}")
+    if threads is not None and threads < 1:
+        raise ServePlanError(f"--threads must be >= 1 or auto, got {threads}")
+    if threads is not None and threads > 1024:
+        raise ServePlanError(f"--threads must be at most 1024 or auto, got {threads}")
+    if not 0 < port < 65536:
+        raise ServePlanError(f"--port must be from 1 to 65535, got {port}")
+    if hybrid and not profile and "--moe-cache-adaptive" not in extra and "--moe-cache-admit" not in extra:
+        raise ServePlanError("--hybrid needs --profile (or '-- --moe-cache-adaptive' or '-- --moe-cache-admit N'): "
+                             "without one the hybrid cache "
+                             "stays empty, and the CPU computes every expert")
+    if profile and not Path(profile).is_file():
+        raise ServePlanError(f"--profile {profile}: no such file")
+    layout = expert_layout(model)
+    if not layout.layers:
+        raise ServePlanError(f"{model}: has no expert tensors; it is not a MoE model, serve it with llama-server directly")
+    experts = layout.total_expert_bytes / MiB
+    dense = (model.stat().st_size - layout.total_expert_bytes) / MiB
+    kv = _kv_mib(model, n_ctx)
+    # bigger ubatches process prompts faster and need bigger compute buffers
+    n_ubatch = ubatch or (2048 if favor == "prompt" else 512)
+    compute = 0.5 * n_ubatch + 300  # llama.cpp's compute buffers grow about linearly with the ubatch
+    passed_mib = _passed_cache_mib(extra)
+    notes: list[str] = []
+    where = f"on {gpu_name}" if gpu_name else ""
+    if gpu_free_mib is None:
+        cache = 0.0
+        device = _cache_device_note()
+        if cache_mib and not device:
+            raise ServePlanError("--cache-mib needs a GPU, and none is visible (the experts stay in RAM without a cache; "
+                                 "LLAMA_MOE_CACHE_DEVICE=CPU runs the cache in RAM, for testing)")
+        if cache_mib:  # the cache on the device LLAMA_MOE_CACHE_DEVICE names (CPU: in RAM), at the size asked for
+            cache, where = cache_mib, device
+            if passed_mib is not None:
+                notes.append(f"-- --moe-cache-mib {passed_mib:g} replaces --cache-mib {cache_mib:g}")
+                cache = passed_mib
+                where = where if passed_mib > 0 else "off: -- --moe-cache-mib 0"
+        elif passed_mib is not None:
+            cache = passed_mib
+            where = (device or "off: no GPU is visible, and llama-server turns a cache without one off "
+                               "(LLAMA_MOE_CACHE_DEVICE=CPU runs it in RAM, for testing)")
+            where = where if passed_mib > 0 else "off: -- --moe-cache-mib 0"
+        else:
+            where = "off: no GPU is visible, so the experts are read from RAM for every token"
+    else:
+        room = gpu_free_mib - dense - kv - compute - margin_mib
+        if room < 0:
+            raise ServePlanError(
+                f"{model.name} does not fit {gpu_name}: {gpu_free_mib:.0f} MiB free, but the dense weights need {dense:.0f}, "
+                f"the KV cache of {n_ctx} tokens {kv:.0f}, compute {compute:.0f} and the margin {margin_mib:.0f} MiB. "
+                f"Ask for a smaller --ctx")
+        cache = min(room, experts) if cache_mib is None else cache_mib
+        if cache_mib is not None and cache_mib > room:
+            raise ServePlanError(f"--cache-mib {cache_mib:.0f} does not fit: {room:.0f} MiB are left on {gpu_name} "
+                                 f"after the dense weights, the KV cache, compute and the margin")
+        if cache < min_cache_mib and cache < experts:
+            raise ServePlanError(f"only {cache:.0f} MiB are left for the MoE cache on {gpu_name}, less than --min-cache-mib "
+                                 f"{min_cache_mib:.0f}; lower --ctx or --min-cache-mib")
+        if passed_mib is not None:
+            notes.append(f"-- --moe-cache-mib {passed_mib:g} replaces the fitted {cache:.0f} MiB")
+            cache = passed_mib
+            where = where if passed_mib > 0 else "off: -- --moe-cache-mib 0"
+    cache_on = cache > 0 and not where.startswith("off")
+    if not cache_on:
+        dropped = [f for f, on in (("--profile", profile), ("--hybrid", hybrid)) if on]
+        if dropped:
+            notes.append(f"{' and '.join(dropped)} not passed: they need the MoE cache, which is off")
+    cmd = [str(server), "-m", str(model), "-ngl", "999", "-fit", "off", "--cpu-moe", "-c", str(n_ctx), "-np", str(parallel),
+           "-ub", str(n_ubatch), "-b", str(max(n_ubatch, 2048)), "--host", host, "--port", str(port), "--metrics"]
+    if cache_on:
+        if passed_mib is None:  # a size asked for as it is (fractions of a MiB too), a fitted one in whole MiB
+            cmd += ["--moe-cache-mib", f"{cache_mib:g}" if cache_mib else str(int(cache))]
+        if profile:
+            cmd += ["--moe-cache-profile", profile]
+        if hybrid:
+            cmd += ["--moe-cache-hybrid"]
+    if threads:
+        cmd += ["-t", str(threads)]
+    if alias:
+        cmd += ["--alias", alias]
+    cmd += list(extra)
+    if any(a == "--api-key" or a.startswith("--api-key=") for a in extra):
+        raise ServePlanError("-- --api-key would show the key to every user in ps: set LLAMA_API_KEY (or --api-key "
+                             "of serve), which reaches llama-server through its environment")
+    exposed = exposure_warning(host, port, api_key)
+    return ServePlan(gpu_name, gpu_free_mib, dense, experts, kv, compute, margin_mib, cache,
+                     100 * cache / experts if experts else 0.0, n_ubatch, tuple(cmd), where, tuple(notes),
+                     bool(api_key), (exposed,) if exposed else ())
+
+
+def plan_for_gpu(model: Path, **options: Any) -> ServePlan:
+    """``plan_serve`` for the first GPU the library sees (none: no cache) and the llama-server built with it."""
+    from ...devices import gpus
+    from .process import server_binary
+
+    server = server_binary()
+    g = gpus()
+    return plan_serve(model, server, gpu_free_mib=g[0].mib_free if g else None, gpu_name=g[0].name if g else None,
+                      **options)
