@@ -27,12 +27,6 @@ PROMPT = "The ship left the harbour at dawn, and the crew"
 N_GEN = 24
 
 
-@pytest.fixture(autouse=True)
-def layers_own_devices(monkeypatch: pytest.MonkeyPatch) -> None:
-    """No device forced on the cache: each layer's slots go where the layer is."""
-    monkeypatch.delenv("LLAMA_MOE_CACHE_DEVICE", raising=False)
-
-
 @pytest.fixture(scope="module")
 def rpc_pair(lib, tmp_path_factory: pytest.TempPathFactory):
     """Two rpc-servers on 127.0.0.1, stopped at the module's end (and killed with the test run)."""
