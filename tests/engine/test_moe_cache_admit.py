@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from llama_moe import Context, ContextParams, Model, ModelParams, Sampling
+from llama_moe import Context, ContextParams, Model, ModelParams, MoeCacheWarning, Sampling
 from llama_moe.errors import ParameterError
 from llama_moe.experts import expert_layout
 from llama_moe.formats.trace import RoutingRecord
@@ -213,10 +213,25 @@ def test_admission_chosen_by_the_engine(lib, tiny_model_path, caplog, background
     ({"moe_cache_admit": "fast"}, "moe_cache_admit must be \"auto\" or a whole number of experts"),
     ({"moe_cache_admit": 2.5}, "moe_cache_admit must be \"auto\" or a whole number of experts"),
     ({"moe_cache_admit": True}, "moe_cache_admit must be \"auto\" or a whole number of experts"),
-    ({"moe_cache_admit": "auto", "moe_cache_hybrid": False}, "needs moe_cache_hybrid=True"),
-    ({"moe_cache_admit": 2, "moe_cache_hybrid": False}, "needs moe_cache_hybrid=True"),
 ])
 def test_bad_admission_settings_are_refused(kw, why) -> None:
     base = {"moe_cache_mib": 4, "moe_cache_hybrid": True}
     with pytest.raises(ParameterError, match=why):
         ContextParams(moe_cache_device="CPU", **{**base, **kw}).validate()
+
+
+@pytest.mark.parametrize("admit", ["auto", 2])
+def test_admission_without_the_hybrid_is_the_engines_to_refuse(lib, tiny_model_path, admit) -> None:
+    """Admission needs the hybrid: Python takes the value (its type and range are right), the engine drops it
+    with its reason in the status, and the upload cache runs."""
+    cp = ContextParams(moe_cache_device="CPU", n_ctx=256, moe_cache_mib=mib_for_slots(tiny_model_path, SLOTS),
+                       moe_cache_admit=admit)
+    cp.validate()
+    with Model(tiny_model_path, RAM) as model:
+        with pytest.warns(MoeCacheWarning, match="--moe-cache-admit without --moe-cache-hybrid is ignored"):
+            ctx = Context(model, cp)
+        with ctx:
+            status = ctx.cache_status()
+            list(ctx.generate(PROMPT, 8, SAMPLING, stop_at_eog=False))
+            assert ctx.moe_cache_stats().n_admit == 0
+    assert (status.state, status.mode, status.reasons) == ("partial", "upload", ("option_ignored",))

@@ -92,7 +92,7 @@ def test_layers_held_whole_run_on_the_cache_only(lib, tiny_model_path, caplog) -
 def test_adaptive_without_hybrid_is_ignored_with_a_warning(lib, tiny_model_path, caplog) -> None:
     caplog.set_level(logging.WARNING, logger="llama_moe.native")
     with Model(tiny_model_path, RAM) as model:
-        with pytest.warns(MoeCacheWarning, match="moe_cache_adaptive is ignored without moe_cache_hybrid"), \
+        with pytest.warns(MoeCacheWarning, match="--moe-cache-adaptive without --moe-cache-hybrid is ignored"), \
              Context(model, ContextParams(moe_cache_device="CPU", n_ctx=256, moe_cache_mib=mib_for_slots(tiny_model_path, 8),
                                           moe_cache_adaptive=True)) as ctx:
             assert ctx.moe_cache_stats() is not None

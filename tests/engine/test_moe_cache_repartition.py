@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from llama_moe import Context, ContextParams, Model, ModelParams, Sampling
+from llama_moe import Context, ContextParams, Model, ModelParams, MoeCacheWarning, Sampling
 from llama_moe.errors import ParameterError
 from llama_moe.experts import expert_layout
 from llama_moe.formats.trace import RoutingRecord
@@ -108,10 +108,22 @@ def test_repartition_with_expert_biases_changes_no_token(lib, gpt_oss_path) -> N
 
 @pytest.mark.parametrize("kw, why", [
     (dict(moe_cache_repartition=-1), "moe_cache_repartition must be a whole number of decodes"),
-    (dict(moe_cache_repartition=16, moe_cache_admit=0), "moe_cache_repartition=16 needs moe_cache_admit"),
     (dict(moe_cache_repartition=True), "moe_cache_repartition must be"),
 ])
 def test_bad_repartition_settings_are_refused(kw, why) -> None:
     base = dict(moe_cache_mib=4, moe_cache_hybrid=True, moe_cache_admit=2)
     with pytest.raises(ParameterError, match=why):
         ContextParams(moe_cache_device="CPU", **{**base, **kw}).validate()
+
+
+def test_repartition_without_admission_is_the_engines_to_refuse(lib, tiny_model_path) -> None:
+    """Repartition follows the admitting hybrid's miss curves: without admission the engine drops it, says why
+    and keeps the reason in the status; the slots stay as sized."""
+    cp = ContextParams(moe_cache_device="CPU", n_ctx=1024, moe_cache_mib=mib_for_slots(tiny_model_path, SLOTS, hybrid=True),
+                       moe_cache_hybrid=True, moe_cache_repartition=PERIOD)
+    with Model(tiny_model_path, RAM) as model:
+        with pytest.warns(MoeCacheWarning, match=f"--moe-cache-repartition {PERIOD} needs the admitting hybrid"):
+            ctx = Context(model, cp)
+        with ctx:
+            status = ctx.cache_status()
+    assert status.mode == "hybrid" and "option_ignored" in status.reasons
