@@ -11,7 +11,7 @@ the sequences together; "on the CPU" is the share of the cache's lookups upload 
 CPU (n_cpu: a ubatch that selects more distinct experts of a layer than its slots takes what the slots serve
 and leaves the rest to the CPU; 0 with ``--hybrid``, whose misses all run there). "cache" is the upload cache
 (or ``--hybrid``) at ``--slots`` slots per layer; on a
-machine without a GPU the cache device is the CPU (LLAMA_MOE_CACHE_DEVICE=CPU is set when unset), which
+machine without a GPU the cache device is the CPU (--cache-device CPU, the default without a GPU), which
 exercises the cache's path without making anything faster. Without MODEL: the embedded tiny synthetic model.
 Prints a Markdown table.
 """
@@ -29,6 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 from llama_moe import Context, ContextParams, Model, ModelParams, MoeCacheStats  # noqa: E402
 from llama_moe.tools.default_model import default_model_path  # noqa: E402
+from llama_moe.devices import gpus  # noqa: E402
 from llama_moe.tools.experts import expert_layout  # noqa: E402
 from llama_moe.tools.routing.budget import mib_for_slots  # noqa: E402
 from llama_moe.tools.synth.corpus import load_corpus, paragraphs  # noqa: E402
@@ -62,8 +63,9 @@ def main() -> None:
     ap.add_argument("--hybrid", action="store_true")
     ap.add_argument("--threads", type=int)
     ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--cache-device", help="the device that holds the cache (default: the GPU; without one, CPU)")
     args = ap.parse_args()
-    os.environ.setdefault("LLAMA_MOE_CACHE_DEVICE", "CPU")
+    device = args.cache_device or (None if gpus() else "CPU")
 
     path = Path(args.model) if args.model else default_model_path()
     seqs = [int(s) for s in args.seqs.split(",")]
@@ -73,7 +75,7 @@ def main() -> None:
     print(f"# batch decode: {path.name}, {layout.n_moe_layers} MoE layers x {layout.n_expert} experts "
           f"(top-{layout.n_expert_used}), {args.n} tokens a sequence, greedy")
     print(f"{datetime.date.today()}, {platform.machine()}, {os.cpu_count()} CPUs, threads {args.threads or 'default'}, "
-          f"cache: {cache}, {args.slots} slots a layer ({mib:.1f} MiB) on {os.environ['LLAMA_MOE_CACHE_DEVICE']}\n")
+          f"cache: {cache}, {args.slots} slots a layer ({mib:.1f} MiB) on {device or 'the GPU'}\n")
     print("| sequences | no cache tok/s | cache tok/s | hit rate | on the CPU | speed-up vs 1 sequence (no cache / cache) |")
     print("|---:|---:|---:|---:|---:|---:|")
     base: tuple[float, float] | None = None
@@ -82,7 +84,8 @@ def main() -> None:
             n_ctx = n_seq * (args.n + 64)
             common = dict(n_ctx=n_ctx, n_seq_max=n_seq, n_threads=args.threads)
             plain, _ = run(model, ContextParams(**common), n_seq, args.n, args.repeat)
-            cached, stats = run(model, ContextParams(**common, moe_cache_mib=mib, moe_cache_hybrid=args.hybrid),
+            cached, stats = run(model, ContextParams(**common, moe_cache_mib=mib, moe_cache_hybrid=args.hybrid,
+                                                       moe_cache_device=device),
                                n_seq, args.n, args.repeat)
             base = base or (plain, cached)
             hit, on_cpu = ((f"{stats.hit_rate:.3f}", f"{stats.n_cpu / max(stats.n_lookup, 1):.3f}")

@@ -1,6 +1,6 @@
 """Hit rate of the first tokens after a conversation is resumed from a saved session, with its working set
-brought back into the cache (warm) or not (cold), on the real engine (the cache in RAM on a CPU build,
-LLAMA_MOE_CACHE_DEVICE=CPU): a hybrid admitting 2 experts per layer and decode at a quarter and half of the
+brought back into the cache (warm) or not (cold), on the real engine (the cache in RAM,
+moe_cache_device="CPU"): a hybrid admitting 2 experts per layer and decode at a quarter and half of the
 experts, the embedded tiny model, one conversation per topic of the corpus (its first 400 tokens and 32 generated,
 then the session saved; then the next 64 tokens in a fresh context).
 
@@ -9,12 +9,9 @@ then the session saved; then the next 64 tokens in a fresh context).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import tempfile
 from pathlib import Path
-
-os.environ.setdefault("LLAMA_MOE_CACHE_DEVICE", "CPU")
 
 from llama_moe import Context, ContextParams, Model, ModelParams, Sampling  # noqa: E402
 from llama_moe.tools.experts import expert_layout  # noqa: E402
@@ -39,7 +36,8 @@ def main() -> int:
         for pct in (25, 50):
             slots = layout.n_expert * pct // 100
             mib = (cache_bytes_for_slots(layout, slots, True) + layout.layers[0].bytes_per_expert // 2) / 2**20
-            cp = ContextParams(n_ctx=2048, n_threads=2, moe_cache_mib=mib, moe_cache_hybrid=True, moe_cache_admit=2)
+            cp = ContextParams(n_ctx=2048, n_threads=2, moe_cache_mib=mib, moe_cache_hybrid=True, moe_cache_admit=2,
+                               moe_cache_device="CPU")
             rates: dict[bool, list[float]] = {False: [], True: []}
             for i, topic in enumerate(TOPICS):
                 text = corpus[topic]

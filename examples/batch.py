@@ -1,8 +1,8 @@
 """Several prompts generated together in one context: one batch a step, each prompt with its own sampler.
 
 python examples/batch.py [MODEL.gguf] [--cache-mib 4096] [-n 48] [--prompt TEXT ...]
-(without MODEL: the embedded tiny synthetic model and four sample prompts; on a machine without a GPU set
-LLAMA_MOE_CACHE_DEVICE=CPU to run the cache in RAM)
+(without MODEL: the embedded tiny synthetic model and four sample prompts; on a machine without a GPU give
+--cache-device CPU to run the cache in RAM)
 """
 from __future__ import annotations
 
@@ -20,13 +20,15 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("model", nargs="?")
     ap.add_argument("--cache-mib", type=float, default=0)
+    ap.add_argument("--cache-device", help="the device that holds the cache (default: the GPU; CPU: in RAM)")
     ap.add_argument("-n", type=int, default=48, help="most tokens a prompt")
     ap.add_argument("--prompt", action="append", default=None, help="a prompt (repeat for several)")
     args = ap.parse_args()
     prompts = args.prompt or PROMPTS
 
     path = args.model or default_model_path()
-    params = ContextParams(n_ctx=len(prompts) * 512, n_seq_max=len(prompts), moe_cache_mib=args.cache_mib)
+    params = ContextParams(n_ctx=len(prompts) * 512, n_seq_max=len(prompts), moe_cache_mib=args.cache_mib,
+                           moe_cache_device=args.cache_device)
     with Model(path, ModelParams(cpu_moe=True, repack=False)) as model, Context(model, params) as ctx:
         # one sampler a prompt: different seeds, the last one greedy; each stops at its own end
         samplings = [Sampling(temperature=0.8, seed=i) for i in range(len(prompts) - 1)] + [Sampling()]

@@ -2,8 +2,8 @@
 
 python examples/chat.py [MODEL.gguf] [--cache-mib 4096] [-n 96] [--template chatml] [--user TEXT ...]
 (without MODEL: the embedded tiny synthetic model, which writes corpus-like prose rather than answers; each
---user is one turn, the answers kept in the conversation; on a machine without a GPU set
-LLAMA_MOE_CACHE_DEVICE=CPU to run the cache in RAM)
+--user is one turn, the answers kept in the conversation; on a machine without a GPU give --cache-device CPU
+to run the cache in RAM)
 """
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("model", nargs="?")
     ap.add_argument("--cache-mib", type=float, default=0)
+    ap.add_argument("--cache-device", help="the device that holds the cache (default: the GPU; CPU: in RAM)")
     ap.add_argument("-n", type=int, default=96, help="most tokens an answer")
     ap.add_argument("--template", help="a template the model names, or one of llama.cpp's (default: the model's)")
     ap.add_argument("--system", default="You are a helpful assistant.")
@@ -28,7 +29,7 @@ def main() -> None:
 
     path = args.model or default_model_path()
     with Model(path, ModelParams(cpu_moe=True, repack=False)) as model, \
-         Context(model, ContextParams(moe_cache_mib=args.cache_mib)) as ctx:
+         Context(model, ContextParams(moe_cache_mib=args.cache_mib, moe_cache_device=args.cache_device)) as ctx:
         messages = [{"role": "system", "content": args.system}]
         for text in turns:
             messages.append({"role": "user", "content": text})

@@ -1,8 +1,8 @@
 """Stream a generation from a MoE model whose experts stay in RAM, with a VRAM expert cache.
 
 python examples/generate.py MODEL.gguf [--cache-mib 4096] [--profile P.strp] [-n 128]
-(without MODEL: the embedded tiny synthetic model; on a machine without a GPU set LLAMA_MOE_CACHE_DEVICE=CPU
-to run the cache in RAM, which exercises it without making anything faster)
+(without MODEL: the embedded tiny synthetic model; on a machine without a GPU give --cache-device CPU to run
+the cache in RAM, which exercises it without making anything faster)
 """
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ def main() -> None:
     ap.add_argument("model", nargs="?")
     ap.add_argument("--cache-mib", type=float, default=0)
     ap.add_argument("--profile")
+    ap.add_argument("--cache-device", help="the device that holds the cache (default: the GPU; CPU: in RAM)")
     ap.add_argument("-n", type=int, default=128)
     ap.add_argument("--prompt", default="The ship left the harbour at dawn, and the crew")
     args = ap.parse_args()
@@ -24,7 +25,8 @@ def main() -> None:
     path = args.model or default_model_path()
     # repack=False keeps the experts in their file layout, which the cache copies from
     with Model(path, ModelParams(cpu_moe=True, repack=False)) as model, \
-         Context(model, ContextParams(moe_cache_mib=args.cache_mib, moe_cache_profile=args.profile)) as ctx:
+         Context(model, ContextParams(moe_cache_mib=args.cache_mib, moe_cache_profile=args.profile,
+                                      moe_cache_device=args.cache_device)) as ctx:
         print(args.prompt, end="", flush=True)
         pending = b""
         for token in ctx.generate(args.prompt, max_tokens=args.n, sampling=Sampling(temperature=0.7, seed=1)):

@@ -1,8 +1,8 @@
 """Save a conversation with its experts and resume it in a fresh context, warm.
 
 python examples/sessions.py [MODEL.gguf] [--cache-mib 4096] [--admit 2] [-n 32] [--path conversation.session]
-(without MODEL: the embedded tiny synthetic model; on a machine without a GPU set LLAMA_MOE_CACHE_DEVICE=CPU to
-run the cache in RAM)
+(without MODEL: the embedded tiny synthetic model; on a machine without a GPU give --cache-device CPU to run
+the cache in RAM)
 """
 from __future__ import annotations
 
@@ -20,11 +20,13 @@ def main() -> None:
     ap.add_argument("model", nargs="?")
     ap.add_argument("--cache-mib", type=float, default=2)
     ap.add_argument("--admit", type=int, default=2, help="missed experts admitted per layer and decode")
+    ap.add_argument("--cache-device", help="the device that holds the cache (default: the GPU; CPU: in RAM)")
     ap.add_argument("-n", type=int, default=32, help="tokens before and after the resume")
     ap.add_argument("--path", type=Path, help="where to save the session (default: a temporary file)")
     args = ap.parse_args()
     path = args.path or Path(tempfile.mkdtemp()) / "conversation.session"
-    cp = ContextParams(moe_cache_mib=args.cache_mib, moe_cache_hybrid=True, moe_cache_admit=args.admit)
+    cp = ContextParams(moe_cache_mib=args.cache_mib, moe_cache_hybrid=True, moe_cache_admit=args.admit,
+                       moe_cache_device=args.cache_device)
     sampling = Sampling(temperature=0.8, seed=1)
     with Model(args.model or default_model_path(), ModelParams(cpu_moe=True, repack=False)) as model:
         with Context(model, cp) as ctx:

@@ -133,8 +133,8 @@ class Context(NativeHandle):
                                "could not create the context")
         # what the engine made of the cache asked for: read once, it does not change while the context lives
         self._cache_status = read_status(lib, ptr)
-        if self.params.moe_cache_mib > 0:  # without a size, ContextParams.validate has said what does nothing
-            warn_status(self._cache_status, self.params.moe_cache_mib, stacklevel=3)
+        # every setting the engine refused, with its reason (without a size: those given for nothing)
+        warn_status(self._cache_status, self.params.moe_cache_mib, stacklevel=3)
         return ptr
 
     def cache_status(self) -> MoeCacheStatus:

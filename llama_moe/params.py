@@ -4,12 +4,13 @@ from __future__ import annotations
 import math
 import numbers
 import os
-import warnings
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from ._native.ffi import ffi
-from .errors import MoeCacheWarning, ParameterError
+from .cache_params import cache_setting, check_mib, mib_to_bytes, to_native as cache_to_native
+from .cache_params import check as check_cache_setting, settings as cache_settings
+from .errors import ParameterError
 
 # llama.cpp's own patterns (common/common.h, LLM_FFN_EXPS_REGEX): the expert tensors of every MoE architecture.
 EXPERTS_REGEX = r"\.ffn_(up|down|gate|gate_up)_(ch|)exps"
@@ -19,11 +20,6 @@ INT32_MAX = 2**31 - 1
 UINT32_MAX = 2**32 - 1
 MiB = 2**20
 LLAMA_MAX_SEQ = 256  # llama.cpp's src/llama-cparams.h
-
-
-def mib_to_bytes(mib: float) -> int:
-    """The byte count a MiB figure becomes: ContextParams.moe_cache_mib as llama.cpp's --moe-cache-mib takes it."""
-    return int(mib * MiB)
 
 
 def check_whole(name: str, value: Any, low: int, high: int, what: str = "") -> int:
@@ -197,7 +193,12 @@ class ModelParams:
 
 @dataclass
 class ContextParams:
-    """How a context runs. ``None`` for a thread count means one thread per core."""
+    """How a context runs. ``None`` for a thread count means one thread per core.
+
+    The ``moe_cache_*`` fields are the MoE expert cache's settings, one for each field of the engine's
+    ``llama_moe_cache_params`` (llama_moe.cache_params): ``None`` leaves the engine's default. Python checks
+    their types and ranges; what cannot apply with the others the engine refuses, with a ``MoeCacheWarning``
+    that says why, and ``Context.cache_status()`` keeps every reason."""
 
     n_ctx: int = 4096
     n_batch: int = 2048
@@ -210,25 +211,48 @@ class ContextParams:
     no_perf: bool = False
     # the MoE expert cache (patch 0002): size in MiB (0 = off), a profile to fill it from, and its modes
     moe_cache_mib: float = 0
-    moe_cache_profile: str | os.PathLike[str] | None = None
-    moe_cache_hybrid: bool = False
-    moe_cache_adaptive: bool = False
+    moe_cache_profile: str | os.PathLike[str] | None = cache_setting("path")
+    moe_cache_hybrid: bool = cache_setting("flag", default=False)
+    moe_cache_adaptive: bool = cache_setting("flag", default=False)
     # the hybrid uploads at most this many of each layer's missed experts between two decodes (0 = none; "auto":
     # as many as the engine measures its copies to fit in half a decode, up to 4)
-    moe_cache_admit: int | Literal["auto"] = 0
+    moe_cache_admit: int | Literal["auto"] = cache_setting("admit", 0, 9999, "a whole number of experts (0: no admission)", default=0)
     # with admission: every this many decodes the engine moves slots between layers, to where the miss curves it
     # observes gain most (0 = never: each layer keeps the slots it was sized with)
-    moe_cache_repartition: int = 0
+    moe_cache_repartition: int = cache_setting("whole", 0, 999999, "a whole number of decodes (0: never)", default=0)
     # with the hybrid: a second device (by ggml's name, e.g. "CUDA1", "RPC1") that holds experts the cache lacks and
     # computes them: the profile's next ranked after the cache's, and with admission the ones the cache evicts
     # (None: no peer tier)
-    moe_cache_peer: str | None = None
+    moe_cache_peer: str | None = cache_setting("name")
+    # the device that holds the whole cache (e.g. "CUDA1"; "CPU": in RAM, which speeds nothing up but runs every
+    # lookup, upload and counter); None: the GPUs of the model's layers
+    moe_cache_device: str | None = cache_setting("name")
+    # prompts copy the experts the cache holds from it rather than from RAM (False: as without a cache, for comparing)
+    moe_cache_copy: bool | None = cache_setting("flag")
+    # admission's uploads in the background on a stream of their own (True) or between decodes (False); None: in
+    # the background on a GPU, between decodes with the cache in RAM
+    moe_cache_admit_async: bool | None = cache_setting("tristate")
+    # the hybrid's mailbox (one-token decoding hands each layer over between the GPU and the CPU; CUDA). None: on,
+    # unless LLAMA_MOE_CACHE_NO_MAILBOX=1 (the engine's default)
+    moe_cache_mailbox: bool | None = cache_setting("flag")
+    # with moe_cache_device="CPU": the mailbox runs with the CPU as the device (its protocol, not its CUDA kernels)
+    moe_cache_mailbox_on_cpu: bool | None = cache_setting("flag")
+    # the mailbox's send writes the device's input rows, its recv adds the CPU's (False: unfused, for measuring)
+    moe_cache_mailbox_fuse: bool | None = cache_setting("flag")
+    # CPU threads for the mailbox's part of a layer (0 or None: the context's threads minus one)
+    moe_cache_mailbox_threads: int | None = cache_setting("whole", 0, 1024, "a whole number of threads (0: auto)")
+    # how long the GPU waits for the CPU's part of a layer before the decode fails (None: 10000 ms)
+    moe_cache_mailbox_timeout_ms: int | None = cache_setting("whole", 1, 3600 * 1000, "a whole number of milliseconds")
+    # bytes of expert rows each of the mailbox's threads prefetches ahead of its products (None: 4096; 0: none)
+    moe_cache_mailbox_prefetch: int | None = cache_setting("whole", 0, 1 << 30, "a whole number of bytes")
+    # of a layer's misses in one token, the share the GPU reads from the page-locked host copy itself (None: 0)
+    moe_cache_mailbox_gpu_share: float | None = cache_setting("share", 0, 1, "a share")
     # sequences decoded together (generate_batch); each has n_ctx // n_seq_max positions of its own
     n_seq_max: int = 1
 
     def validate(self) -> None:
         """Raises ParameterError naming the field for any value llama.cpp's struct cannot take or would misread
-        (uint32_t sizes, int32_t thread counts, C bools), and warns where the cache options do nothing."""
+        (uint32_t sizes, int32_t thread counts, C bools, each cache setting's type and range)."""
         check_whole("n_ctx", self.n_ctx, 0, 1 << 24, "a whole number (0: the model's own context size)")
         check_whole("n_batch", self.n_batch, 1, 1 << 24)
         check_whole("n_ubatch", self.n_ubatch, 1, 1 << 24)
@@ -240,49 +264,10 @@ class ContextParams:
             if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral)
                                       or not 1 <= value <= 1024):
                 raise ParameterError(f"{name} must be from 1 to 1024 or None, got {value!r}")
-        check_flags(self, ("flash_attn", "offload_kqv", "op_offload", "no_perf", "moe_cache_hybrid", "moe_cache_adaptive"),
-                    none_ok=("flash_attn",))
-        profile = self.moe_cache_profile
-        if profile is not None:
-            if not isinstance(profile, (str, bytes, os.PathLike)):
-                raise ParameterError(f"moe_cache_profile must be a path or None, got {profile!r}")
-            raw = os.fsencode(profile)
-            if not raw or b"\0" in raw:
-                raise ParameterError(f"moe_cache_profile must be a non-empty path without NUL, got {profile!r}")
-        if self.moe_cache_admit != "auto":
-            check_whole("moe_cache_admit", self.moe_cache_admit, 0, 9999,
-                        "\"auto\" or a whole number of experts (0: no admission)")
-        if self.moe_cache_admit and not self.moe_cache_hybrid:
-            raise ParameterError(f"moe_cache_admit={self.moe_cache_admit} needs moe_cache_hybrid=True: the upload cache "
-                                 f"already uploads every miss")
-        peer = self.moe_cache_peer
-        if peer is not None:
-            if not isinstance(peer, str) or not peer or "\0" in peer or len(peer.encode()) > 127:
-                raise ParameterError(f"moe_cache_peer must be a device's name (1 to 127 bytes, no NUL) or None, got {peer!r}")
-            if not self.moe_cache_hybrid or (self.moe_cache_profile is None and not self.moe_cache_admit):
-                raise ParameterError(f"moe_cache_peer={peer!r} needs moe_cache_hybrid=True, and a moe_cache_profile (the peer "
-                                     f"takes the experts it ranks after the cache's) or moe_cache_admit (the peer takes the "
-                                     f"experts the cache evicts)")
-        check_whole("moe_cache_repartition", self.moe_cache_repartition, 0, 999999,
-                    "a whole number of decodes (0: never)")
-        if self.moe_cache_repartition and not self.moe_cache_admit:
-            raise ParameterError(f"moe_cache_repartition={self.moe_cache_repartition} needs moe_cache_admit: the miss "
-                                 f"curves it follows are the admitting hybrid's LRU's")
-        mib = self.moe_cache_mib
-        if isinstance(mib, bool) or not isinstance(mib, numbers.Real) or not 0 <= mib <= 1 << 24:
-            raise ParameterError(f"moe_cache_mib must be a number of MiB from 0 to {1 << 24}, got {mib!r}")
-        if self.moe_cache_adaptive and not self.moe_cache_hybrid and mib:
-            # ignored, as llama.cpp ignores --moe-cache-adaptive without --moe-cache-hybrid (adaptive is a mode of the
-            # hybrid: docs/cache.md, "Adaptive")
-            warnings.warn("moe_cache_adaptive is ignored without moe_cache_hybrid=True: the upload cache is an LRU, "
-                          "which already follows the text", MoeCacheWarning, stacklevel=4)
-        if mib == 0:
-            given = [name for name in ("moe_cache_profile", "moe_cache_hybrid", "moe_cache_adaptive", "moe_cache_admit",
-                                       "moe_cache_repartition", "moe_cache_peer")
-                     if getattr(self, name) not in (None, False, 0)]
-            if given:
-                warnings.warn(f"{', '.join(given)} {'does' if len(given) == 1 else 'do'} nothing without moe_cache_mib: "
-                              f"there is no MoE cache", MoeCacheWarning, stacklevel=4)
+        check_flags(self, ("flash_attn", "offload_kqv", "op_offload", "no_perf"), none_ok=("flash_attn",))
+        check_mib(self.moe_cache_mib)
+        for name, spec in cache_settings(self):
+            check_cache_setting(name, spec, getattr(self, name))
 
     def _to_native(self, lib: Any) -> tuple[Any, list[Any]]:
         self.validate()
@@ -300,17 +285,5 @@ class ContextParams:
         p.op_offload = self.op_offload
         p.no_perf = self.no_perf
         keep: list[Any] = []
-        p.moe_cache_size = mib_to_bytes(self.moe_cache_mib)
-        if self.moe_cache_profile is not None:
-            profile = ffi.new("char[]", os.fsencode(self.moe_cache_profile))
-            keep.append(profile)
-            p.moe_cache_profile = profile
-        p.moe_cache_hybrid = self.moe_cache_hybrid
-        p.moe_cache_adaptive = self.moe_cache_adaptive
-        p.moe_cache_admit = -1 if self.moe_cache_admit == "auto" else int(self.moe_cache_admit)  # -1: the engine chooses
-        p.moe_cache_repartition = int(self.moe_cache_repartition)
-        if self.moe_cache_peer is not None:
-            peer = ffi.new("char[]", self.moe_cache_peer.encode())
-            keep.append(peer)
-            p.moe_cache_peer = peer
+        cache_to_native(self, p.moe_cache, keep)
         return p, keep

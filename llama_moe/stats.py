@@ -189,7 +189,8 @@ def cache_lines(c: Any, off_reason: str | None = None, not_as_asked: str | None 
     if c is None and off_reason:
         return [f"MoE cache    OFF: asked for, but llama.cpp went on without it: {off_reason}"]
     if c is None:
-        return ["MoE cache    none (--moe-cache-mib N turns it on)"]
+        return ["MoE cache    none (--moe-cache-mib N turns it on)",
+                *([f"             NOT AS ASKED: {not_as_asked}"] if not_as_asked else [])]
     mode = "hybrid" if c.hybrid else "upload"
     admit = getattr(c, "n_admit", 0)
     cpu, peer = getattr(c, "n_cpu", 0), getattr(c, "n_hit_peer", 0)

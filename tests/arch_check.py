@@ -4,7 +4,7 @@ per architecture, so a crash in the engine fails that architecture alone).
     python tests/arch_check.py MODEL.gguf CONFIG OUT.json
 
 Every mode decodes the same prompt (over 32 tokens) and then N_GEN greedy tokens, on the CPU with the cache in
-RAM (LLAMA_MOE_CACHE_DEVICE=CPU), and is compared with no cache: the tokens and the final logits must be
+RAM (moe_cache_device="CPU"), and is compared with no cache: the tokens and the final logits must be
 identical. Each check is written to OUT.json as {"ok": bool, "detail": str}, whether it passed or not.
 """
 from __future__ import annotations
@@ -60,7 +60,7 @@ class Checks:
 
 def _ctx(**kw: Any) -> ContextParams:
     # two threads: the default (one per core, and batch threads) oversubscribes a shared 2-core machine 200x
-    return ContextParams(n_ctx=512, n_threads=2, n_threads_batch=2, **kw)
+    return ContextParams(n_ctx=512, n_threads=2, n_threads_batch=2, moe_cache_device="CPU", **kw)
 
 
 def _run(model: Model, cp: ContextParams, trace: bool = False) -> dict[str, Any]:
@@ -117,7 +117,6 @@ def _coldest_first(layout: ExpertLayout, records: list, out: Path, n: int) -> tu
 def check(model_path: Path, config: str, moe_layers: list[int], out: Path) -> dict[str, Any]:
     """Runs the modes one after the other, writing what is known to ``out`` before each: an engine crash
     leaves the checks done so far and the stage it died in."""
-    os.environ["LLAMA_MOE_CACHE_DEVICE"] = "CPU"
     log = _Log()
     logging.getLogger("llama_moe.native").addHandler(log)
     logging.getLogger("llama_moe.native").setLevel(logging.INFO)
@@ -215,13 +214,12 @@ def check(model_path: Path, config: str, moe_layers: list[int], out: Path) -> di
 
     # last: the mode that has crashed the engine on some layouts
     stage("mailbox")
-    os.environ["LLAMA_MOE_MAILBOX_ON_CPU"] = "1"
     log.lines.clear()
     with Model(model_path, RAM) as model:
         # one graph thread: the mailbox's CPU thread spins on the other core (two graph threads beside it
         # on two cores took 20x longer)
-        mbx = _run(model, ContextParams(n_ctx=512, n_threads=1, n_threads_batch=2, **hybrid))
-    del os.environ["LLAMA_MOE_MAILBOX_ON_CPU"]
+        mbx = _run(model, ContextParams(n_ctx=512, n_threads=1, n_threads_batch=2, moe_cache_device="CPU",
+                                        moe_cache_mailbox_on_cpu=True, **hybrid))
     _same(checks, "mailbox", mbx, ref)
     _engaged(checks, "mailbox", mbx, moe_layers, hplanned)
     handover = [l for l in log.lines if "mailbox: " in l and " layers hand over to " in l]

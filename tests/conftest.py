@@ -45,11 +45,3 @@ def gpt_oss_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("models") / "gpt-oss-tiny-mxfp4.gguf"
     synthesize(path, "gpt-oss-tiny", "mxfp4", seed=0)
     return path
-
-
-@pytest.fixture
-def cache_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The MoE cache on the CPU device (LLAMA_MOE_CACHE_DEVICE=CPU): without a GPU the engine turns the cache
-    off, and the tests of what the cache does need it on. Modules take it with
-    ``pytestmark = pytest.mark.usefixtures("cache_on_cpu")``."""
-    monkeypatch.setenv("LLAMA_MOE_CACHE_DEVICE", "CPU")

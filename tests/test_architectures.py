@@ -132,7 +132,7 @@ def test_the_cache_on_each_architecture(lib, tmp_path: Path, config: str) -> Non
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
-def test_gemma4s_per_expert_scales_are_served(lib, tmp_path: Path, monkeypatch) -> None:
+def test_gemma4s_per_expert_scales_are_served(lib, tmp_path: Path) -> None:
     """Gemma 4's per-expert scales (ffn_down_exps.scale) no longer keep its MoE layers on llama.cpp's path: the
     cache serves every one, with no warning, and the tokens are no cache's (test_the_cache_on_each_architecture
     checks every mode)."""
@@ -142,13 +142,13 @@ def test_gemma4s_per_expert_scales_are_served(lib, tmp_path: Path, monkeypatch) 
     from llama_moe.errors import MoeCacheWarning
     from support.cache_sizes import mib_for_slots
 
-    monkeypatch.setenv("LLAMA_MOE_CACHE_DEVICE", "CPU")
     path = tmp_path / "g4.gguf"
     synthesize_arch(path, "gemma4", "q8_0", seed=0)
     with Model(path, ModelParams(cpu_moe=True, repack=False)) as model:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            with Context(model, ContextParams(n_ctx=256, n_threads=2, moe_cache_mib=mib_for_slots(path, 4))) as ctx:
+            with Context(model, ContextParams(n_ctx=256, n_threads=2, moe_cache_mib=mib_for_slots(path, 4),
+                                              moe_cache_device="CPU")) as ctx:
                 list(ctx.generate("The ship left the harbour", max_tokens=8, stop_at_eog=False))
                 stats, layers = ctx.moe_cache_stats(), ctx.layer_stats()
                 status = ctx.cache_status()

@@ -234,9 +234,8 @@ def test_loads_decodes_and_generates(lib, which: str, request: pytest.FixtureReq
         assert max(tokens) < d.n_real  # padding tokens are never generated
 
 
-def test_moe_cache_upload_mode_is_identical(lib, gpt_oss_mxfp4, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("LLAMA_MOE_CACHE_DEVICE", "CPU")
-    cp = dict(n_ctx=512, n_threads=2)
+def test_moe_cache_upload_mode_is_identical(lib, gpt_oss_mxfp4) -> None:
+    cp = dict(n_ctx=512, n_threads=2, moe_cache_device="CPU")
     plain_tokens, plain_logits, no_stats = _generate(gpt_oss_mxfp4, ContextParams(**cp))
     assert no_stats is None
     layout = expert_layout(gpt_oss_mxfp4)

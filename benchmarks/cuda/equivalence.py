@@ -8,6 +8,7 @@ python benchmarks/cuda/equivalence.py [MODEL] [-n 256]
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import tempfile
 from pathlib import Path
@@ -132,9 +133,9 @@ def main() -> int:
     # hybrid and adaptive hand over through the mailbox on CUDA; hybrid-split through the scheduler
     hybrid = {"moe_cache_hybrid": True, "moe_cache_profile": profile}
     # (the mailbox's device reads its default share of the misses from the host copy; gpu-reads-all every one)
-    modes = {"upload": Mode(), "hybrid": Mode(hybrid), "hybrid-split": Mode(hybrid, {"LLAMA_MOE_CACHE_NO_MAILBOX": "1"}),
-             "gpu-reads-all": Mode(hybrid, {"LLAMA_MOE_MAILBOX_GPU_SHARE": "1"}),
-             "cpu-reads-all": Mode(hybrid, {"LLAMA_MOE_MAILBOX_GPU_SHARE": "0"}),
+    modes = {"upload": Mode(), "hybrid": Mode(hybrid), "hybrid-split": Mode({**hybrid, "moe_cache_mailbox": False}),
+             "gpu-reads-all": Mode({**hybrid, "moe_cache_mailbox_gpu_share": 1}),
+             "cpu-reads-all": Mode({**hybrid, "moe_cache_mailbox_gpu_share": 0}),
              "adaptive": Mode({"moe_cache_hybrid": True, "moe_cache_adaptive": True}),
              # the admitting hybrid: misses uploaded into the least recently used slots between decodes
              "admit": Mode({**hybrid, "moe_cache_admit": 1}),
@@ -142,12 +143,12 @@ def main() -> int:
              # the engine chooses the budget from the measured upload time and the decode's
              "admit-auto": Mode({**hybrid, "moe_cache_admit": "auto"}),
              # the uploads between decodes instead of in the background (the default on a GPU)
-             "admit-sync": Mode({**hybrid, "moe_cache_admit": 1}, {"LLAMA_MOE_CACHE_ADMIT_ASYNC": "0"}),
-             "admit-split": Mode({**hybrid, "moe_cache_admit": 1}, {"LLAMA_MOE_CACHE_NO_MAILBOX": "1"}),
+             "admit-sync": Mode({**hybrid, "moe_cache_admit": 1, "moe_cache_admit_async": False}),
+             "admit-split": Mode({**hybrid, "moe_cache_admit": 1, "moe_cache_mailbox": False}),
              # slots moved between layers every 16 decodes, with the uploads in the background and between decodes
              "admit-repart": Mode({**hybrid, "moe_cache_admit": 2, "moe_cache_repartition": 16}),
-             "admit-repart-sync": Mode({**hybrid, "moe_cache_admit": 2, "moe_cache_repartition": 16},
-                                       {"LLAMA_MOE_CACHE_ADMIT_ASYNC": "0"})}
+             "admit-repart-sync": Mode({**hybrid, "moe_cache_admit": 2, "moe_cache_repartition": 16,
+                                        "moe_cache_admit_async": False})}
     if args.modes:
         modes = {name: modes[name] for name in args.modes.split(",")}
     if args.batch:
@@ -174,10 +175,8 @@ def main() -> int:
             # come back, nothing else
             for pct in [p for p in pcts if p < 100]:
                 cp = ContextParams(n_ctx=1024, moe_cache_mib=mib_at(pct), **hybrid)
-                with environment(LLAMA_MOE_MAILBOX_GPU_SHARE="0"):
-                    mailbox = greedy_steps(model, cp, prompt, args.n)
-                with environment(LLAMA_MOE_CACHE_NO_MAILBOX="1"):
-                    split = greedy_steps(model, cp, prompt, args.n)
+                mailbox = greedy_steps(model, dataclasses.replace(cp, moe_cache_mailbox_gpu_share=0), prompt, args.n)
+                split = greedy_steps(model, dataclasses.replace(cp, moe_cache_mailbox=False), prompt, args.n)
                 same = mailbox[0] == split[0] and np.array_equal(mailbox[1], split[1])
                 ok &= same
                 print(f"{prompt[:30]!r:34} mailbox against the scheduler {pct:3d}%: tokens and logits over {args.n} "

@@ -27,7 +27,7 @@ verdict=PASS
 summary=""
 for n in 1 ${ITERATIONS:-5}; do
     t0=$(date +%s)
-    LLAMA_MOE_CACHE_DEVICE=CPU ASAN_OPTIONS=detect_leaks=1:halt_on_error=1:exitcode=0:fast_unwind_on_malloc=0 \
+    LIFECYCLE_CACHE_DEVICE=CPU ASAN_OPTIONS=detect_leaks=1:halt_on_error=1:exitcode=0:fast_unwind_on_malloc=0 \
         "$work/lifecycle_loop" "$work/tiny.gguf" "$work/tiny.strp" "$n" > "$work/out$n.txt" 2> "$work/err$n.txt"
     rc=$?
     cp "$work/err$n.txt" "$OUT/lifecycle_asan_$n.txt"

@@ -27,8 +27,8 @@ gcc -g -O1 -I"$tree/include" -I"$tree/ggml/include" tests/lifecycle/lifecycle_lo
 # the tiny model and a profile for it
 python3 tests/lifecycle/make_inputs.py "$work" || { echo "lifecycle_cuda: FAIL cannot make the tiny model"; exit 1; }
 
-# the loop under memcheck: the cache on the GPU (no LLAMA_MOE_CACHE_DEVICE)
-unset LLAMA_MOE_CACHE_DEVICE
+# the loop under memcheck: the cache on the GPU (no LIFECYCLE_CACHE_DEVICE)
+unset LIFECYCLE_CACHE_DEVICE
 t0=$(date +%s)
 "$sanitizer" --tool memcheck --leak-check full --error-exitcode 3 --print-limit 20 \
     "$work/lifecycle_loop" "$work/tiny.gguf" "$work/tiny.strp" "$ITERATIONS" > "$work/memcheck.txt" 2>&1

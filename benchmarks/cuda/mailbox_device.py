@@ -14,7 +14,7 @@ since CUDA reads some of its variables once per process.
 - no-pinned: GGML_CUDA_NO_PINNED=1: the mailbox says it cannot run and the hybrid goes the scheduler's way,
   with the scheduler's tokens.
 - two-contexts: two contexts of one model decoding at once on the GPU, each with the tokens it has alone.
-- share: more than 32 experts a token (tiny, 64 experts, 40 a token) with LLAMA_MOE_MAILBOX_GPU_SHARE=0.5, against
+- share: more than 32 experts a token (tiny, 64 experts, 40 a token) with moe_cache_mailbox_gpu_share=0.5, against
   no cache by the equivalence rule (tokens identical, or parting only at a near tie); where the device cannot
   read the host copy, the reason the engine gives.
 - litmus: about 10^6 send/receive rounds (a 48-layer tiny model, one-token steps, CUDA graphs replayed) with
@@ -25,6 +25,7 @@ Prints a line per check ending in "-> ok" or "-> WRONG", then "MAILBOX DEVICE: P
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import subprocess
@@ -94,8 +95,8 @@ def one(check: str, n: int, model_path: Path | None, profile_path: Path | None) 
             cp = ContextParams(n_ctx=1024, n_batch=8, n_ubatch=1, moe_cache_mib=total * 0.25 + 1, **hybrid)
             with environment(LLAMA_MOE_CACHE_NO_MAILBOX="1"):
                 ref = _generate(model, cp, prompt, n)
-            with environment(LLAMA_MOE_MAILBOX_TEST_STALL="3", LLAMA_MOE_MAILBOX_TIMEOUT_MS="500"):
-                with Context(model, cp) as ctx:
+            with environment(LLAMA_MOE_MAILBOX_TEST_STALL="3"):  # a test switch (the tests' build)
+                with Context(model, dataclasses.replace(cp, moe_cache_mailbox_timeout_ms=500)) as ctx:
                     t0 = time.monotonic()
                     try:
                         ctx.decode(prompt[:8])
@@ -161,7 +162,7 @@ def one(check: str, n: int, model_path: Path | None, profile_path: Path | None) 
             parts = []
             for p in PROMPTS[:2]:
                 ref = reference(model, p, n)
-                c = compare_mode(model, ref, Mode(hybrid, {"LLAMA_MOE_MAILBOX_GPU_SHARE": "0.5"}), total * 0.5 + 1, p,
+                c = compare_mode(model, ref, Mode({**hybrid, "moe_cache_mailbox_gpu_share": 0.5}), total * 0.5 + 1, p,
                                  DEVICE_TOLERANCE)
                 ok &= c.ok
                 parts.append(c.describe())

@@ -71,7 +71,7 @@ step_build() {
     rm -f /tmp/q30.gguf /tmp/g120.gguf  # the disk holds one big model
     (setsid nohup nice python3 -m llama_moe synth $M --shape $BIG --experts $EXPERTS --quiet > $R/synth.log 2>&1 &)
   fi
-  python3 build_native.py --source .bundle/llama.cpp-0c1e57098.tar.xz --cuda --cuda-arch ${CUDA_ARCH:-90-real} 2>&1 \
+  python3 build_native.py --source .bundle/llama.cpp-0c1e57098.tar.xz --cuda --cuda-arch ${CUDA_ARCH:-90-real} --tests 2>&1 \
       | tail -2 | tee -a $R/build.log
   grep -q "built:\|up to date" $R/build.log && mark build
 }

@@ -48,7 +48,7 @@ def main() -> int:
     hybrid = dict(moe_cache_hybrid=True, moe_cache_profile=str(profile))
     setups = {"upload": ({"moe_cache_profile": str(profile)}, {}), "upload-split": ({}, {}), "hybrid": (hybrid, {}),
               "hybrid-split": (hybrid, {"LLAMA_MOE_CACHE_NO_MAILBOX": "1"}),
-              "gpu-reads-all": (hybrid, {"LLAMA_MOE_MAILBOX_GPU_SHARE": "1"}),
+              "gpu-reads-all": ({**hybrid, "moe_cache_mailbox_gpu_share": 1}, {}),
               "adaptive": ({"moe_cache_hybrid": True, "moe_cache_adaptive": True}, {}),
               "admit": ({**hybrid, "moe_cache_admit": 1}, {}),
               "admit-split": ({**hybrid, "moe_cache_admit": 1}, {"LLAMA_MOE_CACHE_NO_MAILBOX": "1"}),

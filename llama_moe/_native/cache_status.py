@@ -21,7 +21,9 @@ def warn_status(status: MoeCacheStatus, moe_cache_mib: float, stacklevel: int) -
     """One MoeCacheWarning when the cache asked for is other than asked: off, or partial, with every reason."""
     if status.as_asked:
         return
-    if status.state == "off":
+    if status.state == "off" and moe_cache_mib == 0:  # settings of a cache without its size: the engine names them
+        said = f"no MoE expert cache (moe_cache_mib=0): {status.text}"
+    elif status.state == "off":
         said = f"moe_cache_mib={moe_cache_mib:g} asked for a MoE expert cache, but the context has none: {status.text}"
     else:
         said = f"moe_cache_mib={moe_cache_mib:g}: the MoE expert cache is not as asked: {status.text}"

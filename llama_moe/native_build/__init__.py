@@ -85,7 +85,7 @@ def _skip_top_level(directory: str, names: list[str]) -> set[str]:
     return set()
 
 
-def _cmake_args(variant: str, cuda_archs: str | None, extra: list[str], build_id: str) -> list[str]:
+def _cmake_args(variant: str, cuda_archs: str | None, extra: list[str], build_id: str, tests: bool = False) -> list[str]:
     args = [
         # llama.cpp's build info (llama-server --version, the audit log's params.build) names our patches
         f"-DLLAMA_BUILD_COMMIT={build_id}", "-DLLAMA_BUILD_NUMBER=0",
@@ -97,6 +97,10 @@ def _cmake_args(variant: str, cuda_archs: str | None, extra: list[str], build_id
         # ggml's RPC backend and rpc-server: layers on other hosts (scale-out), and on loopback in the tests
         "-DGGML_RPC=ON",
     ]
+    if tests:
+        # the engine's test switches (docs/configuration.md, "For tests"): environment variables that make it
+        # misbehave on purpose, compiled into the tests' build only
+        args.append("-DLLAMA_MOE_TEST_SWITCHES=ON")
     if shutil.which("ccache"):
         args.append("-DGGML_CCACHE=ON")
     else:
@@ -162,7 +166,7 @@ def build(source: str | None = None, variant_choice: str = "auto", cuda_archs: s
 
     targets = list(LIB_TARGETS) + (list(TOOL_TARGETS) if tools else []) + (list(TEST_TARGETS) if tests else [])
     install = install_dir_for(pin, patch_hash, variant)
-    cmake_args = _cmake_args(variant, cuda_archs, cmake_extra or [], f"{pin.commit}+llama_moe.{patch_hash}")
+    cmake_args = _cmake_args(variant, cuda_archs, cmake_extra or [], f"{pin.commit}+llama_moe.{patch_hash}", tests)
     manifest_path = install / MANIFEST
     if manifest_path.is_file() and not force:
         old = json.loads(manifest_path.read_text())

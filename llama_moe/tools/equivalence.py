@@ -26,7 +26,8 @@ PROMPTS = ("The ship left the harbour at dawn, and the crew", "To grow tomatoes 
 
 @dataclass(frozen=True)
 class Mode:
-    """A cache mode to compare: its ContextParams fields, and the variables read when its context is made."""
+    """A cache mode to compare: its ContextParams fields, and the engine's test switches (environment variables
+    of the tests' build, docs/configuration.md) set while its context is made."""
     cache: dict = field(default_factory=dict)
     env: dict = field(default_factory=dict)
 

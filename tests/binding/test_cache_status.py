@@ -4,6 +4,7 @@ the engine's reason, with no logging configured (the package's logger has only a
 names it; the command-line tools print it at their default verbosity."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import subprocess
@@ -26,7 +27,6 @@ RAM = ModelParams(cpu_moe=True, repack=False)
 
 @pytest.fixture(autouse=True)
 def cache_in_ram(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("LLAMA_MOE_CACHE_DEVICE", "CPU")
     monkeypatch.delenv("LLAMA_MOE_TEST_DEVICE_FREE_KIB", raising=False)
     # what a user who configured nothing has: no handler, nothing below WARNING; the status must not need the log
     logging.getLogger("llama_moe.native").setLevel(logging.CRITICAL)
@@ -44,11 +44,11 @@ def _open(model: Model, cp: ContextParams) -> tuple[MoeCacheStatus, list[str], o
 def test_a_cache_as_asked_says_so_and_warns_nothing(lib, tiny_model_path) -> None:
     layout = expert_layout(tiny_model_path)
     with Model(tiny_model_path, RAM) as model:
-        none, said, _ = _open(model, ContextParams(n_ctx=256))
+        none, said, _ = _open(model, ContextParams(moe_cache_device="CPU", n_ctx=256))
         assert (none.state, none.mode, none.reasons, none.reason, none.text, none.device) == ("off", "none", (), None, "", "")
         assert said == []
         for kw, mode in [({}, "upload"), ({"moe_cache_hybrid": True, "moe_cache_adaptive": True}, "adaptive")]:
-            cp = ContextParams(n_ctx=256, moe_cache_mib=mib_for_slots(tiny_model_path, 8, hybrid=bool(kw)), **kw)
+            cp = ContextParams(moe_cache_device="CPU", n_ctx=256, moe_cache_mib=mib_for_slots(tiny_model_path, 8, hybrid=bool(kw)), **kw)
             status, said, layers = _open(model, cp)
             assert said == []
             assert (status.state, status.mode, status.reason, status.reasons, status.text) == ("on", mode, None, (), "")
@@ -58,13 +58,16 @@ def test_a_cache_as_asked_says_so_and_warns_nothing(lib, tiny_model_path) -> Non
 
 
 def test_the_mailbox_is_in_the_status(lib, tiny_model_path, monkeypatch) -> None:
-    monkeypatch.setenv("LLAMA_MOE_MAILBOX_ON_CPU", "1")
-    cp = ContextParams(n_ctx=256, moe_cache_mib=mib_for_slots(tiny_model_path, 8, hybrid=True), moe_cache_hybrid=True,
-                       moe_cache_adaptive=True)
+    """On by default; off by the setting, or by default where LLAMA_MOE_CACHE_NO_MAILBOX=1 (the contract's
+    variable), which the setting still overrides."""
+    cp = ContextParams(moe_cache_device="CPU", n_ctx=256, moe_cache_mib=mib_for_slots(tiny_model_path, 8, hybrid=True), moe_cache_hybrid=True,
+                       moe_cache_adaptive=True, moe_cache_mailbox_on_cpu=True)
     with Model(tiny_model_path, RAM) as model:
         assert _open(model, cp)[0].mailbox
+        assert not _open(model, dataclasses.replace(cp, moe_cache_mailbox=False))[0].mailbox
         monkeypatch.setenv("LLAMA_MOE_CACHE_NO_MAILBOX", "1")
         assert not _open(model, cp)[0].mailbox
+        assert _open(model, dataclasses.replace(cp, moe_cache_mailbox=True))[0].mailbox
 
 
 def test_a_refused_profile_is_a_warning_and_a_partial_cache(lib, tiny_model_path, tmp_path) -> None:
@@ -73,7 +76,7 @@ def test_a_refused_profile_is_a_warning_and_a_partial_cache(lib, tiny_model_path
     layout = expert_layout(tiny_model_path)
     path = tmp_path / "other.strp"
     write_profile(path, Profile(layout.n_layer, layout.n_expert * 2, 4, ((layout.layers[0].il, 0),)))
-    cp = ContextParams(n_ctx=256, moe_cache_mib=mib_for_slots(tiny_model_path, 8), moe_cache_profile=path)
+    cp = ContextParams(moe_cache_device="CPU", n_ctx=256, moe_cache_mib=mib_for_slots(tiny_model_path, 8), moe_cache_profile=path)
     with Model(tiny_model_path, RAM) as model:
         status, said, _ = _open(model, cp)
     assert (status.state, status.reason, status.reasons, status.mode) == ("partial", "profile_refused", ("profile_refused",), "upload")
@@ -87,7 +90,7 @@ def test_a_device_with_too_little_free_memory_gives_fewer_slots_or_none(lib, tin
     """The engine fits the cache to its device's free memory when the context is made (simulated here by a test
     switch: the model is real, the device's free memory is the input): fewer slots than asked, said; or none."""
     asked = mib_for_slots(tiny_model_path, 24, hybrid=True)
-    cp = ContextParams(n_ctx=256, moe_cache_mib=asked, moe_cache_hybrid=True, moe_cache_adaptive=True)
+    cp = ContextParams(moe_cache_device="CPU", n_ctx=256, moe_cache_mib=asked, moe_cache_hybrid=True, moe_cache_adaptive=True)
     with Model(tiny_model_path, RAM) as model:
         monkeypatch.setenv("LLAMA_MOE_TEST_DEVICE_FREE_KIB", str(int(mib_for_slots(tiny_model_path, 10, hybrid=True) * 1024)))
         status, said, layers = _open(model, cp)
@@ -101,7 +104,7 @@ def test_a_device_with_too_little_free_memory_gives_fewer_slots_or_none(lib, tin
         assert len(said) == 1 and "asked for a MoE expert cache, but the context has none: " + status.text in said[0]
         # a request over every expert fits a device that holds them all: no warning
         monkeypatch.setenv("LLAMA_MOE_TEST_DEVICE_FREE_KIB", str(100 * 1024))
-        status, said, _ = _open(model, ContextParams(n_ctx=256, moe_cache_mib=100_000))
+        status, said, _ = _open(model, ContextParams(moe_cache_device="CPU", n_ctx=256, moe_cache_mib=100_000))
         assert status.state == "on" and said == [] and status.n_bytes < 100 * 2**20
 
 
@@ -112,24 +115,23 @@ def test_a_device_with_too_little_free_memory_gives_fewer_slots_or_none(lib, tin
 ], ids=["size too small", "hybrid that stays empty", "option that cannot apply"])
 def test_each_condition_is_a_warning_from_the_status(lib, tiny_model_path, mp, kw, reason, words) -> None:
     with Model(tiny_model_path, mp) as model:
-        status, said, _ = _open(model, ContextParams(n_ctx=256, **kw))
+        status, said, _ = _open(model, ContextParams(moe_cache_device="CPU", n_ctx=256, **kw))
     assert status.reason == reason and reason in status.reasons and words in status.text
     assert status.state == ("off" if reason == "too_small" else "partial")
     assert [s for s in said if status.text in s], said
 
 
-def test_no_device_for_the_cache(lib, tiny_model_path, monkeypatch) -> None:
-    monkeypatch.setenv("LLAMA_MOE_CACHE_DEVICE", "CUDA7")
+def test_no_device_for_the_cache(lib, tiny_model_path) -> None:
     with Model(tiny_model_path, RAM) as model:
-        status, said, _ = _open(model, ContextParams(n_ctx=256, moe_cache_mib=2))
+        status, said, _ = _open(model, ContextParams(n_ctx=256, moe_cache_mib=2, moe_cache_device="CUDA7"))
     assert (status.state, status.reasons) == ("off", ("no_device",))
-    assert status.text == "LLAMA_MOE_CACHE_DEVICE=CUDA7 names no device; the cache is off"  # said once, not twice
+    assert status.text == "--moe-cache-device CUDA7 names no device; the cache is off"  # said once, not twice
     assert len(said) == 1
 
 
 def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "llama_moe", *args], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "LLAMA_MOE_CACHE_DEVICE": "CPU", **env})
+                          env={**os.environ, **env})
 
 
 def test_the_command_line_says_a_cache_other_than_asked(lib, tiny_model_path: Path) -> None:

@@ -109,42 +109,39 @@ def test_a_file_truncated_under_a_running_context(lib, copy_of_model, use_mmap) 
 
 # -- no device for the cache at start -----------------------------------------------------------------------
 
-def test_no_gpu_for_the_cache_warns_and_runs_without_it(no_gpu, tiny_model_path, monkeypatch) -> None:
-    monkeypatch.delenv("LLAMA_MOE_CACHE_DEVICE", raising=False)
+def test_no_gpu_for_the_cache_warns_and_runs_without_it(no_gpu, tiny_model_path) -> None:
     with Model(tiny_model_path, RAM) as model:
         with pytest.warns(MoeCacheWarning, match=r"moe_cache_mib=2 asked for a MoE expert cache, but the context has "
                                                  r"none: no GPU to hold the cache; it is off"):
             ctx = Context(model, ContextParams(n_ctx=256, moe_cache_mib=2, moe_cache_hybrid=True))
         with ctx:
             assert ctx.moe_cache_stats() is None and ctx.layer_stats() == []
-            assert "LLAMA_MOE_CACHE_DEVICE=CPU" in ctx.moe_cache_off_reason
+            assert "--moe-cache-device CPU" in ctx.moe_cache_off_reason
             assert len(list(ctx.generate("The ship", 4, stop_at_eog=False))) == 4  # it runs, without the cache
 
 
-def test_a_cache_device_that_does_not_exist_warns(lib, tiny_model_path, monkeypatch) -> None:
-    monkeypatch.setenv("LLAMA_MOE_CACHE_DEVICE", "CUDA7")
+def test_a_cache_device_that_does_not_exist_warns(lib, tiny_model_path) -> None:
     with Model(tiny_model_path, RAM) as model:
-        with pytest.warns(MoeCacheWarning, match="LLAMA_MOE_CACHE_DEVICE=CUDA7 names no device; the cache is off"):
-            Context(model, ContextParams(n_ctx=256, moe_cache_mib=2)).close()
+        with pytest.warns(MoeCacheWarning, match="--moe-cache-device CUDA7 names no device; the cache is off"):
+            Context(model, ContextParams(n_ctx=256, moe_cache_mib=2, moe_cache_device="CUDA7")).close()
 
 
 def test_stats_says_the_cache_is_off_and_why(no_gpu, tiny_model_path) -> None:
-    env = {k: v for k, v in os.environ.items() if k != "LLAMA_MOE_CACHE_DEVICE"}
     proc = subprocess.run([sys.executable, "-m", "llama_moe", "stats", str(tiny_model_path), "--moe-cache-mib", "2",
-                           "--no-repack", "-n", "4"], capture_output=True, text=True, timeout=120,
-                          env={**env, "CUDA_VISIBLE_DEVICES": "", "LLAMA_MOE_CACHE_DEVICE": "CUDA7"})
+                           "--moe-cache-device", "CUDA7", "--no-repack", "-n", "4"], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert ("MoE cache    OFF: asked for, but llama.cpp went on without it: LLAMA_MOE_CACHE_DEVICE=CUDA7 names no "
+    assert ("MoE cache    OFF: asked for, but llama.cpp went on without it: --moe-cache-device CUDA7 names no "
             "device; the cache is off") in proc.stdout, proc.stdout
     assert "Traceback" not in proc.stderr and "MoeCacheWarning" not in proc.stderr  # said once, in the report
 
 
 def test_stats_without_a_gpu_runs_the_cache_in_ram_and_says_so(no_gpu, tiny_model_path) -> None:
-    env = {k: v for k, v in os.environ.items() if k != "LLAMA_MOE_CACHE_DEVICE"}
     proc = subprocess.run([sys.executable, "-m", "llama_moe", "stats", str(tiny_model_path), "--moe-cache-mib", "2",
-                           "-n", "4"], capture_output=True, text=True, timeout=120, env={**env, "CUDA_VISIBLE_DEVICES": ""})
+                           "-n", "4"], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "no GPU: the cache is in RAM (LLAMA_MOE_CACHE_DEVICE=CPU)" in proc.stdout
+    assert "no GPU: the cache is in RAM (--moe-cache-device CPU)" in proc.stdout
     assert "MoE cache    upload mode" in proc.stdout and "OFF" not in proc.stdout
 
 
@@ -166,14 +163,21 @@ def test_context_params_out_of_range_or_contradicting_are_refused(kw, said) -> N
 
 
 @pytest.mark.parametrize("kw, said", [
-    (dict(moe_cache_mib=2, moe_cache_adaptive=True), "moe_cache_adaptive is ignored without moe_cache_hybrid=True"),
-    (dict(moe_cache_hybrid=True), "moe_cache_hybrid does nothing without moe_cache_mib"),
+    (dict(moe_cache_mib=2, moe_cache_adaptive=True), "--moe-cache-adaptive without --moe-cache-hybrid is ignored"),
+    (dict(moe_cache_hybrid=True), r"no MoE expert cache \(moe_cache_mib=0\): --moe-cache-hybrid: no effect without "
+                                  r"--moe-cache-mib"),
     (dict(moe_cache_profile="p.strp", moe_cache_hybrid=True, moe_cache_adaptive=True),
-     "moe_cache_profile, moe_cache_hybrid, moe_cache_adaptive do nothing without moe_cache_mib"),
+     "--moe-cache-profile, --moe-cache-hybrid, --moe-cache-adaptive: no effect without --moe-cache-mib"),
 ])
-def test_cache_options_without_a_cache_size_warn(kw, said) -> None:
-    with pytest.warns(MoeCacheWarning, match=said):
-        ContextParams(**kw).validate()
+def test_cache_options_that_cannot_apply_warn_with_the_engines_reason(lib, tiny_model_path, kw, said) -> None:
+    """Python checks types and ranges only: the engine refuses what cannot apply with the rest, and the binding
+    says its reason (and keeps it in the status)."""
+    ContextParams(**kw).validate()  # no warning, no error: each value is of its type and in its range
+    with Model(tiny_model_path, RAM) as model:
+        with pytest.warns(MoeCacheWarning, match=said):
+            ctx = Context(model, ContextParams(n_ctx=256, moe_cache_device="CPU", **kw))
+        with ctx:
+            assert not ctx.cache_status().as_asked
 
 
 @pytest.mark.parametrize("kw, said", [
@@ -186,11 +190,10 @@ def test_model_params_out_of_range_or_contradicting_are_refused(kw, said) -> Non
         ModelParams(**kw).validate()
 
 
-def test_a_cache_too_small_for_one_expert_per_layer_warns(lib, tiny_model_path, monkeypatch) -> None:
-    monkeypatch.setenv("LLAMA_MOE_CACHE_DEVICE", "CPU")
+def test_a_cache_too_small_for_one_expert_per_layer_warns(lib, tiny_model_path) -> None:
     with Model(tiny_model_path, RAM) as model:
         with pytest.warns(MoeCacheWarning, match="0.01 MiB cannot hold one expert per layer"):
-            Context(model, ContextParams(n_ctx=256, moe_cache_mib=0.01)).close()
+            Context(model, ContextParams(n_ctx=256, moe_cache_mib=0.01, moe_cache_device="CPU")).close()
 
 
 # a cache larger than its device's free memory: tests/binding/test_cache_status.py (the engine fits it)
@@ -203,11 +206,6 @@ CLI_CASES = [
     (["stats", "{model}", "--moe-cache-mib", "-1"], "--moe-cache-mib must be from 0 to 16777216 (MiB), got -1"),
     (["stats", "{model}", "--moe-cache-mib", "1e9"], "--moe-cache-mib must be from 0 to 16777216 (MiB), got 1e+09"),
     (["stats", "{model}", "--moe-cache-mib", "nan"], "--moe-cache-mib must be a finite number, got nan"),
-    (["stats", "{model}", "--moe-cache-mib", "0", "--moe-cache-hybrid"], "--moe-cache-hybrid needs a cache: give --moe-cache-mib N"),
-    (["stats", "{model}", "--moe-cache-mib", "0", "--moe-cache-profile", "{profile}", "--moe-cache-hybrid"],
-     "--moe-cache-profile, --moe-cache-hybrid need a cache"),
-    (["stats", "{model}", "--moe-cache-mib", "2", "--moe-cache-adaptive"],
-     "--moe-cache-adaptive works with --moe-cache-hybrid only"),
     (["stats", "{model}", "--moe-cache-mib", "2", "--moe-cache-profile", "{missing}"], "no such file"),
     (["stats", "{model}", "--n-cpu-moe", "-2"], "--n-cpu-moe must be >= 0, got -2"),
     (["stats", "{model}", "-t", "0"], "n_threads must be from 1 to 1024"),
@@ -221,7 +219,6 @@ CLI_CASES = [
     (["serve", "{model}", "--dry-run", "--cache-mib", "-5"], "--cache-mib must be >= 0, got -5"),
     (["serve", "{model}", "--dry-run", "--cache-mib", "0"], "--cache-mib 0 turns the cache off"),
     (["serve", "{model}", "--dry-run", "--margin-mib", "-1"], "--margin-mib must be >= 0, got -1"),
-    (["serve", "{model}", "--dry-run", "--hybrid"], "--hybrid needs --profile"),
     (["serve", "{model}", "--dry-run", "--profile", "{missing}"], "no such file"),
     (["serve", "{model}", "--dry-run", "--threads", "0"], "--threads must be >= 1 or auto, got 0"),
     (["serve", "{model}", "--dry-run", "--ubatch", "0"], "--ubatch must be from 1 to 65536 or auto, got 0"),
@@ -256,5 +253,24 @@ def test_serve_plan_takes_an_adaptive_hybrid_without_a_profile(tiny_model_path, 
     plan = plan_serve(tiny_model_path, server, gpu_free_mib=10_000, gpu_name="GPU0", n_ctx=1024, hybrid=True,
                       extra=("--moe-cache-adaptive",))
     assert "--moe-cache-hybrid" in plan.command and "--moe-cache-adaptive" in plan.command
-    with pytest.raises(ServePlanError, match="--hybrid needs --profile"):
-        plan_serve(tiny_model_path, server, gpu_free_mib=10_000, gpu_name="GPU0", n_ctx=1024, hybrid=True)
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["--moe-cache-mib", "0", "--moe-cache-hybrid"], "--moe-cache-hybrid: no effect without --moe-cache-mib"),
+    (["--moe-cache-mib", "0", "--moe-cache-profile", "{profile}", "--moe-cache-hybrid"],
+     "--moe-cache-profile, --moe-cache-hybrid: no effect without --moe-cache-mib"),
+    (["--moe-cache-mib", "2", "--moe-cache-adaptive"], "--moe-cache-adaptive without --moe-cache-hybrid is ignored"),
+])
+def test_stats_reports_the_engines_reason_for_options_that_cannot_apply(lib, tiny_model_path, tmp_path, capsys,
+                                                                        argv, said) -> None:
+    """The rules between the cache's options are the engine's: stats runs, and its report says what the engine
+    did not apply and why."""
+    layout = expert_layout(tiny_model_path)
+    profile = tmp_path / "fits.strp"
+    write_profile(profile, Profile(layout.n_layer, layout.n_expert, 1, ()))
+    args = [a.format(profile=profile) for a in argv]
+    capsys.readouterr()
+    assert main(["stats", str(tiny_model_path), *args, "--moe-cache-device", "CPU", "--no-repack", "-n", "4",
+                 "--no-compare"]) == 0
+    out = capsys.readouterr().out
+    assert f"NOT AS ASKED: {said}" in out, out

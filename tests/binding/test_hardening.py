@@ -18,10 +18,10 @@ from support.llama_server import find_server_binary, start_server, stop_server
 RAM = ModelParams(cpu_moe=True, repack=False)
 
 
-def test_stats_resident_and_rebalance_from_other_threads_while_decoding(lib, tiny_model_path, monkeypatch) -> None:
-    monkeypatch.setenv("LLAMA_MOE_CACHE_DEVICE", "CPU")
+def test_stats_resident_and_rebalance_from_other_threads_while_decoding(lib, tiny_model_path) -> None:
     layout = expert_layout(tiny_model_path)
-    params = ContextParams(n_ctx=2048, moe_cache_mib=1.5, moe_cache_hybrid=True, moe_cache_adaptive=True)
+    params = ContextParams(n_ctx=2048, moe_cache_mib=1.5, moe_cache_hybrid=True, moe_cache_adaptive=True,
+                           moe_cache_device="CPU")
     with Model(tiny_model_path, RAM) as model, Context(model, params) as ctx:
         errors: list[BaseException] = []
         seen: dict[int, list[tuple[int, int]]] = {}

@@ -59,7 +59,7 @@ def build_driver(lib_path: Path, out: Path, sanitize: bool = True) -> Path:
 
 
 def run_driver(exe: Path, model: Path, profile: Path, iterations: int, **env: str) -> tuple[int, str, str]:
-    full_env = {**os.environ, "LLAMA_MOE_CACHE_DEVICE": "CPU",
+    full_env = {**os.environ, "LIFECYCLE_CACHE_DEVICE": "CPU",
                 # exitcode=0 for leaks: the summary line is what the test reads; any other ASan error still fails
                 "ASAN_OPTIONS": "detect_leaks=1:halt_on_error=1:leak_check_at_exit=1:exitcode=0:"
                                 "detect_stack_use_after_return=0:allocator_may_return_null=0",
@@ -126,7 +126,7 @@ def test_create_and_free_models_and_contexts_in_every_cache_mode_leaks_nothing(d
 def test_the_mailbox_lifecycle_leaks_nothing(driver, tiny_model_path, profile) -> None:
     """The same loop with the hybrid modes handing over through the mailbox (its CPU thread, thread pool,
     graphs and page-locked buffer are made and freed with every context)."""
-    rc, out, err = run_driver(driver, tiny_model_path, profile, 1, LLAMA_MOE_MAILBOX_ON_CPU="1", LIFECYCLE_VERBOSE="1")
+    rc, out, err = run_driver(driver, tiny_model_path, profile, 1, LIFECYCLE_MAILBOX_ON_CPU="1", LIFECYCLE_VERBOSE="1")
     assert "ERROR: AddressSanitizer" not in err, err[-6000:]
     assert rc == 0 and "lifecycle_loop: 1 iterations, 5 model+context cycles" in out, out + err[-3000:]
     assert "llama_moe_cache: mailbox: 6 layers hand over" in err and "hand-overs from the GPU; its part of a layer took" in err, err[-3000:]
@@ -151,7 +151,7 @@ def _libasan() -> str:
 
 
 def run_lifetimes(model: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "LD_PRELOAD": _libasan(), "PYTHONPATH": str(ROOT), "LLAMA_MOE_CACHE_DEVICE": "CPU",
+    env = {**os.environ, "LD_PRELOAD": _libasan(), "PYTHONPATH": str(ROOT),
            # Python's own allocations at exit are no business of this test: leaks are the loop's above
            "ASAN_OPTIONS": "detect_leaks=0:halt_on_error=1:detect_stack_use_after_return=0"}
     proc = subprocess.run([sys.executable, str(LIFETIMES), str(model), *args], capture_output=True, text=True,

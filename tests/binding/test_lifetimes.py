@@ -5,6 +5,7 @@ rebalance, traces, the mailbox); the model is freed with its last context. A clo
 a generation in progress included. (The same orders run under AddressSanitizer in test_lifecycle.py.)"""
 from __future__ import annotations
 
+import dataclasses
 import gc
 import warnings
 from typing import Callable
@@ -19,12 +20,9 @@ PROMPT = "The ship left the harbour at dawn"
 N_GEN = 16
 
 
-pytestmark = pytest.mark.usefixtures("cache_on_cpu")
-
-
 def _params(tiny_model_path) -> ContextParams:
     """The adaptive hybrid with 10 of 32 slots: rebalance() uploads experts read from the model's weights."""
-    return ContextParams(n_ctx=512, moe_cache_mib=mib_for_slots(tiny_model_path, 10, hybrid=True),
+    return ContextParams(moe_cache_device="CPU", n_ctx=512, moe_cache_mib=mib_for_slots(tiny_model_path, 10, hybrid=True),
                          moe_cache_hybrid=True, moe_cache_adaptive=True)
 
 
@@ -50,19 +48,14 @@ def _use(ctx: Context) -> tuple[list[int], list[int], int]:
 @pytest.fixture(scope="module")
 def reference(lib, tiny_model_path) -> tuple[list[int], list[int], int]:
     """What the context does when its model stays open throughout."""
-    mp = pytest.MonkeyPatch()
-    mp.setenv("LLAMA_MOE_CACHE_DEVICE", "CPU")
-    try:
-        with Model(tiny_model_path, RAM) as model, Context(model, _params(tiny_model_path)) as ctx:
-            return _use(ctx)
-    finally:
-        mp.undo()
+    with Model(tiny_model_path, RAM) as model, Context(model, _params(tiny_model_path)) as ctx:
+        return _use(ctx)
 
 
 def _model_refuses(model: Model) -> None:
     for call in (lambda: model.n_layer, lambda: model.n_vocab, lambda: model.tokenize("x"), lambda: model.detokenize([1]),
                  lambda: model.is_eog(1), lambda: model.token_to_piece(1), lambda: model.meta("general.architecture"),
-                 lambda: model.description, lambda: Context(model, ContextParams(n_ctx=256))):
+                 lambda: model.description, lambda: Context(model, ContextParams(moe_cache_device="CPU", n_ctx=256))):
         with pytest.raises(ClosedError, match="this Model is closed"):
             call()
 
@@ -191,12 +184,11 @@ def test_finalizers_in_each_order(lib, tiny_model_path, reference, first) -> Non
     assert all(m.freed for m in memories)
 
 
-def test_the_mailbox_threads_stop_before_the_closed_model_is_freed(lib, tiny_model_path, monkeypatch) -> None:
+def test_the_mailbox_threads_stop_before_the_closed_model_is_freed(lib, tiny_model_path) -> None:
     """The mailbox's CPU side computes with the model's experts on threads of its own; they are joined when the
     context is freed, and only then is the model freed."""
-    monkeypatch.setenv("LLAMA_MOE_MAILBOX_ON_CPU", "1")
     model = Model(tiny_model_path, RAM)
-    with Context(model, _params(tiny_model_path)) as ctx:
+    with Context(model, dataclasses.replace(_params(tiny_model_path), moe_cache_mailbox_on_cpu=True)) as ctx:
         before = list(ctx.generate(PROMPT, N_GEN, stop_at_eog=False))
         model.close()
         ctx.reset()
@@ -211,11 +203,11 @@ def test_a_context_cannot_be_made_on_a_closed_model(lib, tiny_model_path) -> Non
     model = Model(tiny_model_path, RAM)
     model.close()
     with pytest.raises(ClosedError, match="this Model is closed"):
-        Context(model, ContextParams(n_ctx=256))
+        Context(model, ContextParams(moe_cache_device="CPU", n_ctx=256))
     # a refused context holds nothing: a bad parameter leaves the count as it was
     model = Model(tiny_model_path, RAM)
     with pytest.raises(LlamaMoeError):
-        Context(model, ContextParams(n_ctx=-1))
+        Context(model, ContextParams(moe_cache_device="CPU", n_ctx=-1))
     assert model._memory.held_by == 0
     model.close()
     assert model._memory.freed

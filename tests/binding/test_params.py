@@ -47,16 +47,32 @@ CONTEXT_BAD = {
     "no_perf": [1, "true", None],
     "moe_cache_mib": [-1, -0.5, (1 << 24) + 1, 1e300, NAN, INF, -INF, "2", None, True],
     "moe_cache_profile": [5, 2.0, "", b"", "a\0b", ["p.strp"]],
-    "moe_cache_hybrid": [1, "yes", None],
-    "moe_cache_adaptive": [1, "no", None],
-    "moe_cache_admit": [-1, 10000, I32, 2.0, "2", None, True],
-    "moe_cache_repartition": [-1, 1000000, I32, 2.0, "16", None, True],
-    "moe_cache_peer": ["", 5, b"CUDA1", "a\0b", "x" * 128, "CUDA1"],
+    "moe_cache_hybrid": [1, "yes"],
+    "moe_cache_adaptive": [1, "no"],
+    "moe_cache_admit": [-1, 10000, I32, 2.0, "2", True, "Auto"],
+    "moe_cache_repartition": [-1, 1000000, I32, 2.0, "16", True],
+    "moe_cache_peer": ["", 5, b"CUDA1", "a\0b", "x" * 128],
+    "moe_cache_device": ["", 5, b"CPU", "a\0b", "x" * 128, ("CPU",)],
+    "moe_cache_copy": [1, "no"],
+    "moe_cache_admit_async": [1, "auto", -1],
+    "moe_cache_mailbox": [0, "off"],
+    "moe_cache_mailbox_on_cpu": [1, "yes"],
+    "moe_cache_mailbox_fuse": [0, "no"],
+    "moe_cache_mailbox_threads": [-1, 1025, I32, 2.0, "4", True],
+    "moe_cache_mailbox_timeout_ms": [0, -1, 3600 * 1000 + 1, I32, 10.0, "10", True],
+    "moe_cache_mailbox_prefetch": [-1, (1 << 30) + 1, I32, 4096.0, "4096", False],
+    "moe_cache_mailbox_gpu_share": [-0.1, 1.01, NAN, INF, "0.5", True],
     "n_seq_max": [0, -1, 257, U32, 2.0, "4", None, True],
 }
 CONTEXT_GOOD = {"n_ctx": [0, 256, np.int64(512)], "n_batch": [1, 1 << 24], "n_threads": [None, 1, 1024],
                 "flash_attn": [None, True, False], "moe_cache_mib": [0, 0.5, 1 << 24],
-                "n_seq_max": [1, 8, 256, np.int32(4)]}
+                "n_seq_max": [1, 8, 256, np.int32(4)],
+                # a cache setting's None is the engine's default; what cannot apply with the rest is the engine's to say
+                "moe_cache_hybrid": [None], "moe_cache_admit": [None, "auto", 0, 9999], "moe_cache_peer": ["CUDA1"],
+                "moe_cache_device": [None, "CPU", "CUDA7"], "moe_cache_admit_async": [None, True, False],
+                "moe_cache_mailbox": [None, False], "moe_cache_mailbox_threads": [None, 0, 1024, np.int32(3)],
+                "moe_cache_mailbox_timeout_ms": [1, 3600 * 1000], "moe_cache_mailbox_prefetch": [0, 1 << 30],
+                "moe_cache_mailbox_gpu_share": [0, 1, 0.5, np.float32(0.25)]}
 
 SAMPLING_BAD = {
     "temperature": [-0.1, -INF, NAN, INF, "0.7", None, True],
@@ -135,6 +151,23 @@ def test_context_params_take_the_edge_values(name, value) -> None:
 @pytest.mark.parametrize("name, value", _cases(SAMPLING_GOOD))
 def test_sampling_takes_the_edge_values(name, value) -> None:
     Sampling(**{name: value})
+
+
+def test_each_cache_setting_is_one_field_of_the_engines_struct(lib) -> None:
+    """One ContextParams field for each field of llama_moe_cache_params (moe_cache_mib for its size), none
+    more; and a ContextParams left at its defaults passes the engine's defaults (llama_moe_cache_default_params)."""
+    from llama_moe._native.ffi import ffi
+    from llama_moe.cache_params import settings
+
+    c_fields = {name for name, _ in ffi.typeof("struct llama_moe_cache_params").fields}
+    mine = {spec.c_name for _, spec in settings(ContextParams())}
+    assert mine | {"size"} == c_fields and "size" not in mine
+    assert {f.name for f in dataclasses.fields(ContextParams) if f.name.startswith("moe_cache_")} == \
+           {f"moe_cache_{c}" for c in mine} | {"moe_cache_mib"}
+    native, _ = ContextParams()._to_native(lib)
+    default = lib.llama_moe_cache_default_params()
+    for name in c_fields:
+        assert getattr(native.moe_cache, name) == getattr(default, name), name
 
 
 def test_edge_values_reach_libllama(model) -> None:

@@ -112,10 +112,9 @@ def test_the_engine_refuses_the_same_damage_for_the_same_reason(lib, tiny_model_
     data, _, said, _ = CASES[name]
     path = tmp_path / "p.strp"
     path.write_bytes(data)
-    monkeypatch.setenv("LLAMA_MOE_CACHE_DEVICE", "CPU")
     caplog.set_level(logging.WARNING, logger="llama_moe.native")
     with Model(tiny_model_path, ModelParams(cpu_moe=True, repack=False)) as model:
-        with Context(model, ContextParams(n_ctx=256, moe_cache_mib=2, moe_cache_profile=path)) as ctx:
+        with Context(model, ContextParams(n_ctx=256, moe_cache_mib=2, moe_cache_profile=path, moe_cache_device="CPU")) as ctx:
             stats = ctx.moe_cache_stats()
     assert stats is not None and stats.n_prefilled == 0
     warned = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]

@@ -15,9 +15,6 @@ PROMPT = "The ship left the harbour at dawn, and the crew"
 RAM = ModelParams(cpu_moe=True, repack=False)
 
 
-pytestmark = pytest.mark.usefixtures("cache_on_cpu")
-
-
 @pytest.fixture(scope="module")
 def model(lib, tiny_model_path):
     with Model(tiny_model_path, RAM) as m:
@@ -25,7 +22,7 @@ def model(lib, tiny_model_path):
 
 
 def _params(**kw) -> ContextParams:
-    return ContextParams(n_ctx=512, n_threads=2, **kw)
+    return ContextParams(moe_cache_device="CPU", n_ctx=512, n_threads=2, **kw)
 
 
 def test_a_loaded_session_continues_as_the_saved_context_would(model, tmp_path: Path) -> None:
@@ -101,7 +98,7 @@ def test_bad_files_are_refused_and_the_context_is_unchanged(model, tmp_path: Pat
         with Model(tiny_q4_model_path, RAM) as q4, Context(q4, _params()) as foreign:
             with pytest.raises(SessionError, match="another model"):
                 load_session(foreign, path)
-        with Context(model, ContextParams(n_ctx=256, n_threads=2)) as small:
+        with Context(model, ContextParams(moe_cache_device="CPU", n_ctx=256, n_threads=2)) as small:
             with pytest.raises(SessionError, match="do not fit"):
                 load_session(small, path)
         expected = list(ctx.generate([], 8, stop_at_eog=False))

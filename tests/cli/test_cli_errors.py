@@ -223,7 +223,7 @@ def _tree(root: Path) -> dict[str, tuple[int, int]]:
 
 def _run(argv: list[str], cwd: str, env: dict[str, str] | None = None, **kw) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "llama_moe", *argv], cwd=cwd, capture_output=True, text=True,
-                          timeout=300, env={**os.environ, "LLAMA_MOE_CACHE_DEVICE": "CPU", **(env or {})}, **kw)
+                          timeout=300, env={**os.environ, **(env or {})}, **kw)
 
 
 def _one_error_line(proc: subprocess.CompletedProcess[str], command: str, said: str) -> None:

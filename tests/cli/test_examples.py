@@ -1,4 +1,4 @@
-"""The examples run as a user would run them, on the embedded default model."""
+"""The examples run as a user would run them, on the embedded default model, the cache in RAM (--cache-device CPU)."""
 from __future__ import annotations
 
 import os
@@ -13,8 +13,9 @@ ROOT = Path(__file__).resolve().parents[2]
 def _run(script: str, *args: str) -> str:
     # the package of this checkout, as the tests import it (not whichever one is installed)
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    env = {**os.environ, "LLAMA_MOE_CACHE_DEVICE": "CPU", "PYTHONPATH": path}
-    proc = subprocess.run([sys.executable, str(ROOT / "examples" / script), *args], capture_output=True, text=True,
+    env = {**os.environ, "PYTHONPATH": path}
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / script), *args, "--cache-device", "CPU"],
+                          capture_output=True, text=True,
                           env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return proc.stdout

@@ -12,9 +12,8 @@ import pytest
 
 
 def _stats(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    environ = {k: v for k, v in os.environ.items() if k != "LLAMA_MOE_CACHE_DEVICE"}
     return subprocess.run([sys.executable, "-m", "llama_moe", "stats", "-n", "32", *args], capture_output=True,
-                          text=True, env={**environ, **(env or {})}, timeout=600)
+                          text=True, env={**os.environ, **(env or {})}, timeout=600)
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +48,7 @@ def test_without_a_gpu_it_says_the_cache_is_in_ram(lib, main_job) -> None:
 
     if gpus():
         pytest.skip("a GPU holds the cache here")
-    assert "no GPU: the cache is in RAM (LLAMA_MOE_CACHE_DEVICE=CPU)" in main_job.stdout
+    assert "no GPU: the cache is in RAM (--moe-cache-device CPU)" in main_job.stdout
 
 
 def test_the_main_job_as_json_and_one_run_without_the_cache(lib) -> None:

@@ -26,9 +26,6 @@ RAM = ModelParams(cpu_moe=True, repack=False)
 MODES = ("none", "upload", "hybrid", "adaptive")
 
 
-pytestmark = pytest.mark.usefixtures("cache_on_cpu")
-
-
 @pytest.fixture(scope="module")
 def model(lib, tiny_model_path):
     with Model(tiny_model_path, RAM) as m:
@@ -49,7 +46,7 @@ def alone(model) -> list[list[int]]:
     """Each prompt's greedy tokens, decoded by itself in a context without a cache."""
     out = []
     for prompt, n in zip(PROMPTS, MAX_TOKENS):
-        with Context(model, ContextParams(n_ctx=128, n_threads=2)) as ctx:
+        with Context(model, ContextParams(moe_cache_device="CPU", n_ctx=128, n_threads=2)) as ctx:
             out.append(list(ctx.generate(prompt, n, stop_at_eog=False)))
     return out
 
@@ -57,14 +54,14 @@ def alone(model) -> list[list[int]]:
 def _params(path: Path, mode: str, profile: Path, slots: int) -> ContextParams:
     base = dict(n_ctx=512, n_threads=2, n_seq_max=4)
     if mode == "upload":
-        return ContextParams(**base, moe_cache_mib=mib_for_slots(path, slots))
+        return ContextParams(moe_cache_device="CPU", **base, moe_cache_mib=mib_for_slots(path, slots))
     if mode == "hybrid":
-        return ContextParams(**base, moe_cache_mib=mib_for_slots(path, slots, hybrid=True), moe_cache_profile=profile,
+        return ContextParams(moe_cache_device="CPU", **base, moe_cache_mib=mib_for_slots(path, slots, hybrid=True), moe_cache_profile=profile,
                              moe_cache_hybrid=True)
     if mode == "adaptive":
-        return ContextParams(**base, moe_cache_mib=mib_for_slots(path, slots, hybrid=True), moe_cache_hybrid=True,
+        return ContextParams(moe_cache_device="CPU", **base, moe_cache_mib=mib_for_slots(path, slots, hybrid=True), moe_cache_hybrid=True,
                              moe_cache_adaptive=True)
-    return ContextParams(**base)
+    return ContextParams(moe_cache_device="CPU", **base)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -131,7 +128,7 @@ def long_and_short(model) -> list[list[int] | str]:
 
 @pytest.fixture(scope="module")
 def batch_without_cache(model, long_and_short) -> list[list[int]]:
-    with Context(model, ContextParams(n_ctx=1024, n_threads=2, n_seq_max=2)) as ctx:
+    with Context(model, ContextParams(moe_cache_device="CPU", n_ctx=1024, n_threads=2, n_seq_max=2)) as ctx:
         return [list(c.tokens) for c in generate_batch(ctx, long_and_short, 48, stop_at_eog=False).completions]
 
 
@@ -145,7 +142,7 @@ def test_every_cache_mode_gives_the_tokens_of_the_batch_without_a_cache(model, t
     opts = dict(LONG_SHORT_MODES[mode])
     slots, profile = opts.pop("slots"), opts.pop("profile", False)
     mib = mib_for_slots(tiny_model_path, slots, hybrid=bool(opts.get("moe_cache_hybrid")))
-    params = ContextParams(n_ctx=1024, n_threads=2, n_seq_max=2, moe_cache_mib=mib,
+    params = ContextParams(moe_cache_device="CPU", n_ctx=1024, n_threads=2, n_seq_max=2, moe_cache_mib=mib,
                            moe_cache_profile=profile_path if profile else None, **opts)
     with Context(model, params) as ctx:
         res = generate_batch(ctx, long_and_short, 48, stop_at_eog=False)
@@ -160,15 +157,15 @@ def test_sampled_sequences_keep_their_own_sampler(model) -> None:
     samplings = [Sampling(temperature=0.8, seed=s) for s in (5, 6, 7, 8)]
     alone = []
     for prompt, n, s in zip(PROMPTS, MAX_TOKENS, samplings):
-        with Context(model, ContextParams(n_ctx=128, n_threads=2)) as ctx:
+        with Context(model, ContextParams(moe_cache_device="CPU", n_ctx=128, n_threads=2)) as ctx:
             alone.append(list(ctx.generate(prompt, n, s, stop_at_eog=False)))
-    with Context(model, ContextParams(n_ctx=512, n_threads=2, n_seq_max=4)) as ctx:
+    with Context(model, ContextParams(moe_cache_device="CPU", n_ctx=512, n_threads=2, n_seq_max=4)) as ctx:
         res = generate_batch(ctx, PROMPTS, MAX_TOKENS, samplings, stop_at_eog=False)
     assert [list(c.tokens) for c in res.completions] == alone
 
 
 def test_the_stream_yields_each_token_as_it_is_made(model, alone) -> None:
-    with Context(model, ContextParams(n_ctx=512, n_threads=2, n_seq_max=4)) as ctx:
+    with Context(model, ContextParams(moe_cache_device="CPU", n_ctx=512, n_threads=2, n_seq_max=4)) as ctx:
         pairs = []
         with stream_batch(ctx, PROMPTS, MAX_TOKENS, stop_at_eog=False) as stream:
             for pair in stream:
@@ -192,18 +189,18 @@ def test_the_stream_yields_each_token_as_it_is_made(model, alone) -> None:
 def test_end_of_generation_ends_one_sequence_and_the_others_go_on(model) -> None:
     prompt = model.tokenize("<|im_start|>user\nThe ship left the harbour at dawn<|im_end|>\n<|im_start|>assistant\n",
                             parse_special=True)
-    with Context(model, ContextParams(n_ctx=1024, n_threads=2, n_seq_max=4)) as ctx:
+    with Context(model, ContextParams(moe_cache_device="CPU", n_ctx=1024, n_threads=2, n_seq_max=4)) as ctx:
         res = generate_batch(ctx, [prompt] * 4, 160, [Sampling(temperature=1.5, top_k=0, seed=s) for s in range(4)])
         ended = [c for c in res.completions if c.stopped_by == "eog"]
         assert ended and all(len(c.tokens) < 160 for c in ended)
         assert not any(model.is_eog(t) for c in res.completions for t in c.tokens)
         for c, s in zip(res.completions, range(4)):
-            with Context(model, ContextParams(n_ctx=256, n_threads=2)) as one:
+            with Context(model, ContextParams(moe_cache_device="CPU", n_ctx=256, n_threads=2)) as one:
                 assert list(one.generate(prompt, 160, Sampling(temperature=1.5, top_k=0, seed=s))) == list(c.tokens)
 
 
 def test_bad_input_is_refused(model) -> None:
-    with Context(model, ContextParams(n_ctx=256, n_threads=2, n_seq_max=2)) as ctx:
+    with Context(model, ContextParams(moe_cache_device="CPU", n_ctx=256, n_threads=2, n_seq_max=2)) as ctx:
         cases = [([], "empty"), ("one prompt", "list of strings"), (PROMPTS[:3], "at most n_seq_max=2"),
                  (["fine", ""], r"prompts\[1\] is empty"), ([[1, 2], [10**9]], "outside the vocabulary"),
                  (["word " * 200], "positions")]
@@ -223,7 +220,7 @@ def test_bad_input_is_refused(model) -> None:
 
 
 def test_concurrent_batches_on_one_context_queue(model, alone) -> None:
-    with Context(model, ContextParams(n_ctx=512, n_threads=2, n_seq_max=4)) as ctx:
+    with Context(model, ContextParams(moe_cache_device="CPU", n_ctx=512, n_threads=2, n_seq_max=4)) as ctx:
         got: list[list[list[int]]] = []
 
         def worker() -> None:

@@ -2,18 +2,15 @@
 harness, not of speed (speed is measured on the GPU and quoted in docs/benchmarks.md)."""
 from __future__ import annotations
 
-import os
-
 import pytest
 
 from llama_moe.tools.bench.throughput import MODES, run_bench, to_markdown, train_profile
 
 
-def test_every_mode_runs_and_reports(lib, tiny_model_path, tmp_path, monkeypatch) -> None:
-    monkeypatch.setenv("LLAMA_MOE_CACHE_DEVICE", "CPU")
+def test_every_mode_runs_and_reports(lib, tiny_model_path, tmp_path) -> None:
     profile = train_profile(tiny_model_path, tmp_path / "train.strp", log=lambda s: None)
     rows = run_bench(tiny_model_path, [50], [2], n_gen=24, n_pp=64, runs=1, vram=True, log=lambda s: None,
-                     modes=MODES, profile=profile)
+                     modes=MODES, profile=profile, cache_device="CPU")
     assert [r.mode for r in rows] == ["cpu-moe", "upload", "hybrid", "hybrid-no-mailbox", "hybrid-adaptive", "hybrid-admit",
                                       "n-cpu-moe 3", "all-in-vram"]
     assert all(r.decode_tps > 0 and r.pp_tps > 0 for r in rows)
@@ -25,7 +22,6 @@ def test_every_mode_runs_and_reports(lib, tiny_model_path, tmp_path, monkeypatch
     # without a GPU there is no mailbox: the same hand-overs, so the same routing, hits and bytes from RAM
     assert by_mode["hybrid-no-mailbox"].hit_rate == by_mode["hybrid"].hit_rate
     assert by_mode["hybrid-no-mailbox"].ram_mb_per_token == by_mode["hybrid"].ram_mb_per_token
-    assert "LLAMA_MOE_CACHE_NO_MAILBOX" not in os.environ
     assert by_mode["cpu-moe"].ram_mb_per_token > by_mode["hybrid"].ram_mb_per_token > 0
     assert by_mode["all-in-vram"].bound_tps is None and by_mode["upload"].ram_mb_per_token is None
     assert 0 < by_mode["cpu-moe"].of_bound == pytest.approx(by_mode["cpu-moe"].decode_tps / by_mode["cpu-moe"].bound_tps)
@@ -33,14 +29,13 @@ def test_every_mode_runs_and_reports(lib, tiny_model_path, tmp_path, monkeypatch
     assert table.count("\n") == len(rows) + 1 and "pp64" in table
 
 
-def test_cache_modes_without_a_cache_are_marked(lib, tiny_model_path, monkeypatch) -> None:
-    """No GPU and no LLAMA_MOE_CACHE_DEVICE: the engine turns the cache off, and the rows say so instead of
+def test_cache_modes_without_a_cache_are_marked(lib, tiny_model_path) -> None:
+    """No GPU and no cache device named: the engine turns the cache off, and the rows say so instead of
     passing cpu-moe's numbers off as the cache's."""
     from llama_moe.devices import gpus
 
     if gpus():
         pytest.skip("a GPU holds the cache here")   # the CI machine has none; this case is about it
-    monkeypatch.delenv("LLAMA_MOE_CACHE_DEVICE", raising=False)
     said: list[str] = []
     rows = run_bench(tiny_model_path, [50], [2], n_gen=8, n_pp=32, runs=1, vram=False, log=said.append,
                      modes=("cpu-moe", "upload"))

@@ -14,12 +14,9 @@ from llama_moe.tools.synth.corpus import TOPICS, split_paragraphs
 from llama_moe.tools.errors import ToolInputError
 
 
-pytestmark = pytest.mark.usefixtures("cache_on_cpu")
-
-
 def test_five_configurations_side_by_side(lib, tiny_model_path, tmp_path) -> None:
     b = run_bench_adaptive(tiny_model_path, cache_pct=50, threads=2, n_gen=16, runs=2, warmup=128, measure=384,
-                           window=128, profile_dir=tmp_path, log=lambda s: None)
+                           window=128, profile_dir=tmp_path, log=lambda s: None, cache_device="CPU")
     assert [r.config for r in b.rows] == list(CONFIGS)
     assert (b.slots_per_layer, b.cache_pct, b.warmup, b.n_measured, b.n_fed) == (16, 50, 128, 384, 512)
     assert b.topics == TOPICS[:4] and b.other_topics == TOPICS[4:]

@@ -1,5 +1,5 @@
 """The MoE expert cache in upload mode, on the real patched libllama with the CPU as the cache device
-(LLAMA_MOE_CACHE_DEVICE=CPU): identical results, counters that match the routing, profiles and splits."""
+(moe_cache_device="CPU"): identical results, counters that match the routing, profiles and splits."""
 from __future__ import annotations
 
 import logging
@@ -20,9 +20,6 @@ N_GEN = 40
 RAM = ModelParams(cpu_moe=True, repack=False)
 
 
-pytestmark = pytest.mark.usefixtures("cache_on_cpu")
-
-
 def _run(path: Path, mp: ModelParams, cp: ContextParams, trace: bool = False):
     with Model(path, mp) as model, Context(model, cp) as ctx:
         if trace:
@@ -35,7 +32,7 @@ def _run(path: Path, mp: ModelParams, cp: ContextParams, trace: bool = False):
 
 
 def _params(mib: float = 0, profile: Path | None = None, **kw) -> ContextParams:
-    return ContextParams(n_ctx=512, n_threads=2, moe_cache_mib=mib, moe_cache_profile=profile, **kw)
+    return ContextParams(moe_cache_device="CPU", n_ctx=512, n_threads=2, moe_cache_mib=mib, moe_cache_profile=profile, **kw)
 
 
 def test_cache_gives_identical_tokens_and_logits(lib, tiny_model_path) -> None:

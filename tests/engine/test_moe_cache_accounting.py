@@ -15,9 +15,6 @@ FIELDS = (("n_hit", "n_hit"), ("n_miss", "n_miss"), ("n_refused", "n_refused"), 
           ("n_bytes_cpu", "n_bytes_cpu"))
 
 
-pytestmark = pytest.mark.usefixtures("cache_on_cpu")
-
-
 @pytest.fixture(scope="module")
 def model(lib, tiny_model_path):
     with Model(tiny_model_path, ModelParams(cpu_moe=True, repack=False)) as m:
@@ -28,7 +25,7 @@ def model(lib, tiny_model_path):
 def test_the_sequences_shares_add_up_to_the_counters(model, tiny_model_path, hybrid) -> None:
     mib = mib_for_slots(tiny_model_path, 16, hybrid)
     # the hybrid adaptive, so that it fills itself and hits (without a profile it would stay empty)
-    cp = ContextParams(n_ctx=1024, n_seq_max=4, moe_cache_mib=mib, moe_cache_hybrid=hybrid, moe_cache_adaptive=hybrid,
+    cp = ContextParams(moe_cache_device="CPU", n_ctx=1024, n_seq_max=4, moe_cache_mib=mib, moe_cache_hybrid=hybrid, moe_cache_adaptive=hybrid,
                        n_threads=2)
     with Context(model, cp) as ctx:
         generate_batch(ctx, PROMPTS, max_tokens=[24, 12, 18, 6])
@@ -54,7 +51,7 @@ def test_each_lookup_goes_to_the_sequence_that_selected_it_first(model, tiny_mod
     order (the live sequences in order), that selected it, as the accounting rule says; read from the routing trace
     of the steps after the prompts."""
     max_tokens = [24, 12, 18, 6]
-    cp = ContextParams(n_ctx=1024, n_seq_max=4, moe_cache_mib=mib_for_slots(tiny_model_path, 16, hybrid),
+    cp = ContextParams(moe_cache_device="CPU", n_ctx=1024, n_seq_max=4, moe_cache_mib=mib_for_slots(tiny_model_path, 16, hybrid),
                        moe_cache_hybrid=hybrid, moe_cache_adaptive=hybrid, n_threads=2)
     with Context(model, cp) as ctx:
         with stream_batch(ctx, PROMPTS, max_tokens=max_tokens, stop_at_eog=False) as stream:
@@ -95,7 +92,7 @@ def test_each_lookup_goes_to_the_sequence_that_selected_it_first(model, tiny_mod
 
 
 def test_one_sequence_gets_every_lookup(model, tiny_model_path) -> None:
-    cp = ContextParams(n_ctx=512, moe_cache_mib=mib_for_slots(tiny_model_path, 13), n_threads=2)
+    cp = ContextParams(moe_cache_device="CPU", n_ctx=512, moe_cache_mib=mib_for_slots(tiny_model_path, 13), n_threads=2)
     with Context(model, cp) as ctx:
         generate_batch(ctx, PROMPTS[:1], max_tokens=16)
         total, own = ctx.moe_cache_stats(), ctx.moe_cache_seq_stats(0)
@@ -105,5 +102,5 @@ def test_one_sequence_gets_every_lookup(model, tiny_model_path) -> None:
 
 
 def test_no_cache_no_shares(model) -> None:
-    with Context(model, ContextParams(n_ctx=256, n_threads=2)) as ctx:
+    with Context(model, ContextParams(moe_cache_device="CPU", n_ctx=256, n_threads=2)) as ctx:
         assert ctx.moe_cache_seq_stats(0) is None

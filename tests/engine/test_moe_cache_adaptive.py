@@ -20,11 +20,8 @@ SLOTS = 8
 RAM = ModelParams(cpu_moe=True, repack=False)
 
 
-pytestmark = pytest.mark.usefixtures("cache_on_cpu")
-
-
 def _hybrid(path: Path, **kw) -> ContextParams:
-    return ContextParams(n_ctx=1024, moe_cache_mib=mib_for_slots(path, SLOTS, hybrid=True), moe_cache_hybrid=True, **kw)
+    return ContextParams(moe_cache_device="CPU", n_ctx=1024, moe_cache_mib=mib_for_slots(path, SLOTS, hybrid=True), moe_cache_hybrid=True, **kw)
 
 
 def _hit_rate_after(ctx: Context, warmup: int) -> tuple[list[int], float]:
@@ -43,7 +40,7 @@ def test_adaptive_reaches_a_same_text_profile_and_changes_no_token(lib, tiny_mod
     layout = expert_layout(tiny_model_path)
     caplog.set_level(logging.INFO, logger="llama_moe.native")
     with Model(tiny_model_path, RAM) as model:
-        with Context(model, ContextParams(n_ctx=1024)) as ctx:
+        with Context(model, ContextParams(moe_cache_device="CPU", n_ctx=1024)) as ctx:
             ctx.start_trace()
             plain = list(ctx.generate(PROMPT, N_GEN, SAMPLING, stop_at_eog=False))
             records = ctx.stop_trace()
@@ -80,7 +77,7 @@ def test_rebalance_on_request(lib, tiny_model_path) -> None:
                 ctx.rebalance(-1)
         with Context(model, _hybrid(tiny_model_path)) as ctx:
             assert ctx.rebalance(8) == -1  # hybrid without adaptive
-        with Context(model, ContextParams(n_ctx=256)) as ctx:
+        with Context(model, ContextParams(moe_cache_device="CPU", n_ctx=256)) as ctx:
             assert ctx.rebalance(8) == -1  # no cache at all
 
 

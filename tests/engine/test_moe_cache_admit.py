@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from llama_moe import Context, ContextParams, Model, ModelParams, Sampling
+from llama_moe import Context, ContextParams, Model, ModelParams, MoeCacheWarning, Sampling
 from llama_moe.errors import ParameterError
 from llama_moe.tools.experts import expert_layout
 from llama_moe.formats.trace import RoutingRecord
@@ -27,17 +27,14 @@ SLOTS = 8
 RAM = ModelParams(cpu_moe=True, repack=False)
 
 
-pytestmark = pytest.mark.usefixtures("cache_on_cpu")
-
-
 def _admitting(path: Path, n: int, slots: int = SLOTS, **kw) -> ContextParams:
-    return ContextParams(n_ctx=1024, moe_cache_mib=mib_for_slots(path, slots, hybrid=True), moe_cache_hybrid=True,
+    return ContextParams(moe_cache_device="CPU", n_ctx=1024, moe_cache_mib=mib_for_slots(path, slots, hybrid=True), moe_cache_hybrid=True,
                          moe_cache_admit=n, **kw)
 
 
 def _without_cache(model: Model) -> tuple[list[int], np.ndarray]:
     """The reference: the same generation without a cache, its tokens and last logits."""
-    with Context(model, ContextParams(n_ctx=1024)) as ctx:
+    with Context(model, ContextParams(moe_cache_device="CPU", n_ctx=1024)) as ctx:
         return list(ctx.generate(PROMPT, N_GEN, SAMPLING, stop_at_eog=False)), ctx.logits().copy()
 
 
@@ -115,15 +112,14 @@ def replay(records: list[RoutingRecord], n_slots: int, admit: int,
 # 2 slots: fewer than a token's 4 experts, and admissions of a round up to twice the slots
 @pytest.mark.parametrize("admit, background, slots", [(1, False, SLOTS), (4, False, SLOTS), (2, True, SLOTS),
                                                       (4, False, 2), (2, True, 2), (4, True, 2)])
-def test_admission_changes_no_token_and_counts_as_its_replay(lib, tiny_model_path, caplog, monkeypatch,
+def test_admission_changes_no_token_and_counts_as_its_replay(lib, tiny_model_path, caplog,
                                                              admit: int, background: bool, slots: int) -> None:
     layout = expert_layout(tiny_model_path)
     # on the CPU device admission is synchronous unless asked; a GPU's default is the background
-    monkeypatch.setenv("LLAMA_MOE_CACHE_ADMIT_ASYNC", "1" if background else "0")
     caplog.set_level(logging.INFO, logger="llama_moe.native")
     with Model(tiny_model_path, RAM) as model:
         plain, plain_logits = _without_cache(model)
-        with Context(model, _admitting(tiny_model_path, admit, slots)) as ctx:
+        with Context(model, _admitting(tiny_model_path, admit, slots, moe_cache_admit_async=background)) as ctx:
             run = traced_generation(ctx, PROMPT, N_GEN, SAMPLING)
             resident = {il: sorted(ctx.resident(il).tolist()) for il in run.layers}
     records, stats, per_layer = run.records, run.stats, run.layers
@@ -146,14 +142,13 @@ def test_admission_changes_no_token_and_counts_as_its_replay(lib, tiny_model_pat
     assert "starts empty and stays empty" not in caplog.text
 
 
-def test_a_round_never_evicts_its_own_arrivals(lib, tiny_model_path, monkeypatch) -> None:
+def test_a_round_never_evicts_its_own_arrivals(lib, tiny_model_path) -> None:
     """At 2 slots a layer and 2 admissions a round, the background's arrivals are hits for the decode after the
     next, as the synchronous ones are for the next: its hit rate stays near the synchronous one's."""
     rates = {}
     with Model(tiny_model_path, RAM) as model:
         for background in (False, True):
-            monkeypatch.setenv("LLAMA_MOE_CACHE_ADMIT_ASYNC", "1" if background else "0")
-            with Context(model, _admitting(tiny_model_path, 2, 2)) as ctx:
+            with Context(model, _admitting(tiny_model_path, 2, 2, moe_cache_admit_async=background)) as ctx:
                 list(ctx.generate(PROMPT, N_GEN, SAMPLING, stop_at_eog=False))
                 s = ctx.moe_cache_stats()
                 rates[background] = s.hit_rate
@@ -174,14 +169,12 @@ def test_admission_fills_a_hybrid_that_would_stay_empty(lib, tiny_model_path) ->
     assert rates[8] > 0.3 and admitted[8] > 0, (rates, admitted)
 
 
-def test_admission_through_the_mailbox_is_the_schedulers(lib, tiny_model_path, monkeypatch) -> None:
+def test_admission_through_the_mailbox_is_the_schedulers(lib, tiny_model_path) -> None:
     """The mailbox's CPU side counts a token's misses itself: admission sees the same misses either way."""
     out = {}
     with Model(tiny_model_path, RAM) as model:
         for way in ("scheduler", "mailbox"):
-            if way == "mailbox":
-                monkeypatch.setenv("LLAMA_MOE_MAILBOX_ON_CPU", "1")
-            with Context(model, _admitting(tiny_model_path, 2, n_threads=2)) as ctx:
+            with Context(model, _admitting(tiny_model_path, 2, n_threads=2, moe_cache_mailbox_on_cpu=way == "mailbox")) as ctx:
                 tokens = list(ctx.generate(PROMPT, 64, SAMPLING, stop_at_eog=False))
                 out[way] = (tokens, ctx.logits().copy(), [(l.n_hit, l.n_miss) for l in ctx.layer_stats()],
                             ctx.moe_cache_stats().n_admit)
@@ -192,14 +185,13 @@ def test_admission_through_the_mailbox_is_the_schedulers(lib, tiny_model_path, m
 
 
 @pytest.mark.parametrize("background", [False, True])
-def test_admission_chosen_by_the_engine(lib, tiny_model_path, caplog, monkeypatch, background: bool) -> None:
+def test_admission_chosen_by_the_engine(lib, tiny_model_path, caplog, background: bool) -> None:
     """moe_cache_admit="auto": the engine sizes each round from its measured copy and decode times, between 0
     and 4 a layer, and says what it chose; nothing a token computes changes."""
-    monkeypatch.setenv("LLAMA_MOE_CACHE_ADMIT_ASYNC", "1" if background else "0")
     caplog.set_level(logging.INFO, logger="llama_moe.native")
     with Model(tiny_model_path, RAM) as model:
         plain, plain_logits = _without_cache(model)
-        with Context(model, _admitting(tiny_model_path, "auto")) as ctx:
+        with Context(model, _admitting(tiny_model_path, "auto", moe_cache_admit_async=background)) as ctx:
             got = list(ctx.generate(PROMPT, N_GEN, SAMPLING, stop_at_eog=False))
             logits = ctx.logits().copy()
             stats = ctx.moe_cache_stats()
@@ -221,10 +213,25 @@ def test_admission_chosen_by_the_engine(lib, tiny_model_path, caplog, monkeypatc
     ({"moe_cache_admit": "fast"}, "moe_cache_admit must be \"auto\" or a whole number of experts"),
     ({"moe_cache_admit": 2.5}, "moe_cache_admit must be \"auto\" or a whole number of experts"),
     ({"moe_cache_admit": True}, "moe_cache_admit must be \"auto\" or a whole number of experts"),
-    ({"moe_cache_admit": "auto", "moe_cache_hybrid": False}, "needs moe_cache_hybrid=True"),
-    ({"moe_cache_admit": 2, "moe_cache_hybrid": False}, "needs moe_cache_hybrid=True"),
 ])
 def test_bad_admission_settings_are_refused(kw, why) -> None:
     base = {"moe_cache_mib": 4, "moe_cache_hybrid": True}
     with pytest.raises(ParameterError, match=why):
-        ContextParams(**{**base, **kw}).validate()
+        ContextParams(moe_cache_device="CPU", **{**base, **kw}).validate()
+
+
+@pytest.mark.parametrize("admit", ["auto", 2])
+def test_admission_without_the_hybrid_is_the_engines_to_refuse(lib, tiny_model_path, admit) -> None:
+    """Admission needs the hybrid: Python takes the value (its type and range are right), the engine drops it
+    with its reason in the status, and the upload cache runs."""
+    cp = ContextParams(moe_cache_device="CPU", n_ctx=256, moe_cache_mib=mib_for_slots(tiny_model_path, SLOTS),
+                       moe_cache_admit=admit)
+    cp.validate()
+    with Model(tiny_model_path, RAM) as model:
+        with pytest.warns(MoeCacheWarning, match="--moe-cache-admit without --moe-cache-hybrid is ignored"):
+            ctx = Context(model, cp)
+        with ctx:
+            status = ctx.cache_status()
+            list(ctx.generate(PROMPT, 8, SAMPLING, stop_at_eog=False))
+            assert ctx.moe_cache_stats().n_admit == 0
+    assert (status.state, status.mode, status.reasons) == ("partial", "upload", ("option_ignored",))

@@ -19,9 +19,6 @@ N_GEN = 96
 RAM = ModelParams(cpu_moe=True, repack=False)
 
 
-pytestmark = pytest.mark.usefixtures("cache_on_cpu")
-
-
 @pytest.fixture(scope="module")
 def profile_path(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     layout = expert_layout(tiny_model_path)
@@ -47,9 +44,9 @@ def test_hybrid_is_bit_identical_and_its_counters_add_up(lib, tiny_model_path, p
     layout = expert_layout(tiny_model_path)
     slots = 12
     with Model(tiny_model_path, RAM) as model:
-        plain_tokens, plain_logits, *_ = _generate(model, ContextParams(n_ctx=512), prompt)
+        plain_tokens, plain_logits, *_ = _generate(model, ContextParams(moe_cache_device="CPU", n_ctx=512), prompt)
         tokens, logits, stats, layers, records, resident = _generate(
-            model, ContextParams(n_ctx=512, moe_cache_mib=mib_for_slots(tiny_model_path, slots, hybrid=True),
+            model, ContextParams(moe_cache_device="CPU", n_ctx=512, moe_cache_mib=mib_for_slots(tiny_model_path, slots, hybrid=True),
                                  moe_cache_profile=profile_path, moe_cache_hybrid=True), prompt)
     assert tokens == plain_tokens
     np.testing.assert_array_equal(logits, plain_logits)
@@ -69,8 +66,8 @@ def test_hybrid_is_bit_identical_and_its_counters_add_up(lib, tiny_model_path, p
 def test_hybrid_without_a_profile_starts_empty_and_says_so(lib, tiny_model_path, caplog) -> None:
     caplog.set_level(logging.INFO, logger="llama_moe.native")
     with Model(tiny_model_path, RAM) as model:
-        plain, *_ = _generate(model, ContextParams(n_ctx=512), PROMPTS[0])
-        tokens, _, stats, *_ = _generate(model, ContextParams(n_ctx=512, moe_cache_mib=mib_for_slots(tiny_model_path, 8, hybrid=True),
+        plain, *_ = _generate(model, ContextParams(moe_cache_device="CPU", n_ctx=512), PROMPTS[0])
+        tokens, _, stats, *_ = _generate(model, ContextParams(moe_cache_device="CPU", n_ctx=512, moe_cache_mib=mib_for_slots(tiny_model_path, 8, hybrid=True),
                                                               moe_cache_hybrid=True), PROMPTS[0])
     assert tokens == plain
     assert stats.n_hit == 0 and stats.n_miss > 0 and stats.n_prefilled == 0
@@ -82,9 +79,9 @@ def test_layers_held_whole_run_on_the_cache_only(lib, tiny_model_path, caplog) -
     layout = expert_layout(tiny_model_path)
     caplog.set_level(logging.INFO, logger="llama_moe.native")
     with Model(tiny_model_path, RAM) as model:
-        plain, plain_logits, *_ = _generate(model, ContextParams(n_ctx=512), PROMPTS[1])
+        plain, plain_logits, *_ = _generate(model, ContextParams(moe_cache_device="CPU", n_ctx=512), PROMPTS[1])
         tokens, logits, stats, *_ = _generate(
-            model, ContextParams(n_ctx=512, moe_cache_mib=mib_for_slots(tiny_model_path, layout.n_expert, hybrid=True),
+            model, ContextParams(moe_cache_device="CPU", n_ctx=512, moe_cache_mib=mib_for_slots(tiny_model_path, layout.n_expert, hybrid=True),
                                  moe_cache_hybrid=True), PROMPTS[1])
     assert tokens == plain
     np.testing.assert_array_equal(logits, plain_logits)
@@ -95,8 +92,8 @@ def test_layers_held_whole_run_on_the_cache_only(lib, tiny_model_path, caplog) -
 def test_adaptive_without_hybrid_is_ignored_with_a_warning(lib, tiny_model_path, caplog) -> None:
     caplog.set_level(logging.WARNING, logger="llama_moe.native")
     with Model(tiny_model_path, RAM) as model:
-        with pytest.warns(MoeCacheWarning, match="moe_cache_adaptive is ignored without moe_cache_hybrid"), \
-             Context(model, ContextParams(n_ctx=256, moe_cache_mib=mib_for_slots(tiny_model_path, 8),
+        with pytest.warns(MoeCacheWarning, match="--moe-cache-adaptive without --moe-cache-hybrid is ignored"), \
+             Context(model, ContextParams(moe_cache_device="CPU", n_ctx=256, moe_cache_mib=mib_for_slots(tiny_model_path, 8),
                                           moe_cache_adaptive=True)) as ctx:
             assert ctx.moe_cache_stats() is not None
     assert "--moe-cache-adaptive without --moe-cache-hybrid is ignored" in caplog.text
@@ -116,9 +113,9 @@ def test_hybrid_with_expert_biases_is_bit_identical(lib, gpt_oss_path, tmp_path,
     mib = mib_for_slots(gpt_oss_path, slots, hybrid=True)
     with Model(gpt_oss_path, RAM) as model:
         for prompt in PROMPTS:
-            plain_tokens, plain_logits, *_ = _generate(model, ContextParams(n_ctx=512), prompt)
+            plain_tokens, plain_logits, *_ = _generate(model, ContextParams(moe_cache_device="CPU", n_ctx=512), prompt)
             tokens, logits, stats, layers, _, _ = _generate(
-                model, ContextParams(n_ctx=512, moe_cache_mib=mib, moe_cache_profile=profile, moe_cache_hybrid=True,
+                model, ContextParams(moe_cache_device="CPU", n_ctx=512, moe_cache_mib=mib, moe_cache_profile=profile, moe_cache_hybrid=True,
                                      moe_cache_adaptive=adaptive), prompt)
             assert tokens == plain_tokens
             np.testing.assert_array_equal(logits, plain_logits)

@@ -28,11 +28,6 @@ N_GEN = 256
 SAMPLING = Sampling(temperature=0.8, seed=5)
 
 
-@pytest.fixture(autouse=True)
-def cache_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("LLAMA_MOE_CACHE_DEVICE", "CPU")
-
-
 def _counts(path: Path) -> dict[int, int]:
     """Uneven counts: fewer than a token's experts (upload mode splits every decode), a few, many, more than the
     layer's experts (held whole)."""
@@ -94,8 +89,8 @@ def test_upload_mode_takes_each_layers_slots(lib, tiny_model_path, tmp_path, cap
     caplog.set_level(logging.INFO, logger="llama_moe.native")
     with Model(tiny_model_path, RAM) as model:
         assert all(len(model.tokenize(p)) > 32 for p in PROMPTS)
-        plain_tokens, plain_logits, *_ = _batch(model, ContextParams(**base), tiny_model_path, None)
-        cp = ContextParams(**base, moe_cache_mib=_mib(tiny_model_path, counts, False), moe_cache_profile=profile)
+        plain_tokens, plain_logits, *_ = _batch(model, ContextParams(moe_cache_device="CPU", **base), tiny_model_path, None)
+        cp = ContextParams(moe_cache_device="CPU", **base, moe_cache_mib=_mib(tiny_model_path, counts, False), moe_cache_profile=profile)
         tokens, logits, stats, layers, records = _batch(model, cp, tiny_model_path, counts)
     assert len(tokens) == len(PROMPTS) * (N_STEPS + 1)
     assert tokens == plain_tokens
@@ -126,8 +121,8 @@ def _plain_and_cached(path: Path, counts: dict[int, int], prompt: str, check=Non
     layout = expert_layout(path)
     runs = []
     with Model(path, RAM) as model:
-        for cp in (ContextParams(n_ctx=1024, n_threads=2),
-                   ContextParams(n_ctx=1024, n_threads=2, moe_cache_hybrid=True, moe_cache_mib=_mib(path, counts, True),
+        for cp in (ContextParams(moe_cache_device="CPU", n_ctx=1024, n_threads=2),
+                   ContextParams(moe_cache_device="CPU", n_ctx=1024, n_threads=2, moe_cache_hybrid=True, moe_cache_mib=_mib(path, counts, True),
                                  **cache)):
             with Context(model, cp) as ctx:
                 if cp.moe_cache_hybrid:
@@ -143,18 +138,17 @@ def _plain_and_cached(path: Path, counts: dict[int, int], prompt: str, check=Non
 
 
 @pytest.mark.parametrize("way", ["scheduler", "mailbox"])
-def test_hybrid_takes_each_layers_slots(lib, tiny_model_path, tmp_path, monkeypatch, way) -> None:
+def test_hybrid_takes_each_layers_slots(lib, tiny_model_path, tmp_path, way) -> None:
     layout = expert_layout(tiny_model_path)
     counts = _counts(tiny_model_path)
     profile = _profile(tiny_model_path, tmp_path, counts)
-    if way == "mailbox":
-        monkeypatch.setenv("LLAMA_MOE_MAILBOX_ON_CPU", "1")
 
     def check(ctx: Context) -> None:
         assert len(ctx.tokenize(PROMPTS[0])) > 32
         assert ctx.cache_status().mailbox == (way == "mailbox")
 
-    plain, run = _plain_and_cached(tiny_model_path, counts, PROMPTS[0], check, moe_cache_profile=profile)
+    plain, run = _plain_and_cached(tiny_model_path, counts, PROMPTS[0], check, moe_cache_profile=profile,
+                                   moe_cache_mailbox_on_cpu=way == "mailbox")
     stats, layers, records = run.stats, run.layers, run.records
     assert run.tokens == plain.tokens and np.array_equal(run.logits, plain.logits)
     sim, _, _ = simulate_hybrid(records, counts, layout.n_expert, prefill=_ranked(tiny_model_path))
@@ -179,7 +173,7 @@ def test_adaptive_hybrid_keeps_each_layers_slots(lib, tiny_model_path, tmp_path)
 
 
 @pytest.mark.parametrize("with_profile_ranks, background", [(True, False), (False, False), (True, True)])
-def test_admitting_hybrid_takes_each_layers_slots(lib, tiny_model_path, tmp_path, monkeypatch, with_profile_ranks,
+def test_admitting_hybrid_takes_each_layers_slots(lib, tiny_model_path, tmp_path, with_profile_ranks,
                                                   background) -> None:
     """Admission with its own slots per layer: synchronous, as on the CPU device by default, or in the
     background, as on a GPU."""
@@ -190,9 +184,9 @@ def test_admitting_hybrid_takes_each_layers_slots(lib, tiny_model_path, tmp_path
         profile = tmp_path / "counts_only.strp"
         write_profile(profile, Profile(layout.n_layer, layout.n_expert, 0, (),
                                        tuple(counts.get(il, 0) for il in range(layout.n_layer))))
-    monkeypatch.setenv("LLAMA_MOE_CACHE_ADMIT_ASYNC", "1" if background else "0")
     admit = 2
-    plain, run = _plain_and_cached(tiny_model_path, counts, PROMPTS[1], moe_cache_admit=admit, moe_cache_profile=profile)
+    plain, run = _plain_and_cached(tiny_model_path, counts, PROMPTS[1], moe_cache_admit=admit, moe_cache_profile=profile,
+                                   moe_cache_admit_async=background)
     stats, layers, records, resident = run.stats, run.layers, run.records, run.resident
     assert run.tokens == plain.tokens and np.array_equal(run.logits, plain.logits)
     ranked = _ranked(tiny_model_path) if with_profile_ranks else ()
@@ -218,7 +212,7 @@ def test_counts_over_the_budget_are_scaled_down_and_said(lib, tiny_model_path, t
     caplog.set_level(logging.INFO, logger="llama_moe.native")
     with Model(tiny_model_path, RAM) as model:
         with pytest.warns(MoeCacheWarning, match="per-layer slots take .* scaled by"):
-            ctx = Context(model, ContextParams(n_ctx=512, n_threads=2, moe_cache_mib=mib, moe_cache_profile=profile))
+            ctx = Context(model, ContextParams(moe_cache_device="CPU", n_ctx=512, n_threads=2, moe_cache_mib=mib, moe_cache_profile=profile))
         with ctx:
             assert {l.il: l.n_slots for l in ctx.layer_stats()} == want
             status = ctx.cache_status()
@@ -230,7 +224,7 @@ def test_counts_over_the_budget_are_scaled_down_and_said(lib, tiny_model_path, t
     caplog.clear()
     with Model(tiny_model_path, RAM) as model:
         big = _mib(tiny_model_path, {il: 2 * n for il, n in counts.items()}, False)
-        with Context(model, ContextParams(n_ctx=512, moe_cache_mib=big, moe_cache_profile=profile)) as ctx:
+        with Context(model, ContextParams(moe_cache_device="CPU", n_ctx=512, moe_cache_mib=big, moe_cache_profile=profile)) as ctx:
             _check_slots(tiny_model_path, ctx, counts)
             assert ctx.cache_status().as_asked
     assert "the rest is not allocated" in caplog.text
@@ -275,7 +269,7 @@ def test_bad_slot_sections_are_refused_with_the_reason(lib, tiny_model_path, tmp
                     read_profile(path)
             caplog.clear()
             with pytest.warns(MoeCacheWarning, match=why):
-                ctx = Context(model, ContextParams(n_ctx=512, moe_cache_mib=mib, moe_cache_profile=path))
+                ctx = Context(model, ContextParams(moe_cache_device="CPU", n_ctx=512, moe_cache_mib=mib, moe_cache_profile=path))
             with ctx:
                 status = ctx.cache_status()
                 assert status.reasons == ("profile_refused",) and why in status.text, name
@@ -288,7 +282,7 @@ def test_bad_slot_sections_are_refused_with_the_reason(lib, tiny_model_path, tmp
     old = _profile(tiny_model_path, tmp_path, None, "old.strp")
     assert read_profile(old).layer_slots is None
     with Model(tiny_model_path, RAM) as model:
-        with Context(model, ContextParams(n_ctx=512, moe_cache_mib=mib, moe_cache_profile=old)) as ctx:
+        with Context(model, ContextParams(moe_cache_device="CPU", n_ctx=512, moe_cache_mib=mib, moe_cache_profile=old)) as ctx:
             assert {l.n_slots for l in ctx.layer_stats()} == {equal} and ctx.cache_status().as_asked
             assert ctx.moe_cache_stats().n_prefilled == equal * layout.n_moe_layers
 
@@ -304,7 +298,7 @@ def test_the_devices_free_memory_scales_the_counts_by_the_same_rule(lib, tiny_mo
     assert want != asked
     with Model(tiny_model_path, RAM) as model:
         with pytest.warns(MoeCacheWarning, match="MiB free: the per-layer slots scaled down"):
-            ctx = Context(model, ContextParams(n_ctx=512, n_threads=2, moe_cache_hybrid=True, moe_cache_profile=profile,
+            ctx = Context(model, ContextParams(moe_cache_device="CPU", n_ctx=512, n_threads=2, moe_cache_hybrid=True, moe_cache_profile=profile,
                                                moe_cache_mib=_mib(tiny_model_path, counts, True)))
         with ctx:
             assert {l.il: l.n_slots for l in ctx.layer_stats()} == want
@@ -315,7 +309,7 @@ def test_the_devices_free_memory_scales_the_counts_by_the_same_rule(lib, tiny_mo
         # too little for one slot per layer: off, said
         monkeypatch.setenv("LLAMA_MOE_TEST_DEVICE_FREE_KIB", "1")
         with pytest.warns(MoeCacheWarning, match="cannot hold one expert per layer"):
-            ctx = Context(model, ContextParams(n_ctx=512, moe_cache_profile=profile,
+            ctx = Context(model, ContextParams(moe_cache_device="CPU", n_ctx=512, moe_cache_profile=profile,
                                                moe_cache_mib=_mib(tiny_model_path, counts, False)))
         with ctx:
             assert ctx.cache_status().state == "off" and ctx.moe_cache_stats() is None

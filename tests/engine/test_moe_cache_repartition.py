@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from llama_moe import Context, ContextParams, Model, ModelParams, Sampling
+from llama_moe import Context, ContextParams, Model, ModelParams, MoeCacheWarning, Sampling
 from llama_moe.errors import ParameterError
 from llama_moe.tools.experts import expert_layout
 from llama_moe.formats.trace import RoutingRecord
@@ -28,16 +28,14 @@ ADMIT = 2
 PERIOD = 16
 RAM = ModelParams(cpu_moe=True, repack=False)
 
-pytestmark = pytest.mark.usefixtures("cache_on_cpu")
-
 
 def _params(path: Path, slots: int = SLOTS, **kw) -> ContextParams:
-    return ContextParams(n_ctx=1024, moe_cache_mib=mib_for_slots(path, slots, hybrid=True), moe_cache_hybrid=True,
+    return ContextParams(moe_cache_device="CPU", n_ctx=1024, moe_cache_mib=mib_for_slots(path, slots, hybrid=True), moe_cache_hybrid=True,
                          moe_cache_admit=ADMIT, moe_cache_repartition=PERIOD, **kw)
 
 
 def _without_cache(model: Model, n_gen: int = N_GEN) -> tuple[list[int], np.ndarray]:
-    with Context(model, ContextParams(n_ctx=1024)) as ctx:
+    with Context(model, ContextParams(moe_cache_device="CPU", n_ctx=1024)) as ctx:
         return list(ctx.generate(PROMPT, n_gen, SAMPLING, stop_at_eog=False)), ctx.logits().copy()
 
 
@@ -57,13 +55,12 @@ def _replay(path: Path, records: list[RoutingRecord], slots: int) -> AdmitReplay
 
 
 @pytest.mark.parametrize("way", ["scheduler", "mailbox"])
-def test_repartition_changes_no_token_and_follows_the_simulator(lib, tiny_model_path, caplog, monkeypatch, way) -> None:
-    if way == "mailbox":
-        monkeypatch.setenv("LLAMA_MOE_MAILBOX_ON_CPU", "1")  # one-token decodes hand over through the mailbox
+def test_repartition_changes_no_token_and_follows_the_simulator(lib, tiny_model_path, caplog, way) -> None:
     caplog.set_level(logging.INFO, logger="llama_moe.native")
     with Model(tiny_model_path, RAM) as model:
         plain, plain_logits = _without_cache(model)
-        with Context(model, _params(tiny_model_path, n_threads=2)) as ctx:
+        # with the mailbox, one-token decodes hand over through it
+        with Context(model, _params(tiny_model_path, n_threads=2, moe_cache_mailbox_on_cpu=way == "mailbox")) as ctx:
             assert ctx.cache_status().mailbox == (way == "mailbox")
             run = traced_generation(ctx, PROMPT, N_GEN, SAMPLING)
     records, stats, per_layer = run.records, run.stats, run.layers
@@ -82,13 +79,12 @@ def test_repartition_changes_no_token_and_follows_the_simulator(lib, tiny_model_
     assert f"moves slots between layers every {PERIOD} decodes" in caplog.text
 
 
-def test_repartition_in_the_background_changes_no_token(lib, tiny_model_path, monkeypatch) -> None:
+def test_repartition_in_the_background_changes_no_token(lib, tiny_model_path) -> None:
     """As on a GPU: admissions upload in the background and land a decode later; a re-partition keeps a slot in
     flight in its pool entry, so the expert lands where the slot now is."""
-    monkeypatch.setenv("LLAMA_MOE_CACHE_ADMIT_ASYNC", "1")
     with Model(tiny_model_path, RAM) as model:
         plain, plain_logits = _without_cache(model)
-        with Context(model, _params(tiny_model_path, slots=6)) as ctx:
+        with Context(model, _params(tiny_model_path, slots=6, moe_cache_admit_async=True)) as ctx:
             got = list(ctx.generate(PROMPT, N_GEN, SAMPLING, stop_at_eog=False))
             logits = ctx.logits().copy()
             stats = ctx.moe_cache_stats()
@@ -112,10 +108,22 @@ def test_repartition_with_expert_biases_changes_no_token(lib, gpt_oss_path) -> N
 
 @pytest.mark.parametrize("kw, why", [
     (dict(moe_cache_repartition=-1), "moe_cache_repartition must be a whole number of decodes"),
-    (dict(moe_cache_repartition=16, moe_cache_admit=0), "moe_cache_repartition=16 needs moe_cache_admit"),
     (dict(moe_cache_repartition=True), "moe_cache_repartition must be"),
 ])
 def test_bad_repartition_settings_are_refused(kw, why) -> None:
     base = dict(moe_cache_mib=4, moe_cache_hybrid=True, moe_cache_admit=2)
     with pytest.raises(ParameterError, match=why):
-        ContextParams(**{**base, **kw}).validate()
+        ContextParams(moe_cache_device="CPU", **{**base, **kw}).validate()
+
+
+def test_repartition_without_admission_is_the_engines_to_refuse(lib, tiny_model_path) -> None:
+    """Repartition follows the admitting hybrid's miss curves: without admission the engine drops it, says why
+    and keeps the reason in the status; the slots stay as sized."""
+    cp = ContextParams(moe_cache_device="CPU", n_ctx=1024, moe_cache_mib=mib_for_slots(tiny_model_path, SLOTS, hybrid=True),
+                       moe_cache_hybrid=True, moe_cache_repartition=PERIOD)
+    with Model(tiny_model_path, RAM) as model:
+        with pytest.warns(MoeCacheWarning, match=f"--moe-cache-repartition {PERIOD} needs the admitting hybrid"):
+            ctx = Context(model, cp)
+        with ctx:
+            status = ctx.cache_status()
+    assert status.mode == "hybrid" and "option_ignored" in status.reasons

@@ -27,12 +27,6 @@ PROMPT = "The ship left the harbour at dawn, and the crew"
 N_GEN = 24
 
 
-@pytest.fixture(autouse=True)
-def layers_own_devices(monkeypatch: pytest.MonkeyPatch) -> None:
-    """No device forced on the cache: each layer's slots go where the layer is."""
-    monkeypatch.delenv("LLAMA_MOE_CACHE_DEVICE", raising=False)
-
-
 @pytest.fixture(scope="module")
 def rpc_pair(lib, tmp_path_factory: pytest.TempPathFactory):
     """Two rpc-servers on 127.0.0.1, stopped at the module's end (and killed with the test run)."""
@@ -673,6 +667,20 @@ def test_a_peer_that_cannot_apply_is_refused_with_its_reason(rpc_pair, tiny_mode
     assert stats.n_slots_peer == 0 and all(l.n_slots_peer == 0 for l in layers)
 
 
-def test_a_peer_needs_the_hybrid_and_a_profile() -> None:
-    with pytest.raises(ParameterError, match="moe_cache_peer='RPC1' needs moe_cache_hybrid=True, and a moe_cache_profile"):
-        ContextParams(moe_cache_mib=4, moe_cache_hybrid=True, moe_cache_peer="RPC1").validate()
+@pytest.mark.parametrize("kw, why", [
+    (dict(moe_cache_hybrid=True), "--moe-cache-peer RPC1 has nothing to fill it"),
+    (dict(moe_cache_admit=2), "--moe-cache-peer RPC1 works with --moe-cache-hybrid"),
+])
+def test_a_peer_needs_the_hybrid_and_something_to_fill_it(lib, tiny_model_path, kw, why) -> None:
+    """The rules between the settings are the engine's: Python takes the peer's name, the engine drops the peer
+    with its reason in the status (checked before any device is looked at: the cache here is in RAM)."""
+    from llama_moe.errors import MoeCacheWarning
+
+    cp = ContextParams(n_ctx=256, moe_cache_mib=4, moe_cache_peer="RPC1", moe_cache_device="CPU", **kw)
+    cp.validate()
+    with Model(tiny_model_path, ModelParams(cpu_moe=True, repack=False)) as model:
+        with pytest.warns(MoeCacheWarning, match=why):
+            ctx = Context(model, cp)
+        with ctx:
+            status = ctx.cache_status()
+    assert "option_ignored" in status.reasons and why in status.text and status.peer == ""

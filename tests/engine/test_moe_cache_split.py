@@ -33,9 +33,6 @@ N_STEPS = 64  # four sequences: 256 tokens decoded four at a time
 SAMPLINGS = [Sampling(temperature=0.8, seed=s) for s in (11, 12, 13, 14)]  # greedy text of a tiny model loops
 
 
-pytestmark = pytest.mark.usefixtures("cache_on_cpu")
-
-
 def _batch(model: Model, cp: ContextParams, trace: bool):
     """Every step's tokens and each sequence's logits, the counters and the routing trace."""
     with Context(model, cp) as ctx:
@@ -59,9 +56,9 @@ def test_several_sequences_split_like_the_replay_and_change_nothing(lib, tiny_mo
     caplog.set_level(logging.INFO, logger="llama_moe.native")
     with Model(tiny_model_path, RAM) as model:
         assert all(len(model.tokenize(p)) > 32 for p in PROMPTS)
-        plain_tokens, plain_logits, _, _, _ = _batch(model, ContextParams(**base), trace=False)
+        plain_tokens, plain_logits, _, _, _ = _batch(model, ContextParams(moe_cache_device="CPU", **base), trace=False)
         tokens, logits, stats, layers, records = _batch(
-            model, ContextParams(**base, moe_cache_mib=mib_for_slots(tiny_model_path, slots)), trace=True)
+            model, ContextParams(moe_cache_device="CPU", **base, moe_cache_mib=mib_for_slots(tiny_model_path, slots)), trace=True)
     assert len(tokens) == len(PROMPTS) * (N_STEPS + 1) and logits.shape[0] == len(PROMPTS) * N_STEPS
     assert tokens == plain_tokens
     assert np.array_equal(logits, plain_logits)
@@ -93,7 +90,7 @@ def test_one_sequence_on_slots_fewer_than_its_experts(lib, tiny_model_path) -> N
     out = {}
     with Model(tiny_model_path, RAM) as model:
         for mib in (0, mib_for_slots(tiny_model_path, slots)):
-            with Context(model, ContextParams(n_ctx=1024, n_threads=2, moe_cache_mib=mib)) as ctx:
+            with Context(model, ContextParams(moe_cache_device="CPU", n_ctx=1024, n_threads=2, moe_cache_mib=mib)) as ctx:
                 ctx.start_trace()
                 toks = list(ctx.generate(PROMPTS[0], 256, sampling, stop_at_eog=False))
                 out[mib] = (toks, ctx.logits(), ctx.moe_cache_stats(), ctx.stop_trace())

@@ -8,7 +8,9 @@
 //
 // MODES is a comma-separated subset of none,upload,upload-profile,hybrid,hybrid-adaptive (default: all).
 // Exit status: 0 done, 1 a failure (printed), 2 usage, 77 the header this was built with is not the library's.
-// The cache's device comes from the environment (LLAMA_MOE_CACHE_DEVICE=CPU on a machine without a GPU).
+// The driver's own variables: LIFECYCLE_CACHE_DEVICE names the cache's device (CPU on a machine without a GPU;
+// unset: the GPU), LIFECYCLE_MAILBOX_ON_CPU=1 runs the mailbox with the CPU as the device, LIFECYCLE_VERBOSE=1
+// prints llama.cpp's log.
 #include "llama.h"
 
 #include <stdarg.h>
@@ -143,10 +145,12 @@ static int run_mode(const char * model_path, const char * profile, const struct 
     cp.n_ubatch           = 64;
     cp.n_threads          = 2;
     cp.n_threads_batch    = 2;
-    cp.moe_cache_size     = m->cache;
-    cp.moe_cache_profile  = m->profile ? profile : NULL;
-    cp.moe_cache_hybrid   = m->hybrid;
-    cp.moe_cache_adaptive = m->adaptive;
+    cp.moe_cache.size           = m->cache;
+    cp.moe_cache.profile        = m->profile ? profile : NULL;
+    cp.moe_cache.hybrid         = m->hybrid;
+    cp.moe_cache.adaptive       = m->adaptive;
+    cp.moe_cache.device         = getenv("LIFECYCLE_CACHE_DEVICE");
+    cp.moe_cache.mailbox_on_cpu = getenv("LIFECYCLE_MAILBOX_ON_CPU") != NULL;
     int rc = 0;
     // two contexts on the model one after the other: the second finds whatever the first left behind
     for (int c = 0; c < 2 && rc == 0; ++c) {

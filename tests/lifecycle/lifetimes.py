@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import ctypes
 import gc
-import os
 import sys
 import warnings
 
@@ -25,7 +24,9 @@ PROMPT = "The ship left the harbour at dawn"
 
 def params() -> ContextParams:
     # 1.5 MiB: 10 of the tiny model's 32 slots per layer, so that rebalance() has experts to swap in
-    return ContextParams(n_ctx=256, moe_cache_mib=1.5, moe_cache_hybrid=True, moe_cache_adaptive=True, n_threads=2)
+    # the cache in RAM: the sanitizer's machines have no GPU
+    return ContextParams(n_ctx=256, moe_cache_mib=1.5, moe_cache_hybrid=True, moe_cache_adaptive=True, n_threads=2,
+                         moe_cache_device="CPU")
 
 
 def use(ctx: Context) -> int:
@@ -120,7 +121,6 @@ def asan_loaded() -> bool:
 
 
 def main(argv: list[str]) -> int:
-    os.environ.setdefault("LLAMA_MOE_CACHE_DEVICE", "CPU")
     print(f"asan: {'on' if asan_loaded() else 'off'}", flush=True)
     warnings.simplefilter("ignore", ResourceWarning)  # the collected orders forget objects on purpose
     if argv[1:2] == ["plant"]:

@@ -27,11 +27,6 @@ PROMPTS = [
 SAMPLINGS = [Sampling(temperature=0.8, seed=s) for s in (21, 22, 23)]
 
 
-@pytest.fixture(autouse=True)
-def cache_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("LLAMA_MOE_CACHE_DEVICE", "CPU")
-
-
 def _engine(model: Model, cp: ContextParams, n_gen: int, several: bool):
     """The counters and the routing trace of three sequences decoded together (prompts in ubatches of
     ``cp.n_ubatch`` tokens), or of one sequence."""
@@ -69,7 +64,7 @@ def test_the_lru_replay_of_the_engines_trace_is_its_split(lib, tiny_model_path, 
     profile = [(l.il, (5 * l.il + i) % n_expert) for l in layout.layers for i in range(max(1, n // 2))]
     path = tmp_path / "p.strp"
     write_profile(path, Profile(layout.n_layer, n_expert, n, tuple(profile)))
-    cp = ContextParams(n_ctx=1024, n_threads=2, n_seq_max=3, n_batch=64, n_ubatch=8,
+    cp = ContextParams(moe_cache_device="CPU", n_ctx=1024, n_threads=2, n_seq_max=3, n_batch=64, n_ubatch=8,
                        moe_cache_mib=mib_for_slots(tiny_model_path, n), moe_cache_profile=path)
     with Model(tiny_model_path, RAM) as model:
         stats, layers, records = _engine(model, cp, 24, several=True)
@@ -87,7 +82,7 @@ def test_the_token_replay_of_the_engines_trace_is_its_split(lib, tiny_model_path
     k, n_expert = layout.n_expert_used, layout.n_expert
     with Model(tiny_model_path, RAM) as model:
         for n in (k - 1, k + 1):
-            cp = ContextParams(n_ctx=512, n_threads=2, n_batch=1, n_ubatch=1,
+            cp = ContextParams(moe_cache_device="CPU", n_ctx=512, n_threads=2, n_batch=1, n_ubatch=1,
                                moe_cache_mib=mib_for_slots(tiny_model_path, n))
             stats, layers, records = _engine(model, cp, 48, several=False)
             assert routes_from_records(records).one_token_ubatches

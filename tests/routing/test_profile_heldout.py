@@ -20,8 +20,7 @@ def _hit_rate(model: Model, text: str, params: ContextParams) -> float:
         return ctx.moe_cache_stats().hit_rate
 
 
-def test_a_profile_from_train_text_beats_an_empty_cache_on_held_out_text(lib, tiny_model_path, tmp_path, monkeypatch) -> None:
-    monkeypatch.setenv("LLAMA_MOE_CACHE_DEVICE", "CPU")
+def test_a_profile_from_train_text_beats_an_empty_cache_on_held_out_text(lib, tiny_model_path, tmp_path) -> None:
     split = split_paragraphs()
     train = tmp_path / "train.txt"
     train.write_text("\n\n".join(p for topic in sorted(split.train) for p in split.train[topic]))
@@ -35,8 +34,9 @@ def test_a_profile_from_train_text_beats_an_empty_cache_on_held_out_text(lib, ti
         for hybrid in (False, True):
             mib = mib_for_slots(tiny_model_path, 8, hybrid=hybrid)
             empty = _hit_rate(model, held_out, ContextParams(n_ctx=512, n_batch=8, n_ubatch=8, moe_cache_mib=mib,
-                                                             moe_cache_hybrid=hybrid))
+                                                             moe_cache_hybrid=hybrid, moe_cache_device="CPU"))
             filled = _hit_rate(model, held_out, ContextParams(n_ctx=512, n_batch=8, n_ubatch=8, moe_cache_mib=mib,
-                                                              moe_cache_hybrid=hybrid, moe_cache_profile=profile))
+                                                              moe_cache_hybrid=hybrid, moe_cache_profile=profile,
+                                                              moe_cache_device="CPU"))
             print(f"{'hybrid' if hybrid else 'upload'}: held-out hit rate {empty:.3f} empty, {filled:.3f} with the profile")
             assert filled > empty

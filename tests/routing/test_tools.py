@@ -30,11 +30,6 @@ PROMPT = ("The ship left the harbour at dawn, and the crew of the old schooner h
           "watched the tide turn")
 
 
-@pytest.fixture
-def cache_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("LLAMA_MOE_CACHE_DEVICE", "CPU")
-
-
 @pytest.fixture(scope="module")
 def traces(lib, tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Train and test traces of held-apart corpus paragraphs, written by the trace command."""
@@ -63,12 +58,12 @@ def _fails(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
 
 # -- the planner against the engine ------------------------------------------------------------------------
 
-def test_engine_slots_are_the_engines(lib, tiny_model_path, cache_on_cpu) -> None:
+def test_engine_slots_are_the_engines(lib, tiny_model_path) -> None:
     layout = expert_layout(tiny_model_path)
     with Model(tiny_model_path, RAM) as model:
         for hybrid in (False, True):
             for mib in (0.2, 0.5, 1.0, 1.37, 2.0, 4.7, 4.8, 6.0):
-                with Context(model, ContextParams(n_ctx=256, moe_cache_mib=mib, moe_cache_hybrid=hybrid)) as ctx:
+                with Context(model, ContextParams(moe_cache_device="CPU", n_ctx=256, moe_cache_mib=mib, moe_cache_hybrid=hybrid)) as ctx:
                     engine = {l.il: l.n_slots for l in ctx.layer_stats()}
                     stats = ctx.moe_cache_stats()
                 if not engine:  # the engine turned the cache off: the planner refuses the same budget
@@ -80,12 +75,11 @@ def test_engine_slots_are_the_engines(lib, tiny_model_path, cache_on_cpu) -> Non
                 assert engine_buffer_bytes(layout, engine, hybrid) == stats.n_bytes_cache, (mib, hybrid)
             for slots in (1, 5, layout.n_expert):  # the size asked for a slot count gives exactly that count
                 mib = cache_bytes_for_slots(layout, slots, hybrid) / MiB
-                with Context(model, ContextParams(n_ctx=256, moe_cache_mib=mib, moe_cache_hybrid=hybrid)) as ctx:
+                with Context(model, ContextParams(moe_cache_device="CPU", n_ctx=256, moe_cache_mib=mib, moe_cache_hybrid=hybrid)) as ctx:
                     assert {l.n_slots for l in ctx.layer_stats()} == {slots}
 
 
-def test_a_planned_profile_fills_the_engine_as_planned(lib, tiny_model_path, traces, tmp_path, capsys,
-                                                       cache_on_cpu) -> None:
+def test_a_planned_profile_fills_the_engine_as_planned(lib, tiny_model_path, traces, tmp_path, capsys) -> None:
     layout = expert_layout(tiny_model_path)
     strp = tmp_path / "plan.strp"
     plan = _run_json(capsys, "plan", str(tiny_model_path), "--cache-mib", "1.4", "--trace", str(traces["train"]),
@@ -93,7 +87,7 @@ def test_a_planned_profile_fills_the_engine_as_planned(lib, tiny_model_path, tra
     profile = read_profile(strp, layout.n_layer, layout.n_expert)
     assert plan["profile_pairs"] == len(profile.ranked) and plan["slots"] == 9
     with Model(tiny_model_path, RAM) as model, \
-         Context(model, ContextParams(n_ctx=256, moe_cache_mib=1.4, moe_cache_profile=strp)) as ctx:
+         Context(model, ContextParams(moe_cache_device="CPU", n_ctx=256, moe_cache_mib=1.4, moe_cache_profile=strp)) as ctx:
         assert ctx.moe_cache_stats().n_prefilled == plan["n_prefilled"] == 9 * layout.n_moe_layers
         filled = prefill_resident(profile.ranked, {l.il: 9 for l in layout.layers}, layout.n_expert)
         for l in layout.layers:
@@ -105,14 +99,14 @@ def test_a_planned_profile_fills_the_engine_as_planned(lib, tiny_model_path, tra
 
 
 @pytest.mark.parametrize("n_ubatch", [512, 16])  # the prompt in one ubatch (over 32 tokens), or in pieces of 16
-def test_the_static_policy_counts_like_the_engines_hybrid(lib, tiny_model_path, traces, cache_on_cpu,
+def test_the_static_policy_counts_like_the_engines_hybrid(lib, tiny_model_path, traces,
                                                           n_ubatch, tmp_path, capsys) -> None:
     layout = expert_layout(tiny_model_path)
     strp = tmp_path / "hybrid.strp"
     plan = _run_json(capsys, "plan", str(tiny_model_path), "--cache-mib", "1.4", "--hybrid", "--trace",
                      str(traces["train"]), "--out", str(strp), "--kfold", "3")
     profile = read_profile(strp)
-    cp = ContextParams(n_ctx=512, n_ubatch=n_ubatch, moe_cache_mib=1.4, moe_cache_hybrid=True, moe_cache_profile=strp)
+    cp = ContextParams(moe_cache_device="CPU", n_ctx=512, n_ubatch=n_ubatch, moe_cache_mib=1.4, moe_cache_hybrid=True, moe_cache_profile=strp)
     with Model(tiny_model_path, RAM) as model, Context(model, cp) as ctx:
         ctx.start_trace()
         list(ctx.generate(PROMPT, max_tokens=64, stop_at_eog=False))
@@ -246,7 +240,7 @@ def test_belady_is_the_ceiling() -> None:
 
 # -- profile and predict ----------------------------------------------------------------------------------
 
-def test_profile_traces_and_writes_a_profile(lib, tiny_model_path, tmp_path, capsys, cache_on_cpu) -> None:
+def test_profile_traces_and_writes_a_profile(lib, tiny_model_path, tmp_path, capsys) -> None:
     layout = expert_layout(tiny_model_path)
     text = tmp_path / "text.txt"
     text.write_text("\n\n".join(split_paragraphs().train_paragraphs()[10:13]), encoding="utf-8")

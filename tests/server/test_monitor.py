@@ -522,7 +522,7 @@ def test_the_page_shows_the_admitting_hybrid_s_series(tmp_path: Path, lib, tiny_
     args = ["-m", str(tiny_model_path), "--cpu-moe", "--no-repack", "--moe-cache-mib", "2", "--moe-cache-hybrid",
             "--moe-cache-admit", "2", "--metrics", "-c", "512", "-np", "1", "-v"]
     w = _serve_and_watch(tmp_path, lambda: server_process.start_server(
-        binary, args, tmp_path / "server.log", env={"LLAMA_MOE_CACHE_DEVICE": "CPU"}))
+        binary, args, tmp_path / "server.log", env={"LLAMA_ARG_MOE_CACHE_DEVICE": "CPU"}))
     c = parse_moe_cache(w.metrics)
     assert c is not None and c.hybrid and c.n_admit > 0 and c.n_hit > 0 and c.n_miss > 0
     # no count of the page's own beside the series: whatever says "N admitted" says the series

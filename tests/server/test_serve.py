@@ -31,8 +31,7 @@ def test_the_plan_gives_the_cache_what_is_left(tiny_model_path) -> None:
     assert prompt.n_ubatch > plan.n_ubatch
 
 
-def test_the_plan_refuses_what_cannot_fit(tiny_model_path, monkeypatch) -> None:
-    monkeypatch.delenv("LLAMA_MOE_CACHE_DEVICE", raising=False)
+def test_the_plan_refuses_what_cannot_fit(tiny_model_path) -> None:
     with pytest.raises(ServePlanError, match="does not fit GPU0"):
         plan_serve(tiny_model_path, SERVER, gpu_free_mib=100, gpu_name="GPU0", n_ctx=32768)
     with pytest.raises(ServePlanError, match="--cache-mib 5000 does not fit"):
@@ -41,21 +40,24 @@ def test_the_plan_refuses_what_cannot_fit(tiny_model_path, monkeypatch) -> None:
     two_mib_left = base.dense_mib + base.kv_mib + base.compute_mib + base.margin_mib + 2  # less than the experts
     with pytest.raises(ServePlanError, match="less than --min-cache-mib"):
         plan_serve(tiny_model_path, SERVER, gpu_free_mib=two_mib_left, gpu_name="GPU0", n_ctx=1024, min_cache_mib=1500)
-    with pytest.raises(ServePlanError, match="needs a GPU, and none is visible .*LLAMA_MOE_CACHE_DEVICE=CPU runs"):
+    with pytest.raises(ServePlanError, match="needs a GPU, and none is visible .*--cache-device CPU runs"):
         plan_serve(tiny_model_path, SERVER, gpu_free_mib=None, gpu_name=None, cache_mib=100)
 
 
-def test_cache_mib_sizes_a_cache_in_ram(tiny_model_path, monkeypatch) -> None:
-    """No GPU, the cache device the CPU (LLAMA_MOE_CACHE_DEVICE=CPU): --cache-mib is the size of the cache in RAM."""
-    monkeypatch.setenv("LLAMA_MOE_CACHE_DEVICE", "CPU")
-    plan = plan_serve(tiny_model_path, SERVER, gpu_free_mib=None, gpu_name=None, n_ctx=1024, cache_mib=1.5)
+def test_cache_mib_sizes_a_cache_in_ram(tiny_model_path) -> None:
+    """No GPU, the cache device the CPU (--cache-device CPU): --cache-mib is the size of the cache in RAM, and
+    llama-server is told where it goes."""
+    plan = plan_serve(tiny_model_path, SERVER, gpu_free_mib=None, gpu_name=None, n_ctx=1024, cache_mib=1.5,
+                      cache_device="CPU")
     assert plan.cache_on and plan.cache_mib == 1.5
     i = plan.command.index("--moe-cache-mib")
     assert plan.command[i + 1] == "1.5" and plan.command.count("--moe-cache-mib") == 1
     assert "MoE cache 1.5 MiB" in plan.describe()
-    assert "in RAM (LLAMA_MOE_CACHE_DEVICE=CPU" in plan.describe()
+    assert "in RAM (--moe-cache-device CPU" in plan.describe()
+    i = plan.command.index("--moe-cache-device")
+    assert plan.command[i + 1] == "CPU"
     over = plan_serve(tiny_model_path, SERVER, gpu_free_mib=None, gpu_name=None, n_ctx=1024, cache_mib=1.5,
-                      extra=("--moe-cache-mib", "3"))
+                      cache_device="CPU", extra=("--moe-cache-mib", "3"))
     assert over.cache_mib == 3 and "-- --moe-cache-mib 3 replaces --cache-mib 1.5" in over.describe()
     assert over.command.count("--moe-cache-mib") == 1
 
@@ -134,10 +136,11 @@ def _gone(pid: int, seconds: float) -> bool:
 
 def test_serve_answers_the_official_clients_with_the_key_from_the_environment(lib, tiny_model_path) -> None:
     port = _free_port()
-    env = {**os.environ, "LLAMA_API_KEY": "sekret-in-env", "LLAMA_MOE_CACHE_DEVICE": "CPU"}
+    env = {**os.environ, "LLAMA_API_KEY": "sekret-in-env"}
     # no GPU here: the cache given after -- runs in RAM, and check-api checks its series too
     proc = subprocess.Popen([sys.executable, "-m", "llama_moe", "serve", str(tiny_model_path), "--ctx", "1024", "--port",
-                             str(port), "--alias", "tiny", "--", "--no-warmup", "--moe-cache-mib", "2", "--no-repack"],
+                             str(port), "--alias", "tiny", "--cache-device", "CPU", "--", "--no-warmup", "--moe-cache-mib", "2",
+                             "--no-repack"],
                             env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
@@ -179,8 +182,7 @@ def test_a_killed_serve_takes_its_server_with_it(lib, tiny_model_path) -> None:
             os.kill(child, 9)
 
 
-def test_the_plan_says_why_the_cache_is_off_without_a_gpu(tiny_model_path, monkeypatch) -> None:
-    monkeypatch.delenv("LLAMA_MOE_CACHE_DEVICE", raising=False)
+def test_the_plan_says_why_the_cache_is_off_without_a_gpu(tiny_model_path) -> None:
     profile = tiny_model_path.with_suffix(".strp")
     profile.write_bytes(b"STRP")   # the plan checks only that it exists
     plan = plan_serve(tiny_model_path, SERVER, gpu_free_mib=None, gpu_name=None, n_ctx=1024, profile=str(profile),
@@ -191,14 +193,12 @@ def test_the_plan_says_why_the_cache_is_off_without_a_gpu(tiny_model_path, monke
     assert "--moe-cache-mib" not in plan.command and "--moe-cache-profile" not in plan.command
 
 
-def test_the_plan_reports_a_cache_given_after_the_double_dash(tiny_model_path, monkeypatch) -> None:
-    monkeypatch.setenv("LLAMA_MOE_CACHE_DEVICE", "CPU")
+def test_the_plan_reports_a_cache_given_after_the_double_dash(tiny_model_path) -> None:
     plan = plan_serve(tiny_model_path, SERVER, gpu_free_mib=None, gpu_name=None, n_ctx=1024,
-                      extra=("--moe-cache-mib", "2", "--no-repack"))
+                      extra=("--moe-cache-mib", "2", "--moe-cache-device", "CPU", "--no-repack"))
     assert plan.cache_on and plan.cache_mib == 2
-    assert "MoE cache 2 MiB" in plan.describe() and "in RAM (LLAMA_MOE_CACHE_DEVICE=CPU" in plan.describe()
-    assert plan.command.count("--moe-cache-mib") == 1
-    monkeypatch.delenv("LLAMA_MOE_CACHE_DEVICE")
+    assert "MoE cache 2 MiB" in plan.describe() and "in RAM (--moe-cache-device CPU" in plan.describe()
+    assert plan.command.count("--moe-cache-mib") == 1 and plan.command.count("--moe-cache-device") == 1
     off = plan_serve(tiny_model_path, SERVER, gpu_free_mib=None, gpu_name=None, n_ctx=1024, extra=("--moe-cache-mib", "2"))
     assert not off.cache_on and "llama-server turns a cache without one off" in off.describe()
     gpu = plan_serve(tiny_model_path, SERVER, gpu_free_mib=10_000, gpu_name="GPU0", n_ctx=1024,

@@ -33,8 +33,8 @@ def find_server_binary() -> Path:
 
 
 def start_server(binary: Path, args: list[str], log: Path) -> tuple[subprocess.Popen, str]:
-    """The package's launcher with the cache in RAM (LLAMA_MOE_CACHE_DEVICE=CPU), as the tests run it."""
-    server = server_process.start_server(binary, args, log, env={"LLAMA_MOE_CACHE_DEVICE": "CPU"})
+    """The package's launcher with the cache in RAM (--moe-cache-device CPU, in its environment form), as the tests run it."""
+    server = server_process.start_server(binary, args, log, env={"LLAMA_ARG_MOE_CACHE_DEVICE": "CPU"})
     return server.detach(), server.url  # the tests stop it themselves (stop_server)
 
 

@@ -9,6 +9,27 @@ struct llama_sampler;
 struct llama_memory_i;
 typedef struct llama_memory_i * llama_memory_t;
 
+// llama_moe: include/llama-moe-params.h, which llama.h includes before llama_context_params
+struct llama_moe_cache_params {
+    size_t       size;
+    const char * profile;
+    bool         hybrid;
+    bool         adaptive;
+    int32_t      admit;
+    int32_t      repartition;
+    const char * peer;
+    const char * device;
+    bool         copy;
+    int32_t      admit_async;
+    bool         mailbox;
+    bool         mailbox_on_cpu;
+    bool         mailbox_fuse;
+    int32_t      mailbox_threads;
+    int32_t      mailbox_timeout_ms;
+    int32_t      mailbox_prefetch;
+    float        mailbox_gpu_share;
+};
+
 typedef int32_t llama_pos;
 typedef int32_t llama_token;
 typedef int32_t llama_seq_id;
@@ -160,14 +181,8 @@ struct llama_context_params {
 
     struct llama_context * ctx_other;
 
-    // llama_moe (patch 0002, the MoE cache)
-    size_t       moe_cache_size;
-    const char * moe_cache_profile;
-    bool         moe_cache_hybrid;
-    bool         moe_cache_adaptive;
-    int32_t      moe_cache_admit;
-    int32_t      moe_cache_repartition;
-    const char * moe_cache_peer;
+    // llama_moe: the MoE cache's settings (include/llama-moe-params.h)
+    struct llama_moe_cache_params moe_cache;
 };
 
 typedef struct llama_sampler_chain_params {

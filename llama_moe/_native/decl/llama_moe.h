@@ -3,6 +3,7 @@
 int32_t llama_moe_abi_version(void);
 size_t  llama_moe_context_params_size(void);
 size_t  llama_moe_model_params_size(void);
+struct llama_moe_cache_params llama_moe_cache_default_params(void);
 
 struct llama_moe_cache_stats {
     uint64_t n_hit;

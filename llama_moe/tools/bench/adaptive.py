@@ -161,7 +161,8 @@ def _measure(model: Model, cp: ContextParams, stream: list[list[int]], warmup: i
     with Context(model, cp) as ctx:
         s0 = ctx.moe_cache_stats()
         if s0 is None:
-            raise ToolInputError("the context has no MoE cache: without a GPU, LLAMA_MOE_CACHE_DEVICE=CPU runs it in RAM")
+            raise ToolInputError("the context has no MoE cache: without a GPU, moe_cache_device=\"CPU\" (--cache-device CPU) "
+                                  "runs it in RAM")
         # 1. feed: held-out text, one token per decode, each paragraph its own sequence
         n_total = warmup + n_measured
         marks = sorted({0, warmup, n_total, *range(0, n_total + 1, window)})
@@ -216,9 +217,10 @@ def run_bench_adaptive(model_path: str | Path, cache_pct: float = 50, threads: i
                        topics: Sequence[str] = TOPICS[:4], other_topics: Sequence[str] = TOPICS[4:],
                        order: str = "interleaved", seed: int = 0, configs: Sequence[str] = CONFIGS,
                        profile_dir: str | Path | None = None,
-                       log: Callable[[str], None] = print) -> AdaptiveBench:
+                       log: Callable[[str], None] = print, cache_device: str | None = None) -> AdaptiveBench:
     """Runs ``configs`` (default: all five) side by side; see the module's docstring. ``measure`` 0 measures
-    every held-out token after the warm-up."""
+    every held-out token after the warm-up; ``cache_device`` names the cache's device (moe_cache_device: "CPU"
+    runs it in RAM; None: the GPU)."""
     _check_topics(topics, other_topics)
     unknown = set(configs) - set(CONFIGS)
     if unknown:
@@ -269,7 +271,7 @@ def run_bench_adaptive(model_path: str | Path, cache_pct: float = 50, threads: i
             adaptive = config.endswith("+adaptive")
             cp = ContextParams(n_ctx=n_ctx, n_batch=512, n_ubatch=512, n_threads=threads, moe_cache_mib=cache_mib,
                                moe_cache_hybrid=True, moe_cache_adaptive=adaptive,
-                               moe_cache_profile=paths.get(profile))
+                               moe_cache_profile=paths.get(profile), moe_cache_device=cache_device)
             t0 = time.perf_counter()
             m = _measure(model, cp, stream, warmup, n_measured, window, prompts, n_gen, runs, seed)
             row = AdaptiveRow(config, profile, adaptive, **m)

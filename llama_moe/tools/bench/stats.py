@@ -86,7 +86,9 @@ def _run_one(model: Model, model_path: Path, model_params: ModelParams, layout: 
                            manifest.get("variant", "?"), placement, layout, perf.n_prompt, perf.n_gen,
                            perf.prompt_tps, perf.gen_tps, completion.text, ctx.moe_cache_stats(),
                            tuple(ctx.layer_stats()), ctx.moe_cache_off_reason,
-                           status.text if status.state == "partial" else None, completion.tokens)
+                           # a cache other than asked, or settings given without a size: the engine's reasons
+                           status.text if not status.as_asked and ctx.moe_cache_off_reason is None else None,
+                           completion.tokens)
 
 
 @dataclass(frozen=True)

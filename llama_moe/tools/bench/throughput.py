@@ -3,7 +3,6 @@ same model and the same real text (``python -m llama_moe bench``): experts in RA
 upload and hybrid caches, all in VRAM; each row with the bound its bytes from RAM (or over PCIe) set."""
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import statistics
@@ -12,7 +11,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ..._native.env import environment
 from ...context import Context, Sampling
 from ...devices import gpus
 from ...errors import ParameterError
@@ -123,7 +121,9 @@ REPARTITION = 0  # hybrid-admit: decodes between moves of slots between layers (
 
 def run_bench(model_path: Path, cache_pcts: list[float], threads: list[int], n_gen: int, n_pp: int, runs: int,
               vram: bool, seed: int = 0, log=print, modes: tuple[str, ...] = ("cpu-moe", "upload", "vram"),
-              profile: Path | None = None) -> list[BenchRow]:
+              profile: Path | None = None, cache_device: str | None = None) -> list[BenchRow]:
+    """The rows of every mode, cache size and thread count; ``cache_device`` names the device that holds the
+    cache (moe_cache_device: "CPU" runs it in RAM; None: the GPU)."""
     layout = expert_layout(model_path)
     total_mib = layout.total_expert_bytes / 2**20
     rows: list[BenchRow] = []
@@ -175,13 +175,13 @@ def run_bench(model_path: Path, cache_pcts: list[float], threads: list[int], n_g
                                        moe_cache_hybrid=hybrid, moe_cache_adaptive=mode == "hybrid-adaptive",
                                        moe_cache_admit=ADMIT if mode == "hybrid-admit" else 0,
                                        moe_cache_repartition=REPARTITION if mode == "hybrid-admit" else 0,
-                                       moe_cache_profile=profile if hybrid else None)
-                    # hybrid-no-mailbox: the hand-overs through llama.cpp's scheduler (the mailbox's before)
-                    with environment(LLAMA_MOE_CACHE_NO_MAILBOX="1") if mode == "hybrid-no-mailbox" else contextlib.nullcontext():
-                        d, p, hit, used, moved, has_cache = _measure(model, cp, n_gen, n_pp, runs, seed, base_free)
+                                       moe_cache_profile=profile if hybrid else None, moe_cache_device=cache_device,
+                                       # hybrid-no-mailbox: the hand-overs through llama.cpp's scheduler (the mailbox's before)
+                                       moe_cache_mailbox=False if mode == "hybrid-no-mailbox" else None)
+                    d, p, hit, used, moved, has_cache = _measure(model, cp, n_gen, n_pp, runs, seed, base_free)
                     if not has_cache:
                         # what ran was cpu-moe under this mode's name: marked, never a cache's number
-                        log(f"{mode}: the context has no MoE cache (no GPU; LLAMA_MOE_CACHE_DEVICE=CPU runs it in RAM): "
+                        log(f"{mode}: the context has no MoE cache (no GPU; --cache-device CPU runs it in RAM): "
                             f"the row is marked 'cache off'")
                         row(mode, mib, t, d, p, None, used, all_experts_per_token, cache_off=True)
                     elif hybrid:
@@ -289,7 +289,7 @@ def check_numbers(cache_pcts: list[float], threads: list[int], n_gen: int, n_pp:
 
 def bench_model(model_path: Path, cache_pcts: list[float], threads: list[int], n_gen: int, n_pp: int, runs: int,
                 vram: bool, modes: tuple[str, ...], profile: Path | None = None, profile_stride: int = 1,
-                log: Callable[[str], None] = print) -> list[BenchRow]:
+                log: Callable[[str], None] = print, cache_device: str | None = None) -> list[BenchRow]:
     """``run_bench`` after checking its numbers, with the hybrid modes' profile made from the corpus's train
     paragraphs (every ``profile_stride``-th) when none is given."""
     check_numbers(cache_pcts, threads, n_gen, n_pp, runs, profile_stride)
@@ -297,7 +297,8 @@ def bench_model(model_path: Path, cache_pcts: list[float], threads: list[int], n
         import tempfile
 
         profile = train_profile(model_path, Path(tempfile.mkdtemp()) / "train.strp", log, stride=profile_stride)
-    return run_bench(model_path, cache_pcts, threads, n_gen, n_pp, runs, vram, log=log, modes=modes, profile=profile)
+    return run_bench(model_path, cache_pcts, threads, n_gen, n_pp, runs, vram, log=log, modes=modes, profile=profile,
+                     cache_device=cache_device)
 
 
 def rows_json(rows: list[BenchRow]) -> str:

@@ -37,6 +37,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--modes", default="cpu-moe,n-cpu-moe,upload,hybrid,hybrid-adaptive,hybrid-admit,vram",
                    help="comma-separated, of: " + ", ".join(MODES))
     p.add_argument("--profile", help="the hybrid modes' profile (default: made from the corpus's train paragraphs)")
+    p.add_argument("--cache-device", metavar="DEVICE", help="the device that holds the cache (moe_cache_device; CPU: in "
+                   "RAM, which runs every lookup and speeds nothing up; default: the GPU)")
     p.add_argument("--profile-stride", type=int, default=1, metavar="K",
                    help="without --profile: make it from every K-th train paragraph of each topic (default 1: all)")
     p.add_argument("--json", help="write the rows as JSON here")
@@ -57,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
             raise ParameterError("bench needs a model (or --merge JSON...)")
         rows = bench_model(Path(args.model), args.cache_pct, args.threads, args.n_gen, args.pp, args.runs,
                            not args.no_vram, parse_modes(args.modes), Path(args.profile) if args.profile else None,
-                           args.profile_stride, log)
+                           args.profile_stride, log, cache_device=args.cache_device)
     table = to_markdown(rows, args.pp)
     print(table)
     if args.md:

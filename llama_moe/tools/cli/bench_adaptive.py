@@ -29,6 +29,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated, of: " + ", ".join(CONFIGS))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--profile-dir", help="keep the two profiles here (default: a temporary folder)")
+    p.add_argument("--cache-device", metavar="DEVICE", help="the device that holds the cache (moe_cache_device; CPU: in "
+                   "RAM, which runs every lookup and speeds nothing up; default: the GPU)")
     p.add_argument("--json", help="write the result as JSON here")
     p.add_argument("--md", help="write the Markdown tables here")
     p.set_defaults(func=run)
@@ -39,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     split = lambda s: tuple(x.strip() for x in s.split(",") if x.strip())  # noqa: E731
     b = run_bench_adaptive(args.model, args.cache_pct, args.threads, args.n_gen, args.runs, args.warmup,
                            args.measure, args.window, split(args.topics), split(args.other_topics), args.order,
-                           args.seed, split(args.configs), args.profile_dir, log)
+                           args.seed, split(args.configs), args.profile_dir, log, cache_device=args.cache_device)
     text = summary(b) + "\n\n" + to_markdown(b)
     print(text)
     if args.md:

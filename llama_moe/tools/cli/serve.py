@@ -31,7 +31,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--favor", choices=["prompt", "generation"], default="generation")
     p.add_argument("--min-cache-mib", type=float, default=1500)
     p.add_argument("--cache-mib", type=float, help="the cache's size (default: what the GPU leaves); without a GPU, "
-                   "the cache in RAM (LLAMA_MOE_CACHE_DEVICE=CPU) at this size")
+                   "with --cache-device CPU, the cache in RAM at this size")
+    p.add_argument("--cache-device", metavar="DEVICE", help="the device that holds the cache (--moe-cache-device; CPU: in "
+                   "RAM, which checks the cache and makes nothing faster; default: the GPU)")
     p.add_argument("--margin-mib", type=float, default=400)
     p.add_argument("--hybrid", action="store_true", help="--moe-cache-hybrid (with --profile)")
     p.add_argument("--api-key", help=f"the key clients must send; it reaches llama-server in ${API_KEY_ENV}, never "
@@ -59,7 +61,8 @@ def run(args: argparse.Namespace) -> int:
                         ubatch=None if args.ubatch == "auto" else int(args.ubatch), cache_mib=args.cache_mib,
                         min_cache_mib=args.min_cache_mib, margin_mib=args.margin_mib, profile=args.profile,
                         hybrid=args.hybrid, api_key=api_key, alias=args.alias, host=args.host, port=args.port,
-                        threads=None if args.threads == "auto" else int(args.threads), extra=extra)
+                        threads=None if args.threads == "auto" else int(args.threads), cache_device=args.cache_device,
+                        extra=extra)
     if args.json:
         print(json.dumps(dataclasses.asdict(plan), indent=2))
     else:

@@ -11,7 +11,6 @@ import os
 import sys
 from pathlib import Path
 
-from ..._native.env import environment
 from ..bench.stats import format_comparison, format_report, run_main_job, run_stats
 from ...devices import gpus
 from ..experts import expert_layout
@@ -63,6 +62,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--moe-cache-peer", metavar="DEVICE",
                    help="with --moe-cache-hybrid and a profile or admission: a second device (e.g. CUDA1, RPC1) holds "
                         "experts the cache lacks (the profile's next, those admission evicts) and computes them")
+    p.add_argument("--moe-cache-device", metavar="DEVICE",
+                   help="the device that holds the cache (e.g. CUDA1; CPU: in RAM; default: the GPU, and in RAM where "
+                        "there is none)")
     p.add_argument("--no-repack", action="store_true", help="keep CPU weights in their file layout (the cache needs it on a CPU-only build)")
     p.add_argument("--temp", type=float, default=0.8,
                    help="sampling temperature (default 0.8, seeded; 0 is greedy, which loops on the synthetic models)")
@@ -79,35 +81,15 @@ def admit_count(value: str) -> int | str:
     return "auto" if value == "auto" else int(value)
 
 
-def check_cache_options(mib: float, profile: str | None, hybrid: bool, adaptive: bool, admit: int | str = 0,
-                        repartition: int = 0, peer: str | None = None) -> None:
-    """The --moe-cache-* options of a command line, refused with their own names when they contradict each other
-    (llama-server only warns and goes on without the cache)."""
+def check_cache_options(mib: float, profile: str | None, admit: int | str = 0, repartition: int = 0) -> None:
+    """The --moe-cache-* values of a command line, each in its range (refused with its own name); the rules
+    between the options are the engine's, which says what it does not apply (a MoeCacheWarning)."""
     if not mib >= 0 or mib > 1 << 24:  # also NaN
         raise ParameterError(f"--moe-cache-mib must be from 0 to {1 << 24} (MiB), got {mib:g}")
-    if mib == 0:
-        given = [f for f, v in (("--moe-cache-profile", profile), ("--moe-cache-hybrid", hybrid),
-                                ("--moe-cache-adaptive", adaptive), ("--moe-cache-admit", admit),
-                                ("--moe-cache-repartition", repartition), ("--moe-cache-peer", peer)) if v]
-        if given:
-            raise ParameterError(f"{', '.join(given)} need{'s' if len(given) == 1 else ''} a cache: give --moe-cache-mib N")
-    if adaptive and not hybrid:
-        raise ParameterError("--moe-cache-adaptive works with --moe-cache-hybrid only (the upload cache is an LRU, "
-                             "which already follows the text)")
     if admit != "auto" and not 0 <= int(admit) <= 9999:
         raise ParameterError(f"--moe-cache-admit must be a count of experts from 0 to 9999, got {admit}")
-    if admit and not hybrid:
-        raise ParameterError("--moe-cache-admit works with --moe-cache-hybrid only (the upload cache already uploads "
-                             "every miss)")
     if not 0 <= repartition <= 999999:
         raise ParameterError(f"--moe-cache-repartition must be a number of decodes from 0 to 999999, got {repartition}")
-    if repartition and not admit:
-        raise ParameterError("--moe-cache-repartition works with --moe-cache-admit only (the miss curves it follows are "
-                             "the admitting hybrid's LRU's)")
-    if peer is not None and (not hybrid or (profile is None and not admit)):
-        raise ParameterError("--moe-cache-peer works with --moe-cache-hybrid, and --moe-cache-profile (the peer takes the "
-                             "experts it ranks after the cache's) or --moe-cache-admit (the peer takes the experts the "
-                             "cache evicts)")
     if profile is not None and not Path(profile).is_file():
         raise ParameterError(f"--moe-cache-profile {profile}: no such file")
 
@@ -118,20 +100,20 @@ def run(args: argparse.Namespace) -> int:
             raise ServerError("stats takes a MODEL or --server URL, not both")
         return run_server(args)
     explicit_mib = args.moe_cache_mib is not None
-    check_cache_options(args.moe_cache_mib if explicit_mib else 1, args.moe_cache_profile, args.moe_cache_hybrid,
-                        args.moe_cache_adaptive, args.moe_cache_admit, args.moe_cache_repartition, args.moe_cache_peer)
+    check_cache_options(args.moe_cache_mib if explicit_mib else 1, args.moe_cache_profile, args.moe_cache_admit,
+                        args.moe_cache_repartition)
     for flag, value, low in (("-n/--n-gen", args.n_gen, 1), ("-c/--ctx", args.ctx, 0), ("--n-cpu-moe", args.n_cpu_moe, 0)):
         if value is not None and value < low:
             raise ParameterError(f"{flag} must be >= {low}, got {value}")
     model_path = Path(args.model) if args.model else default_model_path()
     mib = args.moe_cache_mib if explicit_mib else expert_layout(model_path).total_expert_bytes / 2 / 2**20
-    repack, where, device = not args.no_repack, None, os.environ.get("LLAMA_MOE_CACHE_DEVICE")
+    repack, where, device = not args.no_repack, None, args.moe_cache_device
     if mib > 0 and not gpus():
         # The cache's copies need a device; without a GPU the engine takes RAM when asked to, and the CPU's
         # repacked layout of the experts is one the cache cannot copy from.
         device = device or "CPU"
         repack = False
-        where = ("no GPU: the cache is in RAM (LLAMA_MOE_CACHE_DEVICE=CPU) and the experts keep their file layout "
+        where = ("no GPU: the cache is in RAM (--moe-cache-device CPU) and the experts keep their file layout "
                  "(--no-repack): its speed says nothing of a GPU's, but every lookup is real")
     mp = ModelParams(n_gpu_layers=args.n_gpu_layers,
                      cpu_moe=not args.no_cpu_moe and args.n_cpu_moe is None,
@@ -140,10 +122,10 @@ def run(args: argparse.Namespace) -> int:
     cp = ContextParams(n_ctx=args.ctx, n_threads=args.threads, moe_cache_mib=mib,
                        moe_cache_profile=args.moe_cache_profile, moe_cache_hybrid=args.moe_cache_hybrid,
                        moe_cache_adaptive=args.moe_cache_adaptive, moe_cache_admit=args.moe_cache_admit,
-                       moe_cache_repartition=args.moe_cache_repartition, moe_cache_peer=args.moe_cache_peer)
+                       moe_cache_repartition=args.moe_cache_repartition, moe_cache_peer=args.moe_cache_peer,
+                       moe_cache_device=device)
     prompt, sampling = args.prompt or default_prompt(), Sampling(temperature=args.temp, seed=args.seed)
-    with environment(LLAMA_MOE_CACHE_DEVICE=device):  # for these runs only: a caller's process keeps its own
-        return _run_and_print(args, model_path, mp, cp, prompt, sampling, mib, where)
+    return _run_and_print(args, model_path, mp, cp, prompt, sampling, mib, where)
 
 
 def _run_and_print(args: argparse.Namespace, model_path: Path, mp: ModelParams, cp: ContextParams, prompt: str,

@@ -1,6 +1,6 @@
 """Every check of an installation (``python -m llama_moe check-all [MODEL] [--cpu-only]``), CPU then GPU, on MODEL (default: the embedded tiny model).
 
-CPU (the cache in RAM, LLAMA_MOE_CACHE_DEVICE=CPU): the native library and its ABI; upload, hybrid and adaptive
+CPU (the cache in RAM, moe_cache_device="CPU"): the native library and its ABI; upload, hybrid and adaptive
 caches decode what no cache decodes; a llama-server run through the mailbox and through the scheduler gives the
 same text and audit logs that pass ``audit check``. GPU (skipped with ``--cpu-only`` or without one): the same
 decoding with the cache in VRAM (hybrid with and without the mailbox), and the server run with CUDA's mailbox.
@@ -71,9 +71,10 @@ def _server(model_path: Path, profile: Path, on_cpu: bool, work: Path) -> tuple[
     return r.ok, f"same text {r.same_text}, mailbox ran {r.mailbox_used}; audit logs: {records}"
 
 
-def _modes(profile: Path, env: dict[str, str | None]) -> dict[str, Mode]:
-    return {"upload": Mode({}, env), "hybrid": Mode({"moe_cache_hybrid": True, "moe_cache_profile": profile}, env),
-            "adaptive": Mode({"moe_cache_hybrid": True, "moe_cache_adaptive": True}, env)}
+def _modes(profile: Path, device: str | None) -> dict[str, Mode]:
+    where = {"moe_cache_device": device}
+    return {"upload": Mode(where), "hybrid": Mode({**where, "moe_cache_hybrid": True, "moe_cache_profile": profile}),
+            "adaptive": Mode({**where, "moe_cache_hybrid": True, "moe_cache_adaptive": True})}
 
 
 def check_all(model: str | Path | None = None, cpu_only: bool = False, n: int = 48,
@@ -97,7 +98,7 @@ def check_all(model: str | Path | None = None, cpu_only: bool = False, n: int = 
     if checks[-1].status != "PASS":
         return checks
     profile = train_profile(model_path, work / "profile.strp", log=lambda s: None, n_ctx=512, stride=3)
-    add(_timed("decoding, the cache in RAM", lambda: _decoding(model_path, n, _modes(profile, {"LLAMA_MOE_CACHE_DEVICE": "CPU"}))))
+    add(_timed("decoding, the cache in RAM", lambda: _decoding(model_path, n, _modes(profile, "CPU"))))
     add(_timed("llama-server, the mailbox on the CPU", lambda: _server(model_path, profile, True, work / "cpu")))
     if cpu_only:
         return checks
@@ -105,8 +106,8 @@ def check_all(model: str | Path | None = None, cpu_only: bool = False, n: int = 
         for name in ("decoding, the cache in VRAM", "llama-server, the mailbox on the GPU"):
             add(Check(name, "SKIP", "no GPU", 0.0))
         return checks
-    on_gpu = _modes(profile, {"LLAMA_MOE_CACHE_DEVICE": None})
-    on_gpu["hybrid without the mailbox"] = Mode(on_gpu["hybrid"].cache, {**on_gpu["hybrid"].env, "LLAMA_MOE_CACHE_NO_MAILBOX": "1"})
+    on_gpu = _modes(profile, None)
+    on_gpu["hybrid without the mailbox"] = Mode({**on_gpu["hybrid"].cache, "moe_cache_mailbox": False})
     add(_timed("decoding, the cache in VRAM", lambda: _decoding(model_path, n, on_gpu, DEVICE_TOLERANCE)))
     add(_timed("llama-server, the mailbox on the GPU", lambda: _server(model_path, profile, False, work / "gpu")))
     return checks

@@ -149,7 +149,7 @@ def serve_and_check(model: str | Path, profile: str | Path, cache_mib: float = 2
                     workdir: str | Path | None = None, log=print) -> list[ApiCheck]:
     """The contract's form: llama-server with the cache (MODEL, PROFILE, --cache-mib), /metrics and a fresh key
     given in its environment, checked, then stopped with one SIGTERM. Without a GPU the cache runs in RAM
-    (LLAMA_MOE_CACHE_DEVICE=CPU, the tests' switch), which checks the endpoints and the series, not the speed."""
+    (--moe-cache-device CPU), which checks the endpoints and the series, not the speed."""
     from ...devices import gpus
     from .plan import API_KEY_ENV
     from .process import server_binary, start_server
@@ -167,9 +167,8 @@ def serve_and_check(model: str | Path, profile: str | Path, cache_mib: float = 2
     args = ["-m", str(model), "-ngl", "999", "--cpu-moe", "--moe-cache-mib", f"{cache_mib:g}", "--moe-cache-profile",
             str(profile), "-c", "2048", "--parallel", "1", "--metrics", "--alias", "default"]
     if not gpu:
-        env["LLAMA_MOE_CACHE_DEVICE"] = "CPU"
-        args.append("--no-repack")  # the cache cannot slice experts out of repacked tensors
-        log("no GPU: the cache runs in RAM (LLAMA_MOE_CACHE_DEVICE=CPU), which checks the API and the series")
+        args += ["--moe-cache-device", "CPU", "--no-repack"]  # the cache cannot slice experts out of repacked tensors
+        log("no GPU: the cache runs in RAM (--moe-cache-device CPU), which checks the API and the series")
     work = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="check-api-"))
     work.mkdir(parents=True, exist_ok=True)
     with start_server(server_binary(), args, work / "server.log", env=env) as server:

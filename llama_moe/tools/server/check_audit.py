@@ -2,8 +2,8 @@
 scheduler's copies (``python -m llama_moe check-audit``): the same prompts must give the same text, and both
 audit logs must pass ``audit check`` (every record, every invariant between them).
 
-Without a GPU there is no mailbox: both runs then put the cache in RAM (LLAMA_MOE_CACHE_DEVICE=CPU) and the first
-runs the mailbox with the CPU as the device (LLAMA_MOE_MAILBOX_ON_CPU=1), the switches the tests use.
+Without a GPU there is no mailbox: both runs then put the cache in RAM (--moe-cache-device CPU) and the first
+runs the mailbox with the CPU as the device (--moe-cache-mailbox-on-cpu), as the tests do.
 """
 from __future__ import annotations
 
@@ -86,15 +86,16 @@ def check_audit_run(model: str | Path, profile: str | Path, cache_mib: float = 2
         args += ["-t", str(threads)]
     if not gpu:
         args.append("--no-repack")  # the cache cannot slice experts out of repacked tensors
-        log("the cache runs in RAM and the mailbox with the CPU as the device (the tests' switches)")
+        args += ["--moe-cache-device", "CPU", "--moe-cache-mailbox-on-cpu"]
+        log("the cache runs in RAM and the mailbox with the CPU as the device (--moe-cache-device CPU "
+            "--moe-cache-mailbox-on-cpu)")
     runs = []
     for mailbox in (True, False):
         name = "mailbox" if mailbox else "scheduler"
         audit = work / f"audit-{name}.jsonl"
         audit.unlink(missing_ok=True)
-        env = {} if gpu else {"LLAMA_MOE_CACHE_DEVICE": "CPU", "LLAMA_MOE_MAILBOX_ON_CPU": "1"}
-        env["LLAMA_MOE_CACHE_NO_MAILBOX"] = "0" if mailbox else "1"
-        with start_server(binary, [*args, "--moe-cache-audit", str(audit)], work / f"server-{name}.log", env=env) as server:
+        switch = "--moe-cache-mailbox" if mailbox else "--no-moe-cache-mailbox"
+        with start_server(binary, [*args, switch, "--moe-cache-audit", str(audit)], work / f"server-{name}.log") as server:
             texts = tuple(_complete(server.url, p, n_predict) for p in PROMPTS)
         said = [line[line.index("llama_moe_cache: mailbox"):] for line in
                 (work / f"server-{name}.log").read_text(errors="replace").splitlines() if "llama_moe_cache: mailbox" in line]

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import ipaddress
 import math
-import os
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,13 +83,25 @@ def _passed_cache_mib(extra: tuple[str, ...]) -> float | None:
     return mib
 
 
-def _cache_device_note() -> str:
-    """Where llama-server puts a cache on a machine without a GPU (llama-moe-config reads the same variable)."""
-    device = os.environ.get("LLAMA_MOE_CACHE_DEVICE", "")
-    if device.upper() == "CPU":
-        return "in RAM (LLAMA_MOE_CACHE_DEVICE=CPU: it checks the cache, it makes nothing faster)"
+def _passed_cache_device(extra: tuple[str, ...]) -> str | None:
+    """The --moe-cache-device given after "--" (llama-server takes the last one), or None."""
+    value = None
+    for i, a in enumerate(extra):
+        if a == "--moe-cache-device":
+            if i + 1 >= len(extra):
+                raise ServePlanError("-- --moe-cache-device needs a device's name")
+            value = extra[i + 1]
+        elif a.startswith("--moe-cache-device="):
+            value = a.split("=", 1)[1]
+    return value
+
+
+def _cache_device_note(device: str | None) -> str:
+    """Where llama-server puts the cache when a device is named (--moe-cache-device): "" when none is."""
+    if device and device.upper() == "CPU":
+        return "in RAM (--moe-cache-device CPU: it checks the cache, it makes nothing faster)"
     if device:
-        return f"on {device} (LLAMA_MOE_CACHE_DEVICE)"
+        return f"on {device} (--moe-cache-device)"
     return ""
 
 
@@ -130,7 +141,7 @@ def plan_serve(model: Path, server: Path, *, gpu_free_mib: float | None, gpu_nam
                parallel: int = 1, favor: str = "generation", ubatch: int | None = None, cache_mib: float | None = None,
                min_cache_mib: float = 1500, margin_mib: float = 400, profile: str | None = None, hybrid: bool = False,
                api_key: str | None = None, alias: str | None = None, host: str = "127.0.0.1", port: int = 8080,
-               threads: int | None = None, extra: tuple[str, ...] = ()) -> ServePlan:
+               threads: int | None = None, cache_device: str | None = None, extra: tuple[str, ...] = ()) -> ServePlan:
     if n_ctx < 256 or parallel < 1:
         raise ServePlanError(f"--ctx must be >= 256 and --parallel >= 1, got {n_ctx} and {parallel}")
     if n_ctx > 1 << 24 or parallel > 1024:
@@ -151,10 +162,6 @@ def plan_serve(model: Path, server: Path, *, gpu_free_mib: float | None, gpu_nam
         raise ServePlanError(f"--threads must be at most 1024 or auto, got {threads}")
     if not 0 < port < 65536:
         raise ServePlanError(f"--port must be from 1 to 65535, got {port}")
-    if hybrid and not profile and "--moe-cache-adaptive" not in extra and "--moe-cache-admit" not in extra:
-        raise ServePlanError("--hybrid needs --profile (or '-- --moe-cache-adaptive' or '-- --moe-cache-admit N'): "
-                             "without one the hybrid cache "
-                             "stays empty, and the CPU computes every expert")
     if profile and not Path(profile).is_file():
         raise ServePlanError(f"--profile {profile}: no such file")
     layout = expert_layout(model)
@@ -168,14 +175,16 @@ def plan_serve(model: Path, server: Path, *, gpu_free_mib: float | None, gpu_nam
     compute = 0.5 * n_ubatch + 300  # llama.cpp's compute buffers grow about linearly with the ubatch
     passed_mib = _passed_cache_mib(extra)
     notes: list[str] = []
-    where = f"on {gpu_name}" if gpu_name else ""
+    if cache_device is not None and (not cache_device or "\0" in cache_device):
+        raise ServePlanError(f"--cache-device must name a device (llama-server --list-devices), or CPU; got {cache_device!r}")
+    device = _cache_device_note(_passed_cache_device(extra) or cache_device)
+    where = device or (f"on {gpu_name}" if gpu_name else "")
     if gpu_free_mib is None:
         cache = 0.0
-        device = _cache_device_note()
         if cache_mib and not device:
             raise ServePlanError("--cache-mib needs a GPU, and none is visible (the experts stay in RAM without a cache; "
-                                 "LLAMA_MOE_CACHE_DEVICE=CPU runs the cache in RAM, for testing)")
-        if cache_mib:  # the cache on the device LLAMA_MOE_CACHE_DEVICE names (CPU: in RAM), at the size asked for
+                                 "--cache-device CPU runs the cache in RAM, for testing)")
+        if cache_mib:  # the cache on the device --cache-device names (CPU: in RAM), at the size asked for
             cache, where = cache_mib, device
             if passed_mib is not None:
                 notes.append(f"-- --moe-cache-mib {passed_mib:g} replaces --cache-mib {cache_mib:g}")
@@ -184,7 +193,7 @@ def plan_serve(model: Path, server: Path, *, gpu_free_mib: float | None, gpu_nam
         elif passed_mib is not None:
             cache = passed_mib
             where = (device or "off: no GPU is visible, and llama-server turns a cache without one off "
-                               "(LLAMA_MOE_CACHE_DEVICE=CPU runs it in RAM, for testing)")
+                               "(--moe-cache-device CPU runs it in RAM, for testing)")
             where = where if passed_mib > 0 else "off: -- --moe-cache-mib 0"
         else:
             where = "off: no GPU is visible, so the experts are read from RAM for every token"
@@ -220,6 +229,8 @@ def plan_serve(model: Path, server: Path, *, gpu_free_mib: float | None, gpu_nam
             cmd += ["--moe-cache-profile", profile]
         if hybrid:
             cmd += ["--moe-cache-hybrid"]
+        if cache_device:
+            cmd += ["--moe-cache-device", cache_device]
     if threads:
         cmd += ["-t", str(threads)]
     if alias:
