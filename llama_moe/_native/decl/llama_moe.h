@@ -108,3 +108,72 @@ struct llama_moe_bandwidth {
 };
 
 bool    llama_moe_measure_bandwidth(int32_t dev_index, size_t n_bytes, struct llama_moe_bandwidth * out);
+
+struct llama_moe_layer_shape {
+    int32_t  il;
+    int32_t  n_expert;
+    int32_t  n_used;
+    int32_t  group;
+    uint64_t expert_bytes;
+    uint64_t bias_bytes;
+};
+
+int32_t llama_moe_cache_size_slots(const struct llama_moe_layer_shape * layers, int32_t n_layers, uint64_t size, bool hybrid,
+                                   const uint32_t * layer_slots, int32_t n_layer_slots, int32_t * slots, char * err, size_t err_size);
+int32_t llama_moe_cache_max_ubatch(void);
+double  llama_moe_cache_adaptive_half_life(void);
+
+struct llama_moe_replay_params {
+    int32_t mode;
+    int32_t admit;
+    int32_t admit_auto;
+    bool    admit_background;
+    int32_t repartition;
+    const uint16_t * ranked;
+    int32_t n_ranked;
+};
+
+struct llama_moe_replay;
+
+struct llama_moe_replay * llama_moe_replay_init(const struct llama_moe_replay_params * params, const struct llama_moe_layer_shape * layers,
+                                                const int32_t * slots, const int32_t * peer_slots, int32_t n_layers, char * err, size_t err_size);
+void    llama_moe_replay_free(struct llama_moe_replay * replay);
+int32_t llama_moe_replay_feed(struct llama_moe_replay * replay, const int32_t * data, int64_t n, char * err, size_t err_size);
+
+struct llama_moe_replay_layer_stats {
+    int32_t  il;
+    int32_t  n_slots;
+    int32_t  n_resident;
+    int32_t  n_slots_peer;
+    uint64_t n_hit;
+    uint64_t n_hit_profile;
+    uint64_t n_miss;
+    uint64_t n_upload;
+    uint64_t n_cpu;
+    uint64_t n_hit_peer;
+    uint64_t n_admit;
+    uint64_t n_swap;
+    uint64_t n_fill;
+    uint64_t n_lookup;
+    uint64_t n_split;
+    uint64_t n_large;
+    uint64_t n_token;
+    uint64_t n_token_resident;
+};
+
+struct llama_moe_replay_stats {
+    uint64_t n_decodes;
+    uint64_t n_prefilled;
+    uint64_t n_bytes_upload;
+    uint64_t n_bytes_cpu;
+    uint64_t n_admit;
+    uint64_t n_swap;
+    uint64_t n_repartition;
+    uint64_t n_repart_rounds;
+    uint64_t n_moved;
+    uint64_t n_demoted;
+};
+
+int32_t llama_moe_replay_get_layer_stats(const struct llama_moe_replay * replay, struct llama_moe_replay_layer_stats * stats, int32_t n_max);
+void    llama_moe_replay_get_stats(const struct llama_moe_replay * replay, struct llama_moe_replay_stats * stats);
+int32_t llama_moe_replay_get_slots(const struct llama_moe_replay * replay, int32_t il, int32_t * experts, int32_t n_max);
