@@ -26,8 +26,9 @@ import time
 import numpy as np
 
 from llama_moe.tools.routing.misscurves import lru_miss_curves, split_slots
+from llama_moe.policy_replay import ReplayPolicy
 from llama_moe.tools.routing.policies import drive
-from llama_moe.tools.routing.policies.admit import ADMIT_CHUNK_TOKENS, AdmitReplay
+from llama_moe.tools.routing.policies.engine import ENGINE_CHUNK_TOKENS, EngineReplay
 from llama_moe.tools.routing.ranking import rank_pairs
 
 from admit_policies import cell, held_out, shape_arguments, shape_documents, sizes  # the same corpus folds and cells as the admission tables
@@ -59,8 +60,9 @@ def main() -> int:
                 base = None
                 for start, r in variants:
                     slots = equal if start == "equal" else split
-                    rep = AdmitReplay(test.layers, k, slots, n_e, profile, a.admit, repartition=r)
-                    out = drive(rep, test, ADMIT_CHUNK_TOKENS, None)
+                    rep = EngineReplay(f"admit{a.admit}-repart{r}", test.layers, k, slots, n_e, profile,
+                                       ReplayPolicy("hybrid", admit=a.admit, repartition=r))
+                    out = drive(rep, test, ENGINE_CHUNK_TOKENS, None)
                     m = out.n_miss / test.n_tokens
                     base = m if (start, r) == ("equal", 0) else base
                     v = res[(start, r)]

@@ -10,8 +10,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from llama_moe.policy_replay import ReplayPolicy
 from llama_moe.tools.routing.policies import drive
-from llama_moe.tools.routing.policies.admit import ADMIT_CHUNK_TOKENS, AdmitReplay
+from llama_moe.tools.routing.policies.engine import ENGINE_CHUNK_TOKENS, EngineReplay
 from llama_moe.tools.synth import SHAPES, sample_routes
 
 from admit_policies import documents, routes_of, shape_arguments, sizes
@@ -35,9 +36,10 @@ def main() -> int:
         for pct, n_slots, equal in sizes(a.pcts, n_l, n_e, k):
             base = None
             for r in [0] + [int(x) for x in a.periods.split(",")]:
-                rep = AdmitReplay(halves[0].layers, k, equal, n_e, [], a.admit, repartition=r)
-                first = drive(rep, halves[0], ADMIT_CHUNK_TOKENS, None).n_miss
-                total = drive(rep, halves[1], ADMIT_CHUNK_TOKENS, None).n_miss
+                rep = EngineReplay(f"admit{a.admit}-repart{r}", halves[0].layers, k, equal, n_e, [],
+                                   ReplayPolicy("hybrid", admit=a.admit, repartition=r))
+                first = drive(rep, halves[0], ENGINE_CHUNK_TOKENS, None).n_miss
+                total = drive(rep, halves[1], ENGINE_CHUNK_TOKENS, None).n_miss
                 n_tok = halves[0].n_tokens + halves[1].n_tokens
                 second = total - first
                 if r == 0:

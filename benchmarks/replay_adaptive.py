@@ -1,12 +1,12 @@
-"""bench-adaptive's protocol replayed in numpy: a synthetic shape's own routing (synth/routing.py) of the corpus
-through the static and adaptive policies of llama_moe/tools/routing/policies/, which the engine's cache mirrors. Seconds where
-the engine takes an hour on a GPU; for choosing the adaptive cache's constants before measuring them.
+"""bench-adaptive's protocol replayed: a synthetic shape's own routing (synth/routing.py) of the corpus through the
+static and adaptive policies, replayed by the engine's own policies (llama_moe.policy_replay). Seconds where the
+engine takes an hour on a GPU; to weigh the adaptive cache's constants (llama-moe-policy.h), change them there,
+rebuild, and run this again.
 
-    python benchmarks/replay_adaptive.py --shape qwen3-30b-a3b --cache-pct 50 [--prior 0 16 64] [--warmup 256]
+    python benchmarks/replay_adaptive.py --shape qwen3-30b-a3b --cache-pct 50 [--warmup 256]
         [--measure 0] [--order interleaved|topic]
 
-Prints, per prior (the heat a profile's expert starts with, in tokens' picks: routing.policies.PRIOR_TOKENS),
-the feed's hit rates after the warm-up for the five configurations and the recovery of the gap between a
+Prints the feed's hit rates after the warm-up for the five configurations and the recovery of the gap between a
 profile of other text (wrong) and of the decoded topics' train text (right)."""
 from __future__ import annotations
 
@@ -45,7 +45,6 @@ def main() -> int:
     ap.add_argument("--cache-pct", type=float, default=50)
     ap.add_argument("--warmup", type=int, default=256)
     ap.add_argument("--measure", type=int, default=0, help="tokens measured after the warm-up (0: all the rest)")
-    ap.add_argument("--prior", type=float, nargs="+", default=[0.0, 16.0, 64.0])
     ap.add_argument("--order", default="interleaved")
     args = ap.parse_args()
 
@@ -79,13 +78,11 @@ def main() -> int:
         return (a.n_hit - b.n_hit) / max(1, (a.n_hit + a.n_miss) - (b.n_hit + b.n_miss))
 
     static_rates = {name: measured(lambda r, p=p: static(r, slots, shape.n_expert, p)) for name, p in (("wrong", wrong), ("right", right))}
-    for prior in args.prior:
-        rates = dict(static_rates)
-        for name, p in (("empty+adaptive", []), ("wrong+adaptive", wrong), ("right+adaptive", right)):
-            rates[name] = measured(lambda r, p=p: adaptive(r, slots, shape.n_expert, p, prior_tokens=prior))
-        rec = recovery(rates["wrong"], rates["wrong+adaptive"], rates["right"])
-        print(f"prior {prior:5.0f}: " + ", ".join(f"{c} {rates[c]:.3f}" for c in CONFIGS)
-              + f"; recovery {'-' if rec is None else f'{100 * rec:.0f}%'}")
+    rates = dict(static_rates)
+    for name, p in (("empty+adaptive", []), ("wrong+adaptive", wrong), ("right+adaptive", right)):
+        rates[name] = measured(lambda r, p=p: adaptive(r, slots, shape.n_expert, p))
+    rec = recovery(rates["wrong"], rates["wrong+adaptive"], rates["right"])
+    print(", ".join(f"{c} {rates[c]:.3f}" for c in CONFIGS) + f"; recovery {'-' if rec is None else f'{100 * rec:.0f}%'}")
     return 0
 
 

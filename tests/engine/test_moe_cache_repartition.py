@@ -1,7 +1,8 @@
 """The admitting hybrid moving slots between layers online (moe_cache_repartition R) on the real patched libllama,
 the CPU as the cache's device: every R decodes the engine splits the slots anew from each layer's observed miss
 curve. Nothing a token computes changes, and the counters, the rounds and each layer's slots are those of the
-simulator's replay of the engine's own routing trace (``admitN-repartR``, llama_moe.tools.routing.repartition)."""
+simulator's replay of the engine's own routing trace (``admitN-repartR``, replayed by the engine's policies:
+llama_moe.policy_replay)."""
 from __future__ import annotations
 
 import logging
@@ -14,9 +15,8 @@ from llama_moe import Context, ContextParams, Model, ModelParams, MoeCacheWarnin
 from llama_moe.errors import ParameterError
 from llama_moe.tools.experts import expert_layout
 from llama_moe.formats.trace import RoutingRecord
-from llama_moe.tools.routing.policies.admit import ADMIT_CHUNK_TOKENS, AdmitReplay
-from llama_moe.tools.routing.policies.base import drive
-from llama_moe.tools.routing.routes import routes_from_records
+from llama_moe.policy_replay import PolicyReplay, ReplayPolicy, ReplayResult
+from llama_moe.tools.routing.budget import layer_shapes
 from support.cache_sizes import mib_for_slots
 from support.traced import traced_generation
 
@@ -39,19 +39,12 @@ def _without_cache(model: Model, n_gen: int = N_GEN) -> tuple[list[int], np.ndar
         return list(ctx.generate(PROMPT, n_gen, SAMPLING, stop_at_eog=False)), ctx.logits().copy()
 
 
-def _before_last_decode(records: list[RoutingRecord]) -> list[RoutingRecord]:
-    """The records of every ubatch but the last: the engine admits a decode's misses when the next one starts."""
-    starts = [i for i, r in enumerate(records) if i == 0 or r.il <= records[i - 1].il]
-    return records[:starts[-1]]
-
-
-def _replay(path: Path, records: list[RoutingRecord], slots: int) -> AdmitReplay:
+def _replay(path: Path, records: list[RoutingRecord], slots: int) -> ReplayResult:
     layout = expert_layout(path)
-    routes = routes_from_records(records)
-    replay = AdmitReplay(routes.layers, routes.k, {l.il: slots for l in layout.layers}, layout.n_expert, [], ADMIT,
-                         repartition=PERIOD)
-    drive(replay, routes, ADMIT_CHUNK_TOKENS, None)
-    return replay
+    with PolicyReplay(layer_shapes(layout), {l.il: slots for l in layout.layers},
+                      ReplayPolicy("hybrid", admit=ADMIT, repartition=PERIOD)) as replay:
+        replay.feed_records(records)
+        return replay.result()
 
 
 @pytest.mark.parametrize("way", ["scheduler", "mailbox"])
@@ -68,14 +61,14 @@ def test_repartition_changes_no_token_and_follows_the_simulator(lib, tiny_model_
     assert np.array_equal(run.logits, plain_logits)
     assert records[0].n_tokens > 32  # the prompt took llama.cpp's path, uncounted
 
-    replay = _replay(tiny_model_path, records, SLOTS)
-    result = replay.result()
+    result = _replay(tiny_model_path, records, SLOTS)
+    now = {l.il: l.n_slots for l in result.layers}
     assert result.n_repartition >= 1 and result.n_moved > 0  # the test sees slots move
     assert (stats.n_repartition, stats.n_moved) == (result.n_repartition, result.n_moved)
-    assert {il: l.n_slots for il, l in per_layer.items()} == replay.slots_now()
-    assert {il: (l.n_hit, l.n_miss) for il, l in per_layer.items()} == result.per_layer
-    assert sum(replay.slots_now().values()) == SLOTS * len(per_layer) == stats.n_slots  # moved, never made
-    assert stats.n_admit == _replay(tiny_model_path, _before_last_decode(records), SLOTS).result().n_swap
+    assert {il: l.n_slots for il, l in per_layer.items()} == now
+    assert {il: (l.n_hit, l.n_miss) for il, l in per_layer.items()} == {l.il: (l.n_hit, l.n_miss) for l in result.layers}
+    assert sum(now.values()) == SLOTS * len(per_layer) == stats.n_slots  # moved, never made
+    assert stats.n_admit == result.n_admit  # the last decode's misses wait for a next decode, in both
     assert f"moves slots between layers every {PERIOD} decodes" in caplog.text
 
 

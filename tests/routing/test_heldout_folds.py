@@ -20,7 +20,7 @@ from llama_moe.tools.routing.budget import MiB, cache_bytes_for_slots
 from llama_moe.tools.errors import ToolInputError
 from llama_moe.tools.routing.heldout import (Folds, choose_folds, document_split, fold_counts, kfold_result, min_fold_tokens,
                                      t_interval, trace_folds)
-from llama_moe.tools.routing.policies import HALF_LIFE_TOKENS
+from llama_moe.policy_replay import adaptive_half_life
 from llama_moe.tools.routing.routes import Routes
 from llama_moe.formats.trace import RoutingRecord, write_trace
 
@@ -122,7 +122,8 @@ def test_predict_splits_between_traces() -> None:
 # -- adaptive needs folds long enough to adapt -------------------------------------------------------------
 
 def test_adaptive_leaves_out_folds_too_short_to_adapt(tiny_topics: list[Path], tmp_path: Path) -> None:
-    assert min_fold_tokens("adaptive") == HALF_LIFE_TOKENS and min_fold_tokens("static") == 0
+    half_life = adaptive_half_life()  # the engine's
+    assert min_fold_tokens("adaptive") == half_life == 350 and min_fold_tokens("static") == 0
     layout = layout_of("tiny")
     # three traces of over 1000 tokens and one of 200
     short = write_routing(tmp_path / "short.bin", np.concatenate([blk for _, blk in TraceRoutes(tiny_topics[3:4], layout)
@@ -133,13 +134,13 @@ def test_adaptive_leaves_out_folds_too_short_to_adapt(tiny_topics: list[Path], t
     assert r.held_out_kfold == "leave one of 4 traces out" and r.folds == 4
     static, adaptive = r.sizes[0].kfold["static"], r.sizes[0].kfold["adaptive"]
     assert static.too_short == () and len(static.hit_rate.folds) == 4
-    assert adaptive.too_short == (3,) and adaptive.min_tokens == HALF_LIFE_TOKENS
+    assert adaptive.too_short == (3,) and adaptive.min_tokens == half_life
     kept = [x.hit_rate for x in adaptive.folds[:3]]
     assert adaptive.hit_rate == t_interval(kept)  # the short fold is not averaged in
     assert adaptive.pooled.n_lookup == sum(x.n_lookup for x in adaptive.folds[:3])
     assert "1 of 4 folds left out: under 350 tokens" in adaptive.short_note()
     # every fold too short: no estimate, said so
-    none = kfold_result(list(adaptive.folds), [200] * 4, HALF_LIFE_TOKENS)
+    none = kfold_result(list(adaptive.folds), [200] * 4, min_fold_tokens("adaptive"))
     assert none.hit_rate is None and none.pooled is None and none.short_note().startswith("every fold is under 350")
 
 

@@ -209,16 +209,14 @@ def _routes(tokens: list[list[int]]) -> Routes:
 
 
 def test_adaptive_swaps_only_clearly_hotter_experts_in() -> None:
-    # the profile holds 4..7, the text selects 0..3. Without a prior, after 32 tokens their heats (~31) beat
+    # the profile holds 4..7, the text selects 0..3. Without a prior, after 32 tokens their heats (~31) would beat
     # 1.5 * 0 + 2; the profile's experts start with their share of 64 tokens' picks (4 / 4 slots: 64), so the
     # text's experts come in at the round after 96 tokens (heat ~83 against 1.5 * 52.8 + 2)
     profile = [(0, 4), (0, 5), (0, 6), (0, 7)]
     r = _routes([[0, 1, 2, 3]] * 120)
-    res = adaptive(r, {0: 4}, 8, profile=profile, prior_tokens=0)
-    assert res.n_swap == 4 and res.n_fill == 0
-    assert res.n_hit == 4 * (120 - 32) and res.n_miss == 4 * 32 and res.n_hit_profile == 0
     res = adaptive(r, {0: 4}, 8, profile=profile)
-    assert res.n_swap == 4 and res.n_hit == 4 * (120 - 96) and res.n_miss == 4 * 96
+    assert res.n_swap == 4 and res.n_fill == 0 and res.n_hit_profile == 0
+    assert res.n_hit == 4 * (120 - 96) and res.n_miss == 4 * 96
     assert static(r, {0: 4}, 8, profile).n_hit == 0
     # the text alternates between two sets: heat(in) never clears 1.5 heat(out) + 2, nothing flaps
     r = _routes([[0, 1, 2, 3], [4, 5, 6, 7]] * 40)

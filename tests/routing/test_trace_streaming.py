@@ -24,7 +24,6 @@ from llama_moe.tools.routing.policies import merge_results
 from llama_moe.tools.routing.ranking import pair_counts
 from llama_moe.tools.routing.routes import JoinedRoutes, Routes, concat_routes
 from llama_moe.formats.trace import TraceError, iter_trace_chunks, read_trace, record_bytes, write_trace, RoutingRecord
-from support.replays import lru_slot_by_slot
 
 N_LAYER, N_EXPERT, K = 6, 32, 4
 LAYOUT = ExpertLayout(N_LAYER, N_EXPERT, K, tuple(LayerExperts(il, N_EXPERT, 2**16, "q8_0") for il in range(N_LAYER)))
@@ -99,8 +98,7 @@ def _asdict(x):
 
 @pytest.mark.parametrize("routes_kind", ["trace", "ubatches"])
 def test_policies_and_ranking_in_chunks_equal_whole(trace, routes_kind) -> None:
-    """Every policy and the ranking replayed a few tokens at a time count exactly as in one pass; the
-    token-by-token lru (all layers at once) counts exactly as the slot-by-slot loop."""
+    """Every policy and the ranking replayed a few tokens at a time count exactly as in one pass."""
     path, ex = trace
     if routes_kind == "trace":
         routes = read_routes(path, LAYOUT).tokens(0, 1200)
@@ -120,12 +118,6 @@ def test_policies_and_ranking_in_chunks_equal_whole(trace, routes_kind) -> None:
             for chunk in (1, 7):
                 assert _asdict(policy(routes, slots, N_EXPERT, *args, chunk_tokens=chunk)) == _asdict(whole), (policy, chunk)
             assert 0 < whole.n_hit and 0 < whole.n_miss
-    # the fast lru (one-token ubatches, every layer at once) against the slot-by-slot loop
-    per_token = routes.per_token()
-    for slots in ({il: 9 for il in range(N_LAYER)}, {il: (3 if il % 2 else 5) for il in range(N_LAYER)}):
-        for chunk in (1, 100):
-            fast = lru(per_token, slots, N_EXPERT, profile, chunk_tokens=chunk)
-            assert _asdict(fast) == _asdict(lru_slot_by_slot(per_token, slots, N_EXPERT, profile))
 
 
 def test_kfold_ranks_its_train_blocks_where_they_are(trace) -> None:

@@ -1,8 +1,11 @@
 """``python -m llama_moe simulate MODEL --cache-mib N [N...] --train T.bin (--test H.bin | --kfold K)``: replays
 held-out routing through the cache policies at each size: lru (the upload mode), static (the hybrid from
-a profile), adaptive (the hybrid that swaps hot experts in) and belady (the ceiling). Profiles are ranked
-on the train traces and scored on the test traces, or by k-fold over the train traces (one trace left out at
-a time, with two or more); an in-sample figure is printed beside them for contrast only."""
+a profile), adaptive (the hybrid that swaps hot experts in) and belady (the ceiling). The policies the engine runs
+(lru, static, adaptive, admitN, admitN-repartR) are replayed by the engine itself: its cache's own policy objects,
+fed the routing as a context's cache is fed it; the simulator-only ones (belady, admitN-lrfu), which the engine
+does not run, are the simulator's. Profiles are ranked on the train traces and scored on the test traces, or by
+k-fold over the train traces (one trace left out at a time, with two or more); an in-sample figure is printed
+beside them for contrast only."""
 from __future__ import annotations
 
 import argparse
@@ -10,7 +13,7 @@ import argparse
 from .common import add_output_options, check_files, emit, kfold_arg, model_layout, progress, rate, read_traces
 from ..errors import ToolInputError
 from ..routing.heldout import Estimate
-from ..routing.policies import ALL_POLICIES, POLICIES, PolicyResult, describe
+from ..routing.policies import ALL_POLICIES, POLICIES, SIMULATOR_ONLY, PolicyResult, describe
 from ..routing.simulation import SimulateReport, SizeResult, simulate_sizes
 
 
@@ -26,7 +29,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "traces (leave one out), else 10 contiguous blocks; K: K contiguous blocks of the tokens; 'trace': "
                    "one per trace")
     p.add_argument("--hybrid", action="store_true", help="slots as --moe-cache-hybrid computes them (one null slot per layer)")
-    p.add_argument("--policies", default=",".join(POLICIES), help=f"comma-separated, from {','.join(ALL_POLICIES)} (default: {','.join(POLICIES)})")
+    p.add_argument("--policies", default=",".join(POLICIES),
+                   help=f"comma-separated, from {','.join(ALL_POLICIES)} (default: {','.join(POLICIES)}); the engine replays "
+                   f"all but the simulator-only {','.join(SIMULATOR_ONLY)}")
     add_output_options(p)
     p.set_defaults(func=run)
 

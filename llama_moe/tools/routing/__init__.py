@@ -1,8 +1,9 @@
 """Routing: trace the engine's routing, plan a cache and its profile, simulate cache policies on held-out
-routing, and measure how predictable a layer's experts are. Each module has one job: ``budget`` mirrors the
-engine's slot arithmetic, ``policies`` replays the cache's policies. The ``python -m llama_moe
-trace|profile|plan|simulate|predict`` commands (llama_moe/tools/cli/) print what they return. Importing this package
-never loads the native library (tracing does, when it runs)."""
+routing, and measure how predictable a layer's experts are. Each module has one job: ``budget`` asks the engine
+its slot arithmetic, ``policies`` replays the cache's policies (those the engine runs, by the engine itself:
+``llama_moe.policy_replay``). The ``python -m llama_moe trace|profile|plan|simulate|predict`` commands
+(llama_moe/tools/cli/) print what they return. Importing this package never loads the native library; a replay,
+a size's slots and tracing do, when they run."""
 from __future__ import annotations
 
 from ..errors import CacheBudgetError, ToolInputError

@@ -1,69 +1,125 @@
-"""The engine's arithmetic, mirrored: how many expert slots it gives each layer for a cache size (exactly as
-llama_moe_cache::create computes them, tested equal to the engine), the device memory they take, the ubatches
-it looks up, and the cache size a VRAM budget leaves. The one place in Python that knows these numbers."""
+"""The engine's slot arithmetic, asked of the engine (``llama_moe.policy_replay.size_slots``: the code a context
+sizes its cache with): how many expert slots it gives each layer for a cache size, the smallest size that gives
+a count, the device memory they take, and the cache size a VRAM budget leaves. Nothing here re-derives a rule of
+the engine's: a size's slots are the engine's answer, and a count's size is the smallest size the engine answers
+it for."""
 from __future__ import annotations
 
 import math
 import os
-from typing import Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
 from ..errors import CacheBudgetError
 from ..experts import ExpertLayout
+from ...errors import ParameterError
 from ...params import MiB, mib_to_bytes
+from ...policy_replay import LayerShape, size_slots
 
 GiB = 2**30
-MAX_UBATCH = 32  # LLAMA_MOE_CACHE_MAX_UBATCH: larger ubatches keep llama.cpp's path and are not looked up
 
 
-def _map_bytes(n_expert: int) -> int:
-    # each layer's int32 expert -> slot map, padded to 256 bytes (GGML_PAD(n_expert * 4, 256))
-    return -(-n_expert * 4 // 256) * 256
+def layer_shapes(layout: ExpertLayout) -> list[LayerShape]:
+    """The layout's layers as the engine's rules see them: the trace's k, and one group per expert tensor type
+    and size (a re-partition moves slots within a group)."""
+    groups: dict[tuple[str, int], int] = {}
+    return [LayerShape(l.il, l.n_expert, layout.n_expert_used, l.bytes_per_expert, l.bias_bytes_per_expert,
+                       groups.setdefault((l.type_name, l.bytes_per_expert), len(groups))) for l in layout.layers]
 
 
-def _fixed_bytes(layout: ExpertLayout, hybrid: bool) -> tuple[int, int]:
-    """(bytes of one slot in every layer, bytes the engine sets aside before slots: maps and null slots)."""
-    row = sum(l.bytes_per_expert + (l.bias_bytes_per_expert if hybrid else 0) for l in layout.layers)
-    maps = sum(_map_bytes(l.n_expert) for l in layout.layers)
-    # hybrid: one zero-filled null slot per layer, budgeted even for layers that end up held whole
-    return row, maps + (row if hybrid else 0)
-
-
-def slot_row_bytes(layout: ExpertLayout, hybrid: bool) -> int:
-    """Bytes of one slot in every cached layer (and, in hybrid mode, a copy of its biases beside each slot)."""
-    return _fixed_bytes(layout, hybrid)[0]
+def _ask(layout: ExpertLayout, cache_bytes: int, hybrid: bool, counts: Mapping[int, int] | None = None) -> dict[int, int]:
+    if not layout.layers:
+        raise CacheBudgetError("the model has no MoE expert tensors: nothing to cache")
+    try:
+        return size_slots(layer_shapes(layout), max(int(cache_bytes), 0), hybrid, counts)
+    except ParameterError as exc:
+        raise CacheBudgetError(f"{exc} (the engine would turn the cache off)") from None
 
 
 def engine_slots(layout: ExpertLayout, cache_bytes: int, hybrid: bool) -> dict[int, int]:
-    """Layer -> slots the engine allocates for a cache of ``cache_bytes``: the same count in every layer
-    (budget / bytes of one slot in every layer), capped at the layer's experts (a layer then is held whole).
-    Assumes every MoE layer's experts are in RAM (--cpu-moe), as the tools' traces do."""
+    """Layer -> slots the engine allocates for a cache of ``cache_bytes``: the same count in every layer, capped at
+    the layer's experts (a layer then is held whole), the engine's answer. Assumes every MoE layer's experts are in
+    RAM (--cpu-moe), as the tools' traces do. CacheBudgetError when it cannot hold one expert per layer."""
+    return _ask(layout, cache_bytes, hybrid)
+
+
+def _smallest(fits: Callable[[int], bool], low: int) -> int:
+    """The smallest size in bytes, at least ``low``, for which ``fits`` (monotone in the size) holds."""
+    hi = max(low, 1)
+    while not fits(hi):
+        low, hi = hi + 1, hi * 2
+        if hi > 2**62:
+            raise CacheBudgetError("no cache size gives these slots")
+    while low < hi:
+        mid = (low + hi) // 2
+        if fits(mid):
+            hi = mid
+        else:
+            low = mid + 1
+    return hi
+
+
+def _gives(layout: ExpertLayout, hybrid: bool, want: Mapping[int, int], counts: Mapping[int, int] | None) -> Callable[[int], bool]:
+    def fits(size: int) -> bool:
+        try:
+            got = _ask(layout, size, hybrid, counts)
+        except CacheBudgetError:
+            return False
+        return all(got[il] >= n for il, n in want.items())
+    return fits
+
+
+def cache_bytes_for_slots(layout: ExpertLayout, slots: int, hybrid: bool) -> int:
+    """The smallest cache size that gives ``slots`` slots per layer (each layer at most its experts), by asking
+    the engine."""
+    if slots < 1:
+        raise CacheBudgetError(f"a cache needs at least one slot per layer, got {slots}")
     if not layout.layers:
         raise CacheBudgetError("the model has no MoE expert tensors: nothing to cache")
-    row, fixed = _fixed_bytes(layout, hybrid)
-    slots = max(cache_bytes - fixed, 0) // row
-    if slots < 1:
-        raise CacheBudgetError(
-            f"{cache_bytes / MiB:.2f} MiB cannot hold one expert per layer: {len(layout.layers)} layers need at least "
-            f"{mib_for_slots(layout, 1, hybrid):.2f} MiB{' in hybrid mode' if hybrid else ''} (the engine would turn the "
-            f"cache off)")
-    return {l.il: min(slots, l.n_expert) for l in layout.layers}
+    want = {l.il: min(slots, l.n_expert) for l in layout.layers}
+    return _smallest(_gives(layout, hybrid, want, None), sum(n * l.bytes_per_expert for l, n in zip(layout.layers, want.values())))
+
+
+def cache_bytes_for_layer_slots(layout: ExpertLayout, slots: dict[int, int], hybrid: bool) -> int:
+    """The smallest cache size that gives each layer ``slots[il]`` slots from a profile's per-layer section
+    (every layer of ``layout`` needs a count; counts above a layer's experts count as all of them), by asking
+    the engine."""
+    want = {l.il: min(slots[l.il], l.n_expert) for l in layout.layers}
+    return _smallest(_gives(layout, hybrid, want, slots), sum(n * l.bytes_per_expert for l, n in zip(layout.layers, want.values())))
+
+
+def engine_layer_slots(layout: ExpertLayout, cache_bytes: int, slots: dict[int, int], hybrid: bool) -> dict[int, int]:
+    """Layer -> slots the engine allocates from a profile's per-layer counts for a cache of ``cache_bytes``: the
+    counts, scaled down by the engine's rule where they do not fit (the engine's answer)."""
+    return _ask(layout, cache_bytes, hybrid, slots)
 
 
 def slots_beside_whole(layout: ExpertLayout, cache_bytes: int, whole: set[int], hybrid: bool) -> int | None:
-    """The engine's arithmetic with a per-layer split, for a report: the layers ``whole`` hold all their experts
-    first, and the others share what is left evenly. The slots per other layer (None: there is no other layer),
-    or CacheBudgetError when the whole layers leave less than one slot for each of the others."""
+    """For a report: the layers ``whole`` hold all their experts, and the others the most equal slots that still
+    fit ``cache_bytes`` as a profile's per-layer counts (the engine's answer). The slots per other layer (None:
+    there is no other layer), or CacheBudgetError when the whole layers leave less than one slot for each of the
+    others."""
     others = [l for l in layout.layers if l.il not in whole]
-    row_others = sum(l.bytes_per_expert for l in others)
-    left = (cache_bytes - sum(l.n_expert * l.bytes_per_expert for l in layout.layers if l.il in whole)
-            - _fixed_bytes(layout, False)[1] - (row_others if hybrid else 0))
-    other_slots = min(max(left, 0) // row_others, layout.n_expert) if others else None
-    if left < 0 or (other_slots is not None and other_slots < 1):
+    if not others:
+        return None
+
+    def fits(n: int) -> bool:
+        counts = {l.il: (l.n_expert if l.il in whole else n) for l in layout.layers}
+        return _gives(layout, hybrid, {l.il: min(c, l.n_expert) for l, c in zip(layout.layers, counts.values())},
+                      counts)(cache_bytes)
+
+    if not fits(1):
         raise CacheBudgetError(f"{len(whole)} layers held whole leave less than one slot for each of the other "
                                f"{len(others)} layers")
-    return other_slots
+    lo, hi = 1, max(l.n_expert for l in others)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 def engine_buffer_bytes(layout: ExpertLayout, slots: dict[int, int], hybrid: bool) -> int:
@@ -74,39 +130,10 @@ def engine_buffer_bytes(layout: ExpertLayout, slots: dict[int, int], hybrid: boo
                for l in layout.layers)
 
 
-def cache_bytes_for_layer_slots(layout: ExpertLayout, slots: dict[int, int], hybrid: bool) -> int:
-    """The smallest cache size that gives each layer ``slots[il]`` slots from a profile's per-layer section
-    (every layer of ``layout`` needs a count; counts above a layer's experts count as all of them)."""
-    row, fixed = _fixed_bytes(layout, hybrid)
-    return fixed + sum(min(slots[l.il], l.n_expert) * (l.bytes_per_expert + (l.bias_bytes_per_expert if hybrid else 0))
-                       for l in layout.layers)
-
-
-def engine_layer_slots(layout: ExpertLayout, cache_bytes: int, slots: dict[int, int], hybrid: bool) -> dict[int, int]:
-    """Layer -> slots the engine allocates from a profile's per-layer counts for a cache of ``cache_bytes``: each
-    count capped at the layer's experts; counts that do not fit are each scaled by (bytes left for slots) /
-    (bytes they take) and rounded down, at least one, then, while they still do not fit, the layer with the
-    most slots (the first of equals) gives one up."""
-    row, fixed = _fixed_bytes(layout, hybrid)
-    if cache_bytes - fixed < row:
-        raise CacheBudgetError(f"{cache_bytes / MiB:.2f} MiB cannot hold one expert per layer")
-    per = [l.bytes_per_expert + (l.bias_bytes_per_expert if hybrid else 0) for l in layout.layers]
-    out = [min(slots[l.il], l.n_expert) for l in layout.layers]
-    avail = cache_bytes - fixed
-    need = sum(n * b for n, b in zip(out, per))
-    if need > avail:
-        out = [max(1, math.floor(n * (avail / need))) for n in out]
-        while sum(n * b for n, b in zip(out, per)) > avail and max(out) > 1:
-            out[out.index(max(out))] -= 1
-    return {l.il: n for l, n in zip(layout.layers, out)}
-
-
-def cache_bytes_for_slots(layout: ExpertLayout, slots: int, hybrid: bool) -> int:
-    """The smallest cache size that gives ``slots`` slots per layer."""
-    if slots < 1:
-        raise CacheBudgetError(f"a cache needs at least one slot per layer, got {slots}")
-    row, fixed = _fixed_bytes(layout, hybrid)
-    return slots * row + fixed
+def slot_row_bytes(layout: ExpertLayout, hybrid: bool) -> int:
+    """Bytes of one slot in every cached layer: what one more slot per layer costs (the engine's answer: the
+    smallest size for two slots less that for one)."""
+    return cache_bytes_for_slots(layout, 2, hybrid) - cache_bytes_for_slots(layout, 1, hybrid)
 
 
 def mib_for_slots(layout: ExpertLayout, slots: int, hybrid: bool) -> float:
@@ -140,34 +167,36 @@ def cache_device_layers(layout: ExpertLayout, tensor_split: Sequence[float]) -> 
     return [(dev, tuple(ils)) for dev, ils in groups.items()]
 
 
+def _device_layout(layout: ExpertLayout, layers: Sequence[int]) -> ExpertLayout:
+    wanted = set(layers)
+    mine = ExpertLayout(layout.n_layer, layout.n_expert, layout.n_expert_used,
+                        tuple(l for l in layout.layers if l.il in wanted))
+    if not mine.layers:
+        raise CacheBudgetError(f"no MoE layer among {list(layers)!r}")
+    return mine
+
+
 def engine_device_slots(layout: ExpertLayout, layers: Sequence[int], cache_bytes: int, hybrid: bool) -> int:
     """Slots per layer the engine gives a device holding ``layers`` when the layers are split across devices
-    (llama_moe_cache_devices_plan): ``cache_bytes`` is that device's budget, less its layers' maps (and the
-    hybrid's null slots), over the bytes of one slot in each of its layers, at most the most experts of its
-    layers. 0: the device cannot hold one slot per layer (the engine leaves its layers on llama.cpp's path).
-    Before the device's free memory, which can only lower it."""
-    mine = [l for l in layout.layers if l.il in set(layers)]
-    if not mine:
-        raise CacheBudgetError(f"no MoE layer among {list(layers)!r}")
-    row = sum(l.bytes_per_expert + (l.bias_bytes_per_expert if hybrid else 0) for l in mine)
-    fixed = sum(_map_bytes(l.n_expert) for l in mine) + (row if hybrid else 0)
-    slots = max(cache_bytes - fixed, 0) // row
-    return int(min(slots, max(l.n_expert for l in mine))) if slots >= 1 else 0
+    (llama_moe_cache_devices_plan): a device sizes its own layers from ``cache_bytes`` as one device sizes its
+    cache (the engine's answer), the most of any of its layers. 0: the device cannot hold one slot per layer (the
+    engine leaves its layers on llama.cpp's path). Before the device's free memory, which can only lower it."""
+    try:
+        return max(engine_slots(_device_layout(layout, layers), cache_bytes, hybrid).values())
+    except CacheBudgetError:
+        if not any(l.il in set(layers) for l in layout.layers):
+            raise
+        return 0
 
 
 def engine_device_layer_slots(layout: ExpertLayout, layers: Sequence[int], cache_bytes: int, slots: dict[int, int],
                               hybrid: bool) -> dict[int, int]:
     """Layer -> slots the engine gives a device holding ``layers`` from a profile's per-layer counts ``slots``
     when the layers are split across devices (llama_moe_cache_devices_plan with the counts): ``engine_layer_slots``
-    on that device's layers alone, ``cache_bytes`` being its budget (less its layers' maps and the hybrid's null
-    slots). {}: the device cannot hold one slot per layer (the engine leaves its layers on llama.cpp's path).
-    CacheBudgetError for a count of 0 in a layer the cache serves: the engine refuses such a profile. Before the
-    device's free memory, which can only lower the counts."""
-    wanted = set(layers)
-    mine = ExpertLayout(layout.n_layer, layout.n_expert, layout.n_expert_used,
-                        tuple(l for l in layout.layers if l.il in wanted))
-    if not mine.layers:
-        raise CacheBudgetError(f"no MoE layer among {list(layers)!r}")
+    on that device's layers alone, ``cache_bytes`` being its budget. {}: the device cannot hold one slot per layer
+    (the engine leaves its layers on llama.cpp's path). CacheBudgetError for a count of 0 in a layer the cache
+    serves: the engine refuses such a profile. Before the device's free memory, which can only lower the counts."""
+    mine = _device_layout(layout, layers)
     for l in mine.layers:
         if slots.get(l.il, 0) < 1:
             raise CacheBudgetError(f"the per-layer counts give layer {l.il} no slots, but the cache serves that layer "
@@ -199,6 +228,6 @@ def cache_mib_for_vram(model_path: str | os.PathLike[str], layout: ExpertLayout,
 
 
 __all__ = [
-    "GiB", "MAX_UBATCH", "MiB", "cache_bytes_for_slots", "cache_device_layers", "engine_device_layer_slots", "engine_device_slots", "layer_devices", "cache_mib_for_vram", "engine_buffer_bytes", "engine_slots",
+    "GiB", "MiB", "cache_bytes_for_layer_slots", "engine_layer_slots", "layer_shapes", "cache_bytes_for_slots", "cache_device_layers", "engine_device_layer_slots", "engine_device_slots", "layer_devices", "cache_mib_for_vram", "engine_buffer_bytes", "engine_slots",
     "mib_for_slots", "mib_to_bytes", "non_expert_bytes", "slot_row_bytes", "slots_beside_whole",
 ]

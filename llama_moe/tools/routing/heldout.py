@@ -9,7 +9,7 @@ blocks of its tokens, which share their document with the blocks the profile was
 is likely optimistic on new text (on the synthetic Qwen3-30B-A3B routing of the corpus's eight topics, 10
 contiguous folds put a static profile 2-5 points above leave-one-topic-out: docs/tools.md). Every estimate
 carries how it was held out (``Folds.describe``). A policy that needs a warm-up (adaptive: its heats halve
-over ``policies.HALF_LIFE_TOKENS``) is not estimated on folds shorter than that (``min_fold_tokens``): they
+over the engine's half-life, ``policy_replay.adaptive_half_life()``) is not estimated on folds shorter than that (``min_fold_tokens``): they
 are reported as too short and left out of its estimate.
 
 Streamed: a fold's profile needs only the counts of the other folds, so one pass over trace files counts
@@ -25,7 +25,8 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..errors import ToolInputError
-from .policies import HALF_LIFE_TOKENS, PolicyResult, merge_results, run_policy
+from ...policy_replay import adaptive_half_life
+from .policies import PolicyResult, merge_results, run_policy
 from .ranking import pair_counts, rank_counts, rank_pairs, segment_counts
 from .routes import JoinedRoutes, Routes
 from .tracefiles import FileRoutes, TraceRoutes
@@ -163,10 +164,11 @@ def choose_folds(routes: Routes | JoinedRoutes | TraceRoutes, folds: "int | str 
 
 def min_fold_tokens(policy: str) -> int:
     """The fewest tokens a fold needs for ``policy``'s figure to mean anything: the adaptive cache starts from
-    the profile and follows the text through heats that halve over ``HALF_LIFE_TOKENS``, so on a shorter
+    the profile and follows the text through heats that halve over the engine's half-life
+    (``policy_replay.adaptive_half_life()``), so on a shorter
     fold it has not yet adapted (on the synthetic Qwen3-30B-A3B routing its hit rate per token reaches its
     plateau after about 256-350 tokens: docs/tools.md). The others need no warm-up."""
-    return HALF_LIFE_TOKENS if policy == "adaptive" else 0
+    return math.ceil(adaptive_half_life()) if policy == "adaptive" else 0
 
 
 def kfold_splits(routes: Routes, k: int) -> list[tuple[JoinedRoutes, Routes]]:
@@ -203,7 +205,7 @@ class KFoldResult:
         n, k = len(self.too_short), len(self.folds)
         what = "every fold is" if n == k else f"{n} of {k} folds left out:"
         return (f"{what} under {self.min_tokens} tokens, too short to mean anything for this policy (the adaptive "
-                f"cache's heats halve over {HALF_LIFE_TOKENS} tokens: a shorter fold measures its warm-up)")
+                f"cache's heats halve over {adaptive_half_life():g} tokens: a shorter fold measures its warm-up)")
 
 
 def ranked_replay(policy: str, slots: dict[int, int], n_expert: int) -> Callable[[Routes | JoinedRoutes, Routes], PolicyResult]:

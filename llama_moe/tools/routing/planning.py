@@ -10,7 +10,8 @@ import numpy as np
 
 from ..experts import ExpertLayout
 from ...formats.profile import Profile
-from .budget import (MAX_UBATCH, MiB, cache_mib_for_vram, engine_buffer_bytes, engine_slots, mib_for_slots, mib_to_bytes,
+from ...policy_replay import max_ubatch
+from .budget import (MiB, cache_mib_for_vram, engine_buffer_bytes, engine_slots, mib_for_slots, mib_to_bytes,
                      non_expert_bytes, slot_row_bytes, slots_beside_whole)
 from ..errors import CacheBudgetError, ToolInputError
 from .heldout import Estimate, FoldCounts, Folds, KFoldResult, choose_folds, fold_counts, kfold_result, t_interval
@@ -155,7 +156,7 @@ def split_warnings(layout: ExpertLayout, slots: dict[int, int], hybrid: bool,
     """Upload mode serves a ubatch's experts from its slots, uploading misses into the slots the ubatch does not
     use, and splits a ubatch that selects more distinct experts of a layer than its slots: the experts left
     without a slot are computed on the CPU (n_cpu). A warning when the slots are fewer than one token selects
-    (k: every token computes some experts on the CPU), or than a ubatch of up to 32 tokens can select (k x 32,
+    (k: every token computes some experts on the CPU), or than a ubatch the cache looks up can select (k x max_ubatch(),
     at most n_expert: short prompts and several sequences decoded together); with ``held_out`` (the pooled
     held-out replay of ``test_tokens`` tokens) the share of the lookups it computed on the CPU. The hybrid
     computes every miss on the CPU by design: no warning."""
@@ -175,10 +176,11 @@ def split_warnings(layout: ExpertLayout, slots: dict[int, int], hybrid: bool,
         return (f"{per_layer} slots per layer are fewer than the {k} experts one token selects: upload mode computes "
                 f"at least {k - per_layer} of every token's experts on the CPU in each of the {len(short)} layers not "
                 f"held whole{held}; --moe-cache-mib {mib(k)} gives {k} slots",)
-    need = min(k * MAX_UBATCH, min(l.n_expert for l in short))
+    most = max_ubatch()
+    need = min(k * most, min(l.n_expert for l in short))
     if per_layer < need:
         return (f"{per_layer} slots per layer serve ubatches of up to {per_layer // k} tokens whole: larger ones of up "
-                f"to {MAX_UBATCH} tokens (short prompts, several sequences decoded together) that select more "
+                f"to {most} tokens (short prompts, several sequences decoded together) that select more "
                 f"distinct experts than the slots compute the rest on the CPU{held}; {need} slots (--moe-cache-mib "
                 f"{mib(need)}) serve them all",)
     return ()

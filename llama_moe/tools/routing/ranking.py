@@ -73,12 +73,14 @@ def make_profile(routes: Routes | TraceRoutes, layout: ExpertLayout, slots: int 
 
 
 def prefill_resident(pairs: Sequence[tuple[int, int]], slots: dict[int, int], n_expert: int) -> dict[int, list[int]]:
-    """What the engine's fill leaves in each layer's slots, in slot order: the layer's own pairs in rank
-    order, until its slots are full (a full layer skips only its own pairs); layers held whole are not
-    filled from the profile (they hold everything already) and are left out."""
-    resident: dict[int, list[int]] = {il: [] for il, n in slots.items() if n < n_expert}
-    for il, e in pairs:
-        held = resident.get(il)
-        if held is not None and len(held) < slots[il] and 0 <= e < n_expert and e not in held:
-            held.append(e)
-    return resident
+    """What the engine's fill leaves in each layer's slots, in slot order, asked of the engine (its policy's
+    prefill, ``llama_moe.policy_replay``): each layer's own pairs in rank order until its slots are full; layers
+    held whole are not filled from the profile (they hold everything already) and are left out."""
+    from ...policy_replay import LayerShape, PolicyReplay, ReplayPolicy
+
+    looked = [il for il, n in slots.items() if n < n_expert]
+    if not looked:
+        return {}
+    shapes = [LayerShape(il, n_expert, 1, 1) for il in looked]
+    with PolicyReplay(shapes, {il: slots[il] for il in looked}, ReplayPolicy("hybrid", ranked=tuple(pairs))) as replay:
+        return {il: [e for e in replay.slots(il) if e >= 0] for il in looked}

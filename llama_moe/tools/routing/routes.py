@@ -17,7 +17,7 @@ import numpy as np
 
 from ...errors import TraceError
 from ...formats.trace import RoutingRecord
-from .budget import MAX_UBATCH
+from ...policy_replay import max_ubatch
 
 
 def expert_dtype(n_expert: int) -> np.dtype:
@@ -73,11 +73,11 @@ class Routes:
 
     @cached_property
     def counted(self) -> np.ndarray:
-        """[n_ubatch, n_layers] bool: the lookups the cache makes (up to 32 tokens); larger ones keep
-        llama.cpp's path. The last layer of a prompt, down to its last token, is looked up."""
+        """[n_ubatch, n_layers] bool: the lookups the cache makes (up to ``max_ubatch()`` tokens, the engine's);
+        larger ones keep llama.cpp's path. The last layer of a prompt, down to its last token, is looked up."""
         if self.one_token_ubatches:
             return self.computed
-        return (self.layer_tokens > 0) & (self.layer_tokens <= MAX_UBATCH)
+        return (self.layer_tokens > 0) & (self.layer_tokens <= max_ubatch())
 
     @cached_property
     def ubatch_of_token(self) -> np.ndarray:

@@ -1,22 +1,25 @@
 """Cache policies replayed over routing, counting like the engine: per layer, hits and misses of the distinct
-experts of each ubatch of up to 32 tokens; layers held whole need no lookups and are not counted.
+experts of each ubatch the cache looks up (up to ``llama_moe.policy_replay.max_ubatch()`` tokens); layers held
+whole need no lookups and are not counted.
 
-- ``lru``: the upload mode (llama_moe_cache::lookup and lookup_split): a miss is uploaded into a free slot,
-  else the least recently used slot the ubatch does not use; once every slot serves the ubatch (more distinct
-  experts than slots: several tokens at once, or fewer slots than k), its remaining misses are computed on the
-  CPU, counted in ``n_cpu`` as the engine's split counts them. It counts like the engine (tested against its
-  counters) and adds h_layer.
-- ``static``: the hybrid without adaptation (count_hybrid): the profile's experts stay, the others run on
-  the CPU.
-- ``adaptive``: the hybrid that swaps hot experts in (docs/cache.md, "Adaptive"), with the engine's constants.
-- ``belady``: per layer, the most hits a cache of that size could have, knowing the future (the ceiling).
+The policies the engine runs are replayed by the engine itself (``policies.engine``: the cache's own policy
+objects, fed the routing as its cache is fed it, through ``llama_moe.policy_replay``):
+
+- ``lru``: the upload mode: a miss is uploaded into a free slot, else the least recently used slot the ubatch
+  does not use; once every slot serves the ubatch (more distinct experts than slots: several tokens at once, or
+  fewer slots than k), its remaining misses are computed on the CPU, counted in ``n_cpu``.
+- ``static``: the hybrid without adaptation: the profile's experts stay, the others run on the CPU.
+- ``adaptive``: the hybrid that swaps hot experts in (docs/cache.md, "Adaptive").
 - ``admit1``, ``admit2``, ``admit4``, ``admit8``: the hybrid with admission of that many missed experts per
-  layer and decode (``--moe-cache-admit N``, llama_moe_cache::admit); not in the default set.
-- ``admit1-lrfu`` ... ``admit8-lrfu``: the same admission with victims by recency and frequency together
-  (``admit.LRFU_HALF_LIFE``), a simulator variant the engine does not run; not in the default set.
-- ``admitN-repartR`` (R in ``admit.REPARTITION_PERIODS``): the admission that also moves slots between layers
-  every R decodes from the miss curves it observes (``routing.repartition``), a simulator variant the engine
-  does not run (it sizes layers at load); not in the default set.
+  layer and decode (``--moe-cache-admit N``); not in the default set.
+- ``admitN-repartR`` (R in ``engine.REPARTITION_PERIODS``): the same admission, moving slots between layers every
+  R decodes (``--moe-cache-repartition R``); not in the default set.
+
+Simulator-only policies, which the engine does not run, stay in Python:
+
+- ``belady``: per layer, the most hits a cache of that size could have, knowing the future (the ceiling).
+- ``admit1-lrfu`` ... ``admit8-lrfu``: admission with victims by recency and frequency together
+  (``lrfu.LRFU_HALF_LIFE``); not in the default set.
 
 Every policy also reports h_layer: the share of looked-up (layer, token) pairs whose k experts were all
 resident when the ubatch was looked up (the tokens that need no CPU or upload work in that layer).
@@ -32,10 +35,8 @@ order, from a ``Routes`` in memory or from trace files as they are read (``Trace
 its state (slots and heats per layer) and the temporaries of a chunk, whatever the routing's length, and
 ``replay_jobs`` feeds many of them (sizes, policies, folds) from one pass over the files. Belady needs the
 future: it holds a layer's ids and their next uses (5 bytes per id of the layer), and reads trace files
-once per group of layers. Speed: static is vectorised over a chunk; lru replays one-token ubatches (a trace
-file's) token by token with all layers at once in numpy, and larger ubatches slot by slot as the engine
-does; belady runs per layer in Python over numpy's next-use positions. Every policy takes ``progress(done,
-total)`` and ``chunk_tokens`` (the results do not depend on it).
+once per group of layers. Every policy takes ``progress(done, total)`` and ``chunk_tokens`` (the results do not
+depend on it).
 """
 from __future__ import annotations
 
@@ -45,25 +46,18 @@ from typing import Callable, Sequence
 from ..ranking import CHUNK_TOKENS
 from ..routes import Routes
 from ..tracefiles import TraceRoutes
-from .admit import ADMIT_CHUNK_TOKENS, LRFU_HALF_LIFE, REPARTITION_PERIODS, AdmitReplay, admit_replay
-from .adaptive import HALF_LIFE_TOKENS, PRIOR_TOKENS, AdaptiveReplay, adaptive, adaptive_replay
 from .base import Meter, PolicyResult, Progress, Replay, _looked_up, drive, merge_results
 from .belady import belady_routes
-from .lru import LRU_CHUNK_TOKENS, LruLoopReplay, LruTokensReplay, lru, lru_replay
-from .static import StaticReplay, static, static_replay
+from .engine import ENGINE_CHUNK_TOKENS, ENGINE_POLICIES, REPARTITION_PERIODS, EngineReplay, engine_replay
+from .lrfu import LRFU_CHUNK_TOKENS, LRFU_HALF_LIFE, LrfuReplay, lrfu_replay
 
 ReplayFactory = Callable[[Sequence[int], int, bool, dict[int, int], int, Sequence[tuple[int, int]]], Replay]
 
 # The one dispatch table: each policy fed the routing in order, by name, with the tokens it is fed at a time
 # (the results do not depend on it). Belady needs the future and is no Replay (``belady``).
 REPLAYS: dict[str, tuple[ReplayFactory, int]] = {
-    "lru": (lru_replay, LRU_CHUNK_TOKENS),
-    "static": (static_replay, CHUNK_TOKENS),
-    "adaptive": (adaptive_replay, CHUNK_TOKENS),
-    **{f"admit{n}": (admit_replay(n), ADMIT_CHUNK_TOKENS) for n in (1, 2, 4, 8)},
-    **{f"admit{n}-lrfu": (admit_replay(n, LRFU_HALF_LIFE), ADMIT_CHUNK_TOKENS) for n in (1, 2, 4, 8)},
-    **{f"admit{n}-repart{r}": (admit_replay(n, repartition=r), ADMIT_CHUNK_TOKENS)
-       for n in (1, 2, 4, 8) for r in REPARTITION_PERIODS},
+    **{name: (engine_replay(name), ENGINE_CHUNK_TOKENS) for name in ENGINE_POLICIES},
+    **{f"admit{n}-lrfu": (lrfu_replay(n), LRFU_CHUNK_TOKENS) for n in (1, 2, 4, 8)},
 }
 POLICIES = ("lru", "static", "adaptive", "belady")  # the default set
 ALL_POLICIES = (*REPLAYS, "belady")
@@ -73,12 +67,12 @@ DESCRIPTIONS: dict[str, str] = {
     "lru": "upload mode, LRU",
     "static": "hybrid, the profile's experts stay",
     "adaptive": "hybrid, hot experts swapped in",
-    "belady": "ceiling: knows the future",
+    "belady": "ceiling: knows the future (simulator only)",
     **{f"admit{n}": f"hybrid admitting {n} miss{'es' if n > 1 else ''} per layer and decode" for n in (1, 2, 4, 8)},
     **{f"admit{n}-lrfu": f"hybrid admitting {n} per layer and decode, victims by recency and frequency (simulator only)"
        for n in (1, 2, 4, 8)},
     **{f"admit{n}-repart{r}": f"hybrid admitting {n} per layer and decode, slots moved between layers every {r} "
-       "decodes (simulator only)" for n in (1, 2, 4, 8) for r in REPARTITION_PERIODS},
+       "decodes" for n in (1, 2, 4, 8) for r in REPARTITION_PERIODS},
 }
 
 
@@ -205,9 +199,34 @@ def replay_jobs(routes: Routes | TraceRoutes, jobs: Sequence[Job], n_expert: int
     return results  # type: ignore[return-value]
 
 
+def _engine(name: str, routes: Routes | TraceRoutes, slots: dict[int, int], n_expert: int,
+            profile: Sequence[tuple[int, int]], progress: Progress | None, chunk_tokens: int) -> PolicyResult:
+    replay = EngineReplay(name, routes.layers, routes.k, slots, n_expert, profile)
+    return drive(replay, routes, chunk_tokens, progress)
+
+
+def lru(routes: Routes | TraceRoutes, slots: dict[int, int], n_expert: int, profile: Sequence[tuple[int, int]] = (),
+        progress: Progress | None = None, chunk_tokens: int = ENGINE_CHUNK_TOKENS) -> PolicyResult:
+    """The upload mode, replayed by the engine, from its fill of the profile."""
+    return _engine("lru", routes, slots, n_expert, profile, progress, chunk_tokens)
+
+
+def static(routes: Routes | TraceRoutes, slots: dict[int, int], n_expert: int, profile: Sequence[tuple[int, int]],
+           progress: Progress | None = None, chunk_tokens: int = ENGINE_CHUNK_TOKENS) -> PolicyResult:
+    """The hybrid without adaptation, replayed by the engine: its fill of the profile, then nothing moves."""
+    return _engine("static", routes, slots, n_expert, profile, progress, chunk_tokens)
+
+
+def adaptive(routes: Routes | TraceRoutes, slots: dict[int, int], n_expert: int, profile: Sequence[tuple[int, int]] = (),
+             progress: Progress | None = None, chunk_tokens: int = ENGINE_CHUNK_TOKENS) -> PolicyResult:
+    """The adaptive hybrid, replayed by the engine with its own constants (docs/cache.md, "Adaptive")."""
+    return _engine("adaptive", routes, slots, n_expert, profile, progress, chunk_tokens)
+
+
+SIMULATOR_ONLY = ("belady", *(f"admit{n}-lrfu" for n in (1, 2, 4, 8)))  # policies the engine does not run
+
 __all__ = [
-    "ALL_POLICIES", "BELADY_GROUP_BYTES", "DESCRIPTIONS", "HALF_LIFE_TOKENS", "POLICIES", "PRIOR_TOKENS", "REPLAYS", "AdaptiveReplay",
-    "AdmitReplay", "Job",
-    "LruLoopReplay", "LruTokensReplay", "Meter", "PolicyResult", "Replay", "StaticReplay", "drive", "adaptive", "belady",
-    "describe", "lru", "merge_results", "replay_jobs", "replayer", "run_policy", "static",
+    "ALL_POLICIES", "BELADY_GROUP_BYTES", "DESCRIPTIONS", "ENGINE_POLICIES", "EngineReplay", "Job", "LRFU_HALF_LIFE",
+    "LrfuReplay", "Meter", "POLICIES", "PolicyResult", "REPARTITION_PERIODS", "REPLAYS", "Replay", "SIMULATOR_ONLY",
+    "adaptive", "belady", "describe", "drive", "lru", "merge_results", "replay_jobs", "replayer", "run_policy", "static",
 ]

@@ -7,7 +7,7 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from ..budget import MAX_UBATCH
+from ....policy_replay import max_ubatch
 from ..ranking import CHUNK_TOKENS
 from ..routes import Routes
 from ..tracefiles import TraceRoutes
@@ -17,7 +17,7 @@ Progress = Callable[[int, int], None]
 
 @dataclass(frozen=True)
 class PolicyResult:
-    """A policy's counts, as the engine counts them: per layer and ubatch of up to 32 tokens, each distinct
+    """A policy's counts, as the engine counts them: per layer and ubatch it looks up, each distinct
     selected expert is a hit or a miss (nothing is refused: upload mode splits a ubatch its slots cannot
     serve whole, the hybrid computes every miss on the CPU)."""
 
@@ -29,15 +29,15 @@ class PolicyResult:
     n_token_layers_all: int  # of them, with all k experts resident: h_layer's numerator
     n_cpu: int              # (lru) of the misses, those computed on the CPU: the distinct experts of a ubatch
                             # beyond what the layer's slots can serve once every slot serves it, as the engine's
-                            # n_cpu (upload mode's split); 0 for the hybrid's policies, which upload no miss
+                            # n_cpu (upload mode's split); 0 for the hybrid's policies, whose misses all run there
     n_slots: int            # slots of the layers looked up
     n_resident: int         # of them, holding an expert at the end: a cache that never fills caps the hit rate
     per_layer: dict[int, tuple[int, int]] = field(default_factory=dict)  # il -> (hits, misses)
-    n_swap: int = 0         # adaptive: experts swapped in for colder ones
+    n_swap: int = 0         # adaptive: experts swapped in for colder ones; admitN: experts admitted
     n_fill: int = 0         # adaptive: free slots filled
     per_layer_cpu: dict[int, int] = field(default_factory=dict)  # (lru) il -> misses computed on the CPU
     n_split_lookups: int = 0  # (lru) (ubatch, layer) lookups that left some of their experts to the CPU
-    n_large: int = 0        # (ubatch, layer) pairs of over 32 tokens: llama.cpp's path, not looked up
+    n_large: int = 0        # (ubatch, layer) pairs of over max_ubatch() tokens: llama.cpp's path, not looked up
     n_repartition: int = 0  # (admitN-repartR) rounds that moved slots between layers
     n_moved: int = 0        # (admitN-repartR) slots those rounds moved
 
@@ -110,10 +110,10 @@ def _ubatches(routes: Routes, u0: int, u1: int) -> Routes:
 
 
 def _large(routes: Routes, looked: list[int]) -> int:
-    """(ubatch, layer) pairs of over 32 tokens: llama.cpp's path, no lookup."""
+    """(ubatch, layer) pairs of over ``max_ubatch()`` tokens: llama.cpp's path, no lookup."""
     if routes.one_token_ubatches:
         return 0
-    return int((routes.layer_tokens[:, looked] > MAX_UBATCH).sum())
+    return int((routes.layer_tokens[:, looked] > max_ubatch()).sum())
 
 
 def _chunks(routes: Routes | TraceRoutes, chunk_tokens: int,
