@@ -29,7 +29,9 @@ from .source import BasePin, pristine_tree, write_bundle
 log = logging.getLogger(__name__)
 
 TOOL_TARGETS = ("llama-server", "llama-cli", "llama-bench", "llama-completion", "ggml-rpc-server")
-LIB_TARGETS = ("llama",)
+# llama-common carries llama_moe_json_schema_to_grammar, common's JSON-schema converter behind a C entry point
+LIB_TARGETS = ("llama", "llama-common")
+COMMON_LIBRARY = "libllama-common.so"
 TEST_TARGETS = ("test-backend-ops",)
 MANIFEST = "manifest.json"
 
@@ -210,6 +212,7 @@ def build(source: str | None = None, variant_choice: str = "auto", cuda_archs: s
     manifest = {
         "base": pin.commit, "source_package": pin.package, "source_sha256": pin.sha256,
         "patch_hash": patch_hash, "patches": series.names, "variant": variant,
+        "common_library": COMMON_LIBRARY,
         "cmake_args": cmake_args, "targets": targets,
         "cuda_version": probe.toolkit.version if (probe and probe.toolkit and variant == "cuda") else None,
         "cuda_archs": cuda_archs if variant == "cuda" else None,
