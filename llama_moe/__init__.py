@@ -8,6 +8,7 @@ import logging
 
 from .batch import BatchResult, BatchStream
 from .chat import ChatMessage, ChatResult, ChatStream
+from .compat import Llama
 from .context import GREEDY, Completion, Context, Perf, Sampling
 from .errors import (AbiMismatchError, AuditError, BuildError, ChatTemplateError, ClosedError, GgufError, LlamaMoeError,
                      ModelLoadError, MoeCacheWarning, NativeCallError, NativeLibraryError, ParameterError, ProfileError,
@@ -16,6 +17,7 @@ from .model import MoeGeometry, Model
 from .params import ContextParams, ModelParams
 from .session import SessionInfo
 from .stats import CacheDevice, HitRate, LayerStats, MoeCacheStats, MoeCacheStatus, SeqStats
+from .structured import json_schema_to_grammar
 from .formats.trace import RoutingRecord
 
 __version__ = "0.1.0"
@@ -41,6 +43,8 @@ def _ffi_string(ptr: object) -> str:
 __all__ = [
     # the API: a model, a context over it, and their parameters
     "Context", "ContextParams", "GREEDY", "Model", "ModelParams", "Sampling", "native_version",
+    # structured output (llama_moe.structured), and a llama-cpp-python-shaped front (llama_moe.compat)
+    "Llama", "json_schema_to_grammar",
     # what its methods return
     "BatchResult", "BatchStream", "CacheDevice", "ChatMessage", "ChatResult", "ChatStream", "Completion", "HitRate", "LayerStats",
     "MoeCacheStats", "MoeCacheStatus", "MoeGeometry", "Perf", "RoutingRecord", "SeqStats", "SessionInfo",

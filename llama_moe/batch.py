@@ -3,9 +3,10 @@
 The prompts are evaluated first (packed into batches of ``n_batch`` tokens), then every step decodes one
 token of each sequence still going in a single llama_batch, so the MoE layers (and the expert cache) see a
 ubatch of as many tokens as there are live sequences. Each sequence has its own sampler, its own
-``max_tokens`` and its own end; the others go on when one finishes. Sequence ``i`` is llama.cpp's sequence
-``i``, with ``n_ctx // n_seq_max`` positions of its own. A run starts from an empty context and leaves it
-empty (``n_past`` 0): the sequences' KV is dropped at the end.
+``max_tokens``, its own grammar state (a ``grammar``: one for all or one per prompt) and its own end; the others
+go on when one finishes. Sequence ``i`` is llama.cpp's sequence ``i``, with ``n_ctx // n_seq_max`` positions of
+its own. A run starts from an empty context and leaves it empty (``n_past`` 0): the sequences' KV is dropped at
+the end.
 
 Greedy, every cache mode gives each sequence exactly the tokens of the same batch without a cache. A sequence's
 tokens need not be those its prompt gets decoded alone: the batched products round differently, and a near-tie
@@ -22,6 +23,7 @@ from ._native import check as _check
 from .context import GREEDY, Completion, Context, Sampling, _Sampler
 from .errors import ParameterError
 from .result_stream import ResultStream
+from .structured import check_grammar_text
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +62,8 @@ class _Run:
     """The state of one batch run; ``steps()`` yields (index, token) and returns the BatchResult."""
 
     def __init__(self, ctx: Context, prompts: Sequence[str | Sequence[int]], max_tokens: int | Sequence[int],
-                 sampling: Sampling | Sequence[Sampling], stop_at_eog: bool) -> None:
+                 sampling: Sampling | Sequence[Sampling], stop_at_eog: bool,
+                 grammar: str | None | Sequence[str | None] = None) -> None:
         self.t0 = time.perf_counter()
         if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
             raise ParameterError(f"prompts must be a list of strings or token lists, got {type(prompts).__name__}")
@@ -99,7 +102,11 @@ class _Run:
                 raise ParameterError(f"sampling must be a Sampling (or one per prompt), got {s!r}")
         if not isinstance(stop_at_eog, bool):
             raise ParameterError(f"stop_at_eog must be True or False, got {stop_at_eog!r}")
+        grammars = [check_grammar_text(g) for g in _per_prompt("grammar", grammar, n)]
         self.ctx, self.stop_at_eog = ctx, stop_at_eog
+        # one sampler per sequence, each with a grammar state of its own; made here, before anything is
+        # evaluated, so that a grammar llama.cpp refuses is refused at the call
+        self.samplers = [ctx._sampler(s, g) for s, g in zip(self.samplings, grammars)]
 
     def _decode(self) -> None:
         ctx = self.ctx
@@ -113,7 +120,7 @@ class _Run:
         pos = [len(p) for p in self.prompts]
         t_first: list[float | None] = [None] * n
         t_done: list[float | None] = [None] * n
-        samplers: list[_Sampler] = []
+        samplers = self.samplers
         n_steps = n_decoded = 0
         t_prompt = t_steps = 0.0
         b, cap = ctx._batch, ctx._n_batch
@@ -134,7 +141,6 @@ class _Run:
         try:
             with ctx._lock:
                 ctx.reset()
-                samplers = [_Sampler(lib, s) for s in self.samplings]
                 # the prompts, packed: each chunk's last-token outputs are sampled before the next chunk
                 flat = [(i, j, t) for i, p in enumerate(self.prompts) for j, t in enumerate(p)]
                 first: list[tuple[int, int]] = []
@@ -202,18 +208,20 @@ class BatchStream(ResultStream[tuple[int, int], BatchResult]):
 
 
 def stream_batch(ctx: Context, prompts: Sequence[str | Sequence[int]], max_tokens: int | Sequence[int] = 128,
-                 sampling: Sampling | Sequence[Sampling] | None = None, stop_at_eog: bool = True) -> BatchStream:
+                 sampling: Sampling | Sequence[Sampling] | None = None, stop_at_eog: bool = True, *,
+                 grammar: str | None | Sequence[str | None] = None) -> BatchStream:
     """The (index, token) pairs of every sequence as they are made; the input is checked at the call."""
-    return BatchStream(_Run(ctx, prompts, max_tokens, GREEDY if sampling is None else sampling, stop_at_eog))
+    return BatchStream(_Run(ctx, prompts, max_tokens, GREEDY if sampling is None else sampling, stop_at_eog, grammar))
 
 
 def generate_batch(ctx: Context, prompts: Sequence[str | Sequence[int]], max_tokens: int | Sequence[int] = 128,
-                   sampling: Sampling | Sequence[Sampling] | None = None, stop_at_eog: bool = True) -> BatchResult:
+                   sampling: Sampling | Sequence[Sampling] | None = None, stop_at_eog: bool = True, *,
+                   grammar: str | None | Sequence[str | None] = None) -> BatchResult:
     """Every sequence to its end; the context's lock is held throughout, so a concurrent call waits its turn.
     Greedy, any cache mode gives the tokens of the same batch without a cache, not necessarily each prompt's tokens
     decoded alone (see the module's docstring)."""
     with ctx._lock:
-        stream = stream_batch(ctx, prompts, max_tokens, sampling, stop_at_eog)
+        stream = stream_batch(ctx, prompts, max_tokens, sampling, stop_at_eog, grammar=grammar)
         for _ in stream:
             pass
     assert stream.result is not None

@@ -3,7 +3,8 @@
 
 A conversation is formatted whole on every call and evaluated in sequence 0; the tokens it shares with what
 that sequence already holds (the previous turn, as a rule) are kept, not evaluated again. The text the model
-writes is returned as it came: a tool or function call in it is neither parsed nor altered.
+writes is returned as it came: a tool or function call in it is neither parsed nor altered. A ``grammar`` or a
+``response_format`` holds the answer to a language or a JSON schema (llama_moe.structured).
 """
 from __future__ import annotations
 
@@ -14,10 +15,11 @@ from dataclasses import dataclass
 from typing import Any, Iterator, Mapping, Sequence, Union
 
 from ._native.ffi import ffi
-from .context import GREEDY, Context, Sampling
+from .context import GREEDY, Context, Sampling, _Sampler
 from .errors import ChatTemplateError, ParameterError
 from .model import Model
 from .result_stream import ResultStream
+from .structured import resolve_grammar
 
 log = logging.getLogger(__name__)
 
@@ -197,15 +199,18 @@ class _Prepared:
     budget: int
     stops: tuple[str, ...]
     t0: float
+    sampler: _Sampler
 
 
-def _prepare(ctx: Context, messages: Sequence[Message], max_tokens: int, template: str | None,
-             stop: Sequence[str]) -> _Prepared:
-    """Everything checked before a token is evaluated: the messages, the template, the sizes."""
+def _prepare(ctx: Context, messages: Sequence[Message], max_tokens: int, sampling: Sampling, template: str | None,
+             stop: Sequence[str], grammar: str | None, response_format: Mapping[str, Any] | None) -> _Prepared:
+    """Everything checked before a token is evaluated: the messages, the template, the sizes, the grammar (the
+    sampler is made here, so a grammar llama.cpp refuses is refused at the call)."""
     t0 = time.perf_counter()
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
         raise ParameterError(f"max_tokens must be a whole number >= 0, got {max_tokens!r}")
     stops = _check_stop(stop)
+    constraint = resolve_grammar(grammar, response_format)
     model = ctx.model
     prompt = format_chat(model, messages, template)
     tokens = model.tokenize(prompt, add_special=True, parse_special=True)
@@ -213,10 +218,11 @@ def _prepare(ctx: Context, messages: Sequence[Message], max_tokens: int, templat
     if len(tokens) >= room:
         raise ParameterError(f"the conversation is {len(tokens)} tokens: it does not fit the context's "
                              f"{room} positions with room for an answer")
-    return _Prepared(prompt, tokens, min(max_tokens, room - len(tokens)), stops, t0)
+    sampler = ctx._sampler(sampling, constraint)
+    return _Prepared(prompt, tokens, min(max_tokens, room - len(tokens)), stops, t0, sampler)
 
 
-def _run(ctx: Context, prep: _Prepared, sampling: Sampling) -> Iterator[str]:
+def _run(ctx: Context, prep: _Prepared) -> Iterator[str]:
     """Yields the answer's text piece by piece; returns its ChatResult."""
     model, stops, budget = ctx.model, prep.stops, prep.budget
     with ctx._lock:
@@ -227,7 +233,7 @@ def _run(ctx: Context, prep: _Prepared, sampling: Sampling) -> Iterator[str]:
     text, sent = "", 0
     finish = "length"
     t_first: float | None = None
-    stream = ctx.generate(prep.tokens[n_reused:], budget, sampling, stop_at_eog=True)
+    stream = ctx._generate(prep.tokens[n_reused:], budget, prep.sampler, stop_at_eog=True)
     try:
         for tok in stream:
             if t_first is None:
@@ -265,16 +271,20 @@ class ChatStream(ResultStream[str, ChatResult]):
     ChatResult once the iteration ends. ``close()`` (or leaving a ``with`` block) stops it early."""
 
     def __init__(self, ctx: Context, messages: Sequence[Message], max_tokens: int = 256, sampling: Sampling = GREEDY, *,
-                 template: str | None = None, stop: Sequence[str] = ()) -> None:
-        prep = _prepare(ctx, messages, max_tokens, template, stop)  # refused at the call, not at the first next()
-        super().__init__(_run(ctx, prep, sampling))
+                 template: str | None = None, stop: Sequence[str] = (), grammar: str | None = None,
+                 response_format: Mapping[str, Any] | None = None) -> None:
+        # refused at the call, not at the first next()
+        prep = _prepare(ctx, messages, max_tokens, sampling, template, stop, grammar, response_format)
+        super().__init__(_run(ctx, prep))
 
 
 def chat(ctx: Context, messages: Sequence[Message], max_tokens: int = 256, sampling: Sampling | None = None, *,
-         template: str | None = None, stop: Sequence[str] = ()) -> ChatResult:
+         template: str | None = None, stop: Sequence[str] = (), grammar: str | None = None,
+         response_format: Mapping[str, Any] | None = None) -> ChatResult:
     """The whole answer; the context's lock is held throughout, so a concurrent call waits its turn."""
     with ctx._lock:
-        stream = ChatStream(ctx, messages, max_tokens, sampling or GREEDY, template=template, stop=stop)
+        stream = ChatStream(ctx, messages, max_tokens, sampling or GREEDY, template=template, stop=stop,
+                            grammar=grammar, response_format=response_format)
         for _ in stream:
             pass
     assert stream.result is not None

@@ -3,8 +3,9 @@ sequences and sessions build on it (chat.py, batch.py, session.py: functions tha
 from __future__ import annotations
 
 import time
+import weakref
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -17,6 +18,7 @@ from .model import Model
 from .params import LLAMA_MAX_SEQ, ContextParams, check_sampling
 from .stats import CacheDevice, LayerStats, MoeCacheStats, MoeCacheStatus, SeqStats
 from .formats.trace import RoutingRecord, parse_stream
+from .structured import check_grammar_text, grammar_sampler
 
 
 @dataclass(frozen=True)
@@ -64,9 +66,16 @@ class Completion:
 
 
 class _Sampler:
-    def __init__(self, lib: Any, sampling: Sampling) -> None:
-        self._lib = lib
+    """A sampler chain: llama.cpp's grammar sampler first when there is a grammar (the tokens it does not allow
+    are out before the others choose), then greedy, or top-k, top-p, temperature and a seeded draw. Made before
+    anything is evaluated, so that a grammar llama.cpp refuses is a ParameterError at the call; freed by free(),
+    or by the garbage collector for a stream that never started."""
+
+    def __init__(self, lib: Any, sampling: Sampling, vocab: Any = None, grammar: str | None = None) -> None:
+        constrain = grammar_sampler(lib, vocab, grammar) if grammar is not None else None  # ParameterError
         chain = lib.llama_sampler_chain_init(lib.llama_sampler_chain_default_params())
+        if constrain is not None:
+            lib.llama_sampler_chain_add(chain, constrain)  # the chain owns it now
         if sampling.temperature == 0:
             lib.llama_sampler_chain_add(chain, lib.llama_sampler_init_greedy())
         else:
@@ -76,11 +85,13 @@ class _Sampler:
             lib.llama_sampler_chain_add(chain, lib.llama_sampler_init_temp(sampling.temperature))
             lib.llama_sampler_chain_add(chain, lib.llama_sampler_init_dist(sampling.seed & 0xFFFFFFFF))
         self.chain = chain
+        # frees nothing but the sampler's own memory: it may outlive the model (a grammar keeps a vocabulary
+        # pointer it reads only while sampling)
+        self._free = weakref.finalize(self, lib.llama_sampler_free, chain)
 
     def free(self) -> None:
-        if self.chain is not None:
-            self._lib.llama_sampler_free(self.chain)
-            self.chain = None
+        self._free()
+        self.chain = None
 
 
 class Context(NativeHandle):
@@ -200,15 +211,26 @@ class Context(NativeHandle):
             return np.frombuffer(ffi.buffer(ptr, 4 * n), dtype=np.float32).copy()
 
     def generate(self, prompt: str | Sequence[int], max_tokens: int = 128, sampling: Sampling = GREEDY,
-                 stop_at_eog: bool = True) -> Iterator[int]:
+                 stop_at_eog: bool = True, *, grammar: str | None = None) -> Iterator[int]:
         """Evaluates the prompt, then yields up to ``max_tokens`` new tokens one by one as they are made.
-        An empty prompt continues from where the last decode or generation stopped (decoding in chunks)."""
+        An empty prompt continues from where the last decode or generation stopped (decoding in chunks).
+        ``grammar`` (GBNF text, start symbol ``root``) holds the new tokens to its language (llama_moe.structured).
+        The arguments, the grammar included, are checked at the call, before anything is evaluated."""
         if max_tokens < 0:
             raise ParameterError(f"max_tokens must be >= 0, got {max_tokens}")
         tokens = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
         if not tokens and self.n_past == 0:
             raise ParameterError("an empty prompt continues a sequence, but nothing has been decoded yet")
-        sampler = _Sampler(self._lib, sampling)
+        return self._generate(tokens, max_tokens, self._sampler(sampling, grammar), stop_at_eog)
+
+    def _sampler(self, sampling: Sampling, grammar: str | None) -> _Sampler:
+        grammar = check_grammar_text(grammar)
+        with self._lock:
+            self._live()
+            return _Sampler(self._lib, sampling, self._vocab, grammar)
+
+    def _generate(self, tokens: list[int], max_tokens: int, sampler: _Sampler, stop_at_eog: bool) -> Iterator[int]:
+        """generate()'s tokens, with its sampler made and its arguments checked; frees the sampler at the end."""
         try:
             if tokens:
                 self.decode(tokens)
@@ -224,13 +246,13 @@ class Context(NativeHandle):
             sampler.free()
 
     def complete(self, prompt: str | Sequence[int], max_tokens: int = 128, sampling: Sampling = GREEDY,
-                 stop_at_eog: bool = True) -> Completion:
+                 stop_at_eog: bool = True, *, grammar: str | None = None) -> Completion:
         """Generates to the end (or ``max_tokens``) and returns the text with its timings."""
         prompt_tokens = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
         out: list[int] = []
         t0 = time.perf_counter()
         t_first = None
-        stream = self.generate(prompt_tokens, max_tokens, sampling, stop_at_eog)
+        stream = self.generate(prompt_tokens, max_tokens, sampling, stop_at_eog, grammar=grammar)
         for tok in stream:
             if t_first is None:
                 t_first = time.perf_counter()

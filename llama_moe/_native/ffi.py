@@ -7,7 +7,7 @@ import cffi
 
 ABI_VERSION = 9  # the LLAMA_MOE_ABI_VERSION these declarations describe
 
-_DECL_ORDER = ("ggml.h", "llama.h", "llama_moe.h")  # order matters: later files use earlier types
+_DECL_ORDER = ("ggml.h", "llama.h", "llama_moe.h", "llama_moe_common.h")  # order matters: later files use earlier types
 
 
 def _declarations() -> str:

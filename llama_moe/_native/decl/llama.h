@@ -275,6 +275,7 @@ struct llama_sampler * llama_sampler_init_dist(uint32_t seed);
 struct llama_sampler * llama_sampler_init_top_k(int32_t k);
 struct llama_sampler * llama_sampler_init_top_p(float p, size_t min_keep);
 struct llama_sampler * llama_sampler_init_temp(float t);
+struct llama_sampler * llama_sampler_init_grammar(const struct llama_vocab * vocab, const char * grammar_str, const char * grammar_root);
 llama_token llama_sampler_sample(struct llama_sampler * smpl, struct llama_context * ctx, int32_t idx);
 void llama_sampler_accept(struct llama_sampler * smpl, llama_token token);
 void llama_sampler_free(struct llama_sampler * smpl);
