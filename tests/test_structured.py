@@ -89,6 +89,7 @@ def test_the_installed_package_converts_from_a_built_cache_alone(lib, tmp_path: 
     assert json.loads(grammar) == json_schema_to_grammar({"enum": ["a", "b"]})
 
 
+@pytest.mark.slow
 def test_json_schema_answers_validate_against_the_schema(ctx) -> None:
     texts = []
     for seed in range(20):
