@@ -104,7 +104,7 @@ class Llama:
         stops = [stop] if isinstance(stop, str) else list(stop or ())
         budget = self.context.n_ctx if max_tokens is None or max_tokens < 1 else max_tokens
         res = chat(self.context, messages, budget, self._sampling(temperature, top_p, top_k, seed), stop=stops,
-                                grammar=grammar, response_format=response_format)
+                   grammar=grammar, response_format=response_format)
         return self._answer("chat.completion", {"message": res.message, "logprobs": None,
                                                 "finish_reason": res.finish_reason},
                             len(res.prompt_tokens), len(res.tokens))

@@ -19,6 +19,8 @@ import pytest
 import llama_moe
 from llama_moe import Context, ContextParams, Llama, Model, ModelParams, ParameterError, Sampling, \
     json_schema_to_grammar
+from llama_moe.batch import generate_batch, stream_batch
+from llama_moe.chat import ChatStream, chat
 from support.cache_sizes import mib_for_slots
 
 # every part bounded (enums, bounded integers, maxItems, no other properties), so the random tiny model must finish
@@ -93,35 +95,35 @@ def test_the_installed_package_converts_from_a_built_cache_alone(lib, tmp_path: 
 def test_json_schema_answers_validate_against_the_schema(ctx) -> None:
     texts = []
     for seed in range(20):
-        res = ctx.chat(CONVERSATION, 400, _sampled(seed), response_format={"type": "json_schema", "schema": SCHEMA})
+        res = chat(ctx, CONVERSATION, 400, _sampled(seed), response_format={"type": "json_schema", "schema": SCHEMA})
         assert res.finish_reason == "stop", (seed, res.text)
         jsonschema.validate(json.loads(res.text), SCHEMA)
         texts.append(res.text)
     assert len(set(texts)) > 10  # sampled, not one answer
     # OpenAI's nested form is the same schema: the same grammar, so the same answer for the same seed
     nested = {"type": "json_schema", "json_schema": {"name": "ship", "strict": True, "schema": SCHEMA}}
-    assert ctx.chat(CONVERSATION, 400, _sampled(3), response_format=nested).text == texts[3]
+    assert chat(ctx, CONVERSATION, 400, _sampled(3), response_format=nested).text == texts[3]
     # without the schema the model writes no JSON
-    free = ctx.chat(CONVERSATION, 60, _sampled(0)).text
+    free = chat(ctx, CONVERSATION, 60, _sampled(0)).text
     with pytest.raises(ValueError):
         json.loads(free)
 
 
 def test_json_object_answers_parse_as_objects(ctx) -> None:
     for seed in range(6):
-        res = ctx.chat(CONVERSATION, 600, _sampled(seed), response_format={"type": "json_object"})
+        res = chat(ctx, CONVERSATION, 600, _sampled(seed), response_format={"type": "json_object"})
         assert res.finish_reason == "stop", (seed, res.text)
         assert isinstance(json.loads(res.text), dict)
     # a json_object's schema, as llama-server takes it
-    res = ctx.chat(CONVERSATION, 400, _sampled(0), response_format={"type": "json_object", "schema": SCHEMA})
+    res = chat(ctx, CONVERSATION, 400, _sampled(0), response_format={"type": "json_object", "schema": SCHEMA})
     jsonschema.validate(json.loads(res.text), SCHEMA)
     # "text" asks for nothing: the same answer as no response_format
-    assert ctx.chat(CONVERSATION, 30, _sampled(1), response_format={"type": "text"}).text == \
-        ctx.chat(CONVERSATION, 30, _sampled(1)).text
+    assert chat(ctx, CONVERSATION, 30, _sampled(1), response_format={"type": "text"}).text == \
+        chat(ctx, CONVERSATION, 30, _sampled(1)).text
 
 
 def test_chat_stream_is_held_to_the_schema(ctx) -> None:
-    stream = ctx.chat_stream(CONVERSATION, 400, _sampled(7), response_format={"type": "json_schema", "schema": SCHEMA})
+    stream = ChatStream(ctx, CONVERSATION, 400, _sampled(7), response_format={"type": "json_schema", "schema": SCHEMA})
     pieces = list(stream)
     assert stream.result is not None and "".join(pieces) == stream.result.text
     jsonschema.validate(json.loads(stream.result.text), SCHEMA)
@@ -147,16 +149,16 @@ def test_a_grammar_holds_generate_and_complete_to_its_language(ctx, model) -> No
 
 def test_each_sequence_of_a_batch_has_its_own_grammar(ctx) -> None:
     samplings = [_sampled(s) for s in range(4)]
-    res = ctx.generate_batch(PROMPTS, 24, samplings, grammar=YES_NO)
+    res = generate_batch(ctx, PROMPTS, 24, samplings, grammar=YES_NO)
     assert all(t in ("yes", "no") for t in res.texts), res.texts
     # a grammar per prompt (one without): each sequence's answer is in its own language, while the steps interleave
     grammars = ['root ::= "maybe"', None, 'root ::= [0-9]{2} ("a" | "b")', YES_NO]
-    res = ctx.generate_batch(PROMPTS, [12, 12, 12, 12], samplings, grammar=grammars)
+    res = generate_batch(ctx, PROMPTS, [12, 12, 12, 12], samplings, grammar=grammars)
     assert res.texts[0] == "maybe"
     assert re.fullmatch(r"[0-9]{2}[ab]", res.texts[2]) and res.texts[3] in ("yes", "no")
     assert len(res.completions[1].tokens) == 12 and res.completions[1].stopped_by == "length"
     # streamed: the same tokens
-    pairs = list(ctx.stream_batch(PROMPTS, [12, 12, 12, 12], samplings, grammar=grammars))
+    pairs = list(stream_batch(ctx, PROMPTS, [12, 12, 12, 12], samplings, grammar=grammars))
     assert [[t for i, t in pairs if i == k] for k in range(4)] == [list(c.tokens) for c in res.completions]
 
 
@@ -167,11 +169,11 @@ def test_with_the_moe_cache_on_the_answers_are_the_same(model, tiny_model_path, 
     with Context(model, params) as cached, Context(model, ContextParams(n_ctx=1024, n_threads=2, n_seq_max=4)) as plain:
         assert cached.cache_status().state == "on"
         for seed in range(4):
-            res = cached.chat(CONVERSATION, 400, _sampled(seed), response_format=fmt)
+            res = chat(cached, CONVERSATION, 400, _sampled(seed), response_format=fmt)
             jsonschema.validate(json.loads(res.text), SCHEMA)
-        greedy = cached.chat(CONVERSATION, 400, response_format=fmt)
+        greedy = chat(cached, CONVERSATION, 400, response_format=fmt)
         assert greedy.text == plain.chat(CONVERSATION, 400, response_format=fmt).text  # the cache changes no token
-        res = cached.generate_batch(PROMPTS, 24, [_sampled(s) for s in range(4)], grammar=YES_NO)
+        res = generate_batch(cached, PROMPTS, 24, [_sampled(s) for s in range(4)], grammar=YES_NO)
         assert all(t in ("yes", "no") for t in res.texts), res.texts
         stats = cached.moe_cache_stats()
         assert stats is not None and stats.n_hit + stats.n_miss > 0
@@ -209,12 +211,12 @@ def test_bad_grammars_and_formats_are_refused_before_anything_is_evaluated(ctx, 
     def unchanged() -> None:
         assert (ctx.perf(), ctx.n_past, list(ctx._evaluated), ctx._lib.llama_memory_seq_pos_max(mem, 0)) == before
 
-    calls = [lambda: ctx.chat(CONVERSATION, 8, **bad), lambda: ctx.chat_stream(CONVERSATION, 8, **bad)]
+    calls = [lambda: chat(ctx, CONVERSATION, 8, **bad), lambda: ChatStream(ctx, CONVERSATION, 8, **bad)]
     if "response_format" not in bad:
         g = bad["grammar"]
         calls += [lambda: ctx.generate(PROMPTS[1], 8, grammar=g), lambda: ctx.complete(PROMPTS[1], 8, grammar=g),
-                  lambda: ctx.generate_batch(PROMPTS[:2], 8, grammar=g),
-                  lambda: ctx.stream_batch(PROMPTS[:2], 8, grammar=[None, g])]
+                  lambda: generate_batch(ctx, PROMPTS[:2], 8, grammar=g),
+                  lambda: stream_batch(ctx, PROMPTS[:2], 8, grammar=[None, g])]
     for call in calls:
         with pytest.raises(ParameterError, match=said):
             call()
