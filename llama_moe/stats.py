@@ -77,7 +77,7 @@ class MoeCacheStats(HitRate):
 CACHE_STATES = ("off", "on", "partial")
 CACHE_MODES = ("none", "upload", "hybrid", "adaptive")
 CACHE_REASONS = ("no_size", "no_device", "no_layer", "too_small", "no_room", "fewer_slots", "layers_skipped",
-                 "profile_refused", "option_ignored", "stays_empty")  # bit i of llama_moe_cache_status.reasons
+                 "profile_refused", "option_ignored", "stays_empty", "draft")  # bit i of llama_moe_cache_status.reasons
 
 
 @dataclass(frozen=True)

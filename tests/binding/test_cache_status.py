@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from llama_moe import Context, ContextParams, Model, ModelParams, MoeCacheStatus
+from llama_moe._native.ffi import ffi
 
 # no layer in RAM (no_layer) needs a device besides the CPU: on a CPU-only build every expert is in RAM
 from llama_moe.errors import MoeCacheWarning
@@ -127,6 +128,33 @@ def test_no_device_for_the_cache(lib, tiny_model_path) -> None:
     assert (status.state, status.reasons) == ("off", ("no_device",))
     assert status.text == "--moe-cache-device CUDA7 names no device; the cache is off"  # said once, not twice
     assert len(said) == 1
+
+
+def test_a_context_that_drafts_for_another_gets_no_cache(lib, tiny_model_path) -> None:
+    """A draft model's context (made with ctx_other, as llama.cpp's speculative decoding makes it) asked for a cache
+    gets none: the cache is the target's, and a second one would split the device's memory and the counters."""
+    from llama_moe._native.cache_status import read_status
+
+    cp = ContextParams(n_ctx=256, moe_cache_mib=mib_for_slots(tiny_model_path, 8))
+    with Model(tiny_model_path, RAM) as model, Context(model, cp) as target:
+        native, keep = cp._to_native(model._lib)
+        held = model._hold()
+        try:
+            with target._using() as ptr:
+                native.ctx_other = ptr
+                draft = model._lib.llama_init_from_model(held.ptr, native)
+                assert draft != ffi.NULL
+                try:
+                    status = read_status(model._lib, draft)
+                    assert not model._lib.llama_moe_cache_get_stats(draft, ffi.new("struct llama_moe_cache_stats *"))
+                finally:
+                    model._lib.llama_free(draft)
+        finally:
+            held.release()
+            del keep
+        assert target.cache_status().state == "on"
+    assert (status.state, status.mode, status.reason, status.reasons) == ("off", "none", "draft", ("draft",))
+    assert "drafts for another" in status.text and "the MoE cache belongs to the target's context" in status.text
 
 
 def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
