@@ -21,14 +21,18 @@ MiB = 2**20
 PREFIX = "moe_cache_"
 
 # what a setting takes; None, in any of them, leaves the engine's default
-Kind = Literal["flag", "whole", "admit", "tristate", "share", "name", "path"]
+Kind = Literal["flag", "whole", "admit", "tristate", "share", "name", "path", "mode"]
+# the mode's words, as llama.cpp's --moe-cache-mode spells them: enum llama_moe_cache_choice 1 to 5 (0: the flags)
+MOE_CACHE_MODES = ("auto", "upload", "hybrid", "adaptive", "admit")
+MoeCacheMode = Literal["auto", "upload", "hybrid", "adaptive", "admit"]
+SIZE_AUTO = 2**64 - 1  # LLAMA_MOE_CACHE_SIZE_AUTO (SIZE_MAX): the size the engine measures on the device
 
 
 @dataclass(frozen=True)
 class CacheSetting:
     """A ContextParams field's C field (``llama_moe_cache_params.<c_name>``) and what it takes: a whole number
     or a share from ``low`` to ``high``, a device's name, a path, True/False, or (``tristate``) True/False/None
-    for 1/0/-1 (auto); ``admit`` is a whole number or "auto" (-1)."""
+    for 1/0/-1 (auto); ``admit`` is a whole number or "auto" (-1); ``mode`` one of MOE_CACHE_MODES."""
 
     c_name: str
     kind: Kind
@@ -77,6 +81,9 @@ def check(name: str, spec: CacheSetting, value: Any) -> None:
     if kind == "name":
         if not isinstance(value, str) or not value or "\0" in value or len(value.encode()) > 127:
             raise ParameterError(f"{name} must be a device's name (1 to 127 bytes, no NUL) or None, got {value!r}")
+    if kind == "mode" and value not in MOE_CACHE_MODES:
+        raise ParameterError(f"{name} must be one of {', '.join(map(repr, MOE_CACHE_MODES))} or None (the flags decide), "
+                             f"got {value!r}")
     if kind == "path":
         if not isinstance(value, (str, bytes, os.PathLike)):
             raise ParameterError(f"{name} must be a path or None, got {value!r}")
@@ -85,10 +92,13 @@ def check(name: str, spec: CacheSetting, value: Any) -> None:
             raise ParameterError(f"{name} must be a non-empty path without NUL, got {value!r}")
 
 
-def check_mib(mib: Any) -> float:
-    """``moe_cache_mib``: a number of MiB from 0 (no cache) to 16 TiB."""
+def check_mib(mib: Any) -> float | str:
+    """``moe_cache_mib``: a number of MiB from 0 (no cache) to 16 TiB, or "auto" (the engine measures it)."""
+    if mib == "auto":
+        return "auto"
     if isinstance(mib, bool) or not isinstance(mib, numbers.Real) or not 0 <= mib <= 1 << 24:
-        raise ParameterError(f"moe_cache_mib must be a number of MiB from 0 to {1 << 24}, got {mib!r}")
+        raise ParameterError(f"moe_cache_mib must be a number of MiB from 0 to {1 << 24}, or \"auto\" (what the device has "
+                             f"free once the model, the KV cache and the compute buffers are in), got {mib!r}")
     return float(mib)
 
 
@@ -100,7 +110,7 @@ def mib_to_bytes(mib: float) -> int:
 def to_native(params: Any, native: Any, keep: list[Any]) -> None:
     """Sets ``native`` (a ``struct llama_moe_cache_params``, from the engine's defaults) from the fields that are
     not None; the strings it points to go to ``keep``, which must outlive the context's creation."""
-    native.size = mib_to_bytes(params.moe_cache_mib)
+    native.size = SIZE_AUTO if params.moe_cache_mib == "auto" else mib_to_bytes(params.moe_cache_mib)
     for name, spec in settings(params):
         value = getattr(params, name)
         if value is None:
@@ -111,6 +121,8 @@ def to_native(params: Any, native: Any, keep: list[Any]) -> None:
             setattr(native, spec.c_name, raw)
         elif spec.kind == "admit":
             setattr(native, spec.c_name, -1 if value == "auto" else int(value))  # -1: the engine chooses
+        elif spec.kind == "mode":
+            setattr(native, spec.c_name, MOE_CACHE_MODES.index(value) + 1)
         elif spec.kind == "tristate":
             setattr(native, spec.c_name, 1 if value else 0)
         elif spec.kind == "share":

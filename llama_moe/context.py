@@ -159,7 +159,7 @@ class Context(NativeHandle):
     def moe_cache_off_reason(self) -> str | None:
         """Why the MoE cache asked for is off (the engine's words), or None when there is one or none was asked."""
         s = self._cache_status
-        return s.text if s.state == "off" and self.params.moe_cache_mib > 0 else None
+        return s.text if s.state == "off" and self.params.moe_cache_on else None
 
     @property
     def n_ctx(self) -> int:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from ._native.ffi import ffi
-from .cache_params import cache_setting, check_mib, mib_to_bytes, to_native as cache_to_native
+from .cache_params import MoeCacheMode, cache_setting, check_mib, mib_to_bytes, to_native as cache_to_native  # noqa: F401
 from .cache_params import check as check_cache_setting, settings as cache_settings
 from .errors import ParameterError
 
@@ -209,8 +209,9 @@ class ContextParams:
     offload_kqv: bool = True
     op_offload: bool = True
     no_perf: bool = False
-    # the MoE expert cache (patch 0002): size in MiB (0 = off), a profile to fill it from, and its modes
-    moe_cache_mib: float = 0
+    # the MoE expert cache: size in MiB (0 = off; "auto": what the device has free once the model, the KV cache and
+    # the compute buffers are in, less moe_cache_margin_mib), a profile to fill it from, and its modes
+    moe_cache_mib: float | Literal["auto"] = 0
     moe_cache_profile: str | os.PathLike[str] | None = cache_setting("path")
     moe_cache_hybrid: bool = cache_setting("flag", default=False)
     moe_cache_adaptive: bool = cache_setting("flag", default=False)
@@ -249,6 +250,20 @@ class ContextParams:
     moe_cache_mailbox_gpu_share: float | None = cache_setting("share", 0, 1, "a share")
     # sequences decoded together (generate_batch); each has n_ctx // n_seq_max positions of its own
     n_seq_max: int = 1
+    # the cache's mode in one word (llama.cpp's --moe-cache-mode): "auto" (the hybrid admitting its misses with the
+    # engine's budget, the fastest measured; on a link too slow for uploads the profile's hybrid, or no cache),
+    # "upload", "hybrid", "adaptive" or "admit"; None: the flags above decide (upload mode without them), and
+    # moe_cache_mib="auto" without them is "auto"
+    moe_cache_mode: MoeCacheMode | None = cache_setting("mode")
+    # with moe_cache_mib="auto" (the device's free memory once the model, the KV cache and the compute buffers are
+    # in): the MiB left free beside the cache (None: the engine's 400)
+    moe_cache_margin_mib: int | None = cache_setting("whole", 0, 1 << 20, "a whole number of MiB")
+
+    @property
+    def moe_cache_on(self) -> bool:
+        """Whether a cache is asked for: a size above 0 MiB, or "auto"."""
+        mib = self.moe_cache_mib
+        return mib == "auto" or (isinstance(mib, numbers.Real) and not isinstance(mib, bool) and mib > 0)
 
     def validate(self) -> None:
         """Raises ParameterError naming the field for any value llama.cpp's struct cannot take or would misread

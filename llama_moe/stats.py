@@ -77,7 +77,8 @@ class MoeCacheStats(HitRate):
 CACHE_STATES = ("off", "on", "partial")
 CACHE_MODES = ("none", "upload", "hybrid", "adaptive")
 CACHE_REASONS = ("no_size", "no_device", "no_layer", "too_small", "no_room", "fewer_slots", "layers_skipped",
-                 "profile_refused", "option_ignored", "stays_empty", "draft")  # bit i of llama_moe_cache_status.reasons
+                 "profile_refused", "option_ignored", "stays_empty", "draft",
+                 "slow_link")  # bit i of llama_moe_cache_status.reasons
 
 
 @dataclass(frozen=True)
@@ -87,7 +88,11 @@ class MoeCacheStatus:
     ``reasons`` names every condition that made it so (``CACHE_REASONS``), ``reason`` the first, ``text`` says them
     in words; ``mode`` is the cache made ("upload", "hybrid", "adaptive", or "none" when off); ``profile_error``
     says why the profile was refused ("" when it was used, or none was given); ``peer`` names the peer tier's
-    device ("" when none)."""
+    device ("" when none). ``admit`` is the admission the hybrid runs (0: none, "auto": the engine's budget, N a
+    layer and decode); ``mode_auto`` and ``size_auto`` say whether the engine chose the mode (``moe_cache_mode="auto"``)
+    and measured the size (``moe_cache_mib="auto"``), ``choice`` how, in words, with the link's and the CPU's rates
+    measured when the context was made (``link_gbps``, ``cpu_gbps``; 0 when not measured). The reason
+    "slow_link" on a cache that is "on" is a warning only: an explicit upload mode or admission on a slow link."""
 
     state: str
     reason: str | None
@@ -103,6 +108,12 @@ class MoeCacheStatus:
     n_bytes: int
     profile_error: str = ""
     peer: str = ""
+    admit: int | str = 0
+    mode_auto: bool = False
+    size_auto: bool = False
+    link_gbps: float = 0.0
+    cpu_gbps: float = 0.0
+    choice: str = ""
 
     @property
     def as_asked(self) -> bool:
@@ -120,7 +131,9 @@ class MoeCacheStatus:
                    CACHE_MODES[mode] if 0 <= mode < len(CACHE_MODES) else f"unknown ({mode})", bool(s.mailbox),
                    ffi.string(s.device).decode("utf-8", "replace"), int(s.n_slots), int(s.n_slots_asked),
                    int(s.n_layers), int(s.n_layers_whole), int(s.n_bytes),
-                   ffi.string(s.profile_error).decode("utf-8", "replace"), ffi.string(s.peer).decode("utf-8", "replace"))
+                   ffi.string(s.profile_error).decode("utf-8", "replace"), ffi.string(s.peer).decode("utf-8", "replace"),
+                   "auto" if int(s.admit) == -1 else int(s.admit), bool(s.mode_auto), bool(s.size_auto), float(s.link_gbps),
+                   float(s.cpu_gbps), ffi.string(s.choice).decode("utf-8", "replace"))
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,8 @@ struct llama_moe_cache_params {
     const char * device;
     bool         copy;
     int32_t      admit_async;
+    int32_t      mode;
+    int32_t      margin_mib;
     bool         mailbox;
     bool         mailbox_on_cpu;
     bool         mailbox_fuse;

@@ -46,6 +46,12 @@ struct llama_moe_cache_status {
     char     text[1024];
     char     profile_error[256];
     char     peer[128];
+    int32_t  admit;
+    bool     mode_auto;
+    bool     size_auto;
+    double   link_gbps;
+    double   cpu_gbps;
+    char     choice[1024];
 };
 
 size_t  llama_moe_cache_status_size(void);
