@@ -203,7 +203,8 @@ def test_the_plan_reports_a_cache_given_after_the_double_dash(tiny_model_path) -
     assert not off.cache_on and "llama-server turns a cache without one off" in off.describe()
     gpu = plan_serve(tiny_model_path, SERVER, gpu_free_mib=10_000, gpu_name="GPU0", n_ctx=1024,
                      extra=("--moe-cache-mib=3",))
-    assert gpu.cache_mib == 3 and "replaces the fitted" in gpu.describe() and gpu.command.count("--moe-cache-mib") == 0
+    assert gpu.cache_mib == 3 and "replaces the size llama-server would measure" in gpu.describe()
+    assert gpu.command.count("--moe-cache-mib") == 0 and not gpu.cache_auto
     for bad, msg in ((("--moe-cache-mib", "abc"), "not a number"), (("--moe-cache-mib",), "needs a value"),
                      (("--api-key", "k"), "LLAMA_API_KEY")):
         with pytest.raises(ServePlanError, match=msg):

@@ -2,7 +2,9 @@
 
 The plan: everything but the experts on the GPU (-ngl 999), the experts in RAM (--cpu-moe), and as much of
 them cached as fits next to the dense weights, the KV cache of the requested context, the compute buffers
-and a margin.
+and a margin. By default llama-server measures that size itself when it makes its context
+(``--moe-cache-mib auto``), and the cache runs the fastest mode measured (``--moe-cache-mode auto``: the hybrid
+admitting its misses); the plan's own figures are an estimate, to refuse at once what cannot fit.
 """
 from __future__ import annotations
 
@@ -40,21 +42,31 @@ class ServePlan:
     notes: tuple[str, ...] = ()    # what the plan did not do as asked, and why
     api_key_env: bool = False      # the key goes to llama-server in $LLAMA_API_KEY (never in the command)
     warnings: tuple[str, ...] = ()  # what the server will do that its user may not want (listening without a key)
+    cache_auto: bool = False       # llama-server measures the size at load (--moe-cache-mib auto); cache_mib estimates it
+    mode: str = ""                 # --moe-cache-mode, "flags" when the cache's flags decide, "" without a cache
 
     @property
     def cache_on(self) -> bool:
-        return self.cache_mib > 0 and not self.cache_where.startswith("off")
+        return (self.cache_mib > 0 or self.cache_auto) and not self.cache_where.startswith("off")
 
     def describe(self) -> str:
         size = f"{self.cache_mib:.0f}" if self.cache_mib >= 100 else f"{self.cache_mib:.3g}"  # 1.5 MiB, not 2
-        cache = (f"MoE cache {size} MiB ({self.cache_pct:.0f}% of them), {self.cache_where}" if self.cache_on
-                 else f"MoE cache {self.cache_where}")
+        if self.cache_auto:
+            estimate = (f", about {size} MiB now ({self.cache_pct:.0f}% of them)" if self.cache_mib > 0 else "")
+            cache = (f"MoE cache auto: what the device has free once llama-server has loaded the model, the KV cache and "
+                     f"the compute buffers, less the margin, measured at load{estimate}, {self.cache_where}")
+        elif self.cache_on:
+            cache = f"MoE cache {size} MiB ({self.cache_pct:.0f}% of them), {self.cache_where}"
+        else:
+            cache = f"MoE cache {self.cache_where}"
         lines = [f"GPU          {self.gpu or 'none'}" + (f", {self.gpu_free_mib:.0f} MiB free" if self.gpu_free_mib is not None else ""),
                  f"dense        {self.dense_mib:9.0f} MiB on the GPU",
                  f"KV cache     {self.kv_mib:9.0f} MiB",
                  f"compute      {self.compute_mib:9.0f} MiB (ubatch {self.n_ubatch})",
                  f"margin       {self.margin_mib:9.0f} MiB",
                  f"experts      {self.experts_mib:9.0f} MiB in RAM; {cache}"]
+        if self.cache_on and self.mode:
+            lines.append(f"mode         {MODE_WORDS.get(self.mode, self.mode)}")
         lines += [f"note         {n}" for n in self.notes]
         lines += [f"warning      {w}" for w in self.warnings]
         env = f"{API_KEY_ENV}=(the key, hidden) " if self.api_key_env else ""
@@ -62,18 +74,39 @@ class ServePlan:
         return "\n".join(lines)
 
 
-def _passed_cache_mib(extra: tuple[str, ...]) -> float | None:
-    """The --moe-cache-mib given after "--" (llama-server takes the last one), or None."""
+# what each --moe-cache-mode does, as the plan says it
+MODE_WORDS = {
+    "auto": "auto: the hybrid admitting its misses, the fastest mode measured (docs/benchmarks.md); llama-server leaves "
+            "admission out (the profile's hybrid, or no cache without one) where it measures the link too slow for uploads",
+    "upload": "upload: every miss uploaded",
+    "hybrid": "hybrid: the CPU computes the misses; the profile's experts stay",
+    "adaptive": "adaptive: the hybrid, swapping the hottest experts in while generating",
+    "admit": "admit: the hybrid admitting its misses between decodes",
+    "flags": "from the cache's flags (--hybrid, or those after --)",
+}
+MODES = ("auto", "upload", "hybrid", "adaptive", "admit")
+# the flags that choose the mode the old way: after "--", they decide it instead of --moe-cache-mode
+_MODE_FLAGS = ("--moe-cache-hybrid", "--moe-cache-adaptive", "--moe-cache-admit")
+
+
+def _passed_value(extra: tuple[str, ...], flag: str) -> str | None:
+    """The value of ``flag`` given after "--" (llama-server takes the last one), or None."""
     value = None
     for i, a in enumerate(extra):
-        if a == "--moe-cache-mib":
+        if a == flag:
             if i + 1 >= len(extra):
-                raise ServePlanError("-- --moe-cache-mib needs a value (MiB)")
+                raise ServePlanError(f"-- {flag} needs a value")
             value = extra[i + 1]
-        elif a.startswith("--moe-cache-mib="):
+        elif a.startswith(flag + "="):
             value = a.split("=", 1)[1]
-    if value is None:
-        return None
+    return value
+
+
+def _passed_cache_mib(extra: tuple[str, ...]) -> float | str | None:
+    """The --moe-cache-mib given after "--" (llama-server takes the last one): MiB, "auto", or None."""
+    value = _passed_value(extra, "--moe-cache-mib")
+    if value is None or value == "auto":
+        return value
     try:
         mib = float(value)
     except ValueError:
@@ -141,7 +174,12 @@ def plan_serve(model: Path, server: Path, *, gpu_free_mib: float | None, gpu_nam
                parallel: int = 1, favor: str = "generation", ubatch: int | None = None, cache_mib: float | None = None,
                min_cache_mib: float = 1500, margin_mib: float = 400, profile: str | None = None, hybrid: bool = False,
                api_key: str | None = None, alias: str | None = None, host: str = "127.0.0.1", port: int = 8080,
-               threads: int | None = None, cache_device: str | None = None, extra: tuple[str, ...] = ()) -> ServePlan:
+               threads: int | None = None, cache_device: str | None = None, extra: tuple[str, ...] = (),
+               mode: str | None = None, cache_auto: bool | None = None) -> ServePlan:
+    """The plan. ``cache_mib`` None, with ``cache_auto`` None, is the default: on a GPU (or the device
+    ``cache_device`` names) llama-server sizes the cache itself (``--moe-cache-mib auto``), which the plan
+    estimates; ``cache_auto=True`` asks for that outright. ``mode`` None is --moe-cache-mode auto, unless --hybrid
+    or the cache's flags after "--" choose the mode."""
     if n_ctx < 256 or parallel < 1:
         raise ServePlanError(f"--ctx must be >= 256 and --parallel >= 1, got {n_ctx} and {parallel}")
     if n_ctx > 1 << 24 or parallel > 1024:
@@ -154,6 +192,23 @@ def plan_serve(model: Path, server: Path, *, gpu_free_mib: float | None, gpu_nam
     if cache_mib == 0:
         raise ServePlanError("--cache-mib 0 turns the cache off: serve the model with llama-server directly, or leave "
                              "--cache-mib out to fit the cache to the GPU")
+    if cache_auto and cache_mib is not None:
+        raise ServePlanError(f"--cache-mib auto and --cache-mib {cache_mib:g} conflict: give one")
+    if margin_mib is not None and margin_mib != int(margin_mib):
+        raise ServePlanError(f"--margin-mib must be a whole number of MiB, got {margin_mib:g}")
+    if mode is not None and mode not in MODES:
+        raise ServePlanError(f"--mode {mode}: not a mode: {', '.join(MODES)}")
+    if hybrid and mode not in (None, "hybrid"):
+        raise ServePlanError(f"--hybrid and --mode {mode} conflict: --hybrid is --mode hybrid")
+    passed_mode = _passed_value(extra, "--moe-cache-mode")
+    if passed_mode is not None and (mode is not None or hybrid):
+        raise ServePlanError(f"-- --moe-cache-mode {passed_mode} and {'--mode ' + mode if mode else '--hybrid'} conflict: "
+                             f"give one")
+    mode_flags = [f for f in _MODE_FLAGS if any(a == f or a.startswith(f + "=") for a in extra)]
+    if mode is not None and mode_flags:
+        raise ServePlanError(f"--mode {mode} and -- {' '.join(mode_flags)} conflict: give the mode in one word or by the flags")
+    # the mode the command asks for: the word, or the flags (--hybrid, those after --), else auto
+    chosen = passed_mode or mode or ("flags" if hybrid or mode_flags else "auto")
     if ubatch is not None and not 1 <= ubatch <= 1 << 16:
         raise ServePlanError(f"--ubatch must be from 1 to {1 << 16} or auto, got {ubatch}")
     if threads is not None and threads < 1:
@@ -174,6 +229,10 @@ def plan_serve(model: Path, server: Path, *, gpu_free_mib: float | None, gpu_nam
     n_ubatch = ubatch or (2048 if favor == "prompt" else 512)
     compute = 0.5 * n_ubatch + 300  # llama.cpp's compute buffers grow about linearly with the ubatch
     passed_mib = _passed_cache_mib(extra)
+    auto = cache_mib is None  # llama-server sizes the cache (--moe-cache-mib auto), the default
+    if (cache_auto and isinstance(passed_mib, float)) or (passed_mib == "auto" and cache_mib is not None):
+        raise ServePlanError(f"--cache-mib {'auto' if auto else f'{cache_mib:g}'} and -- --moe-cache-mib "
+                             f"{passed_mib if isinstance(passed_mib, str) else f'{passed_mib:g}'} conflict: give one")
     notes: list[str] = []
     if cache_device is not None and (not cache_device or "\0" in cache_device):
         raise ServePlanError(f"--cache-device must name a device (llama-server --list-devices), or CPU; got {cache_device!r}")
@@ -181,22 +240,22 @@ def plan_serve(model: Path, server: Path, *, gpu_free_mib: float | None, gpu_nam
     where = device or (f"on {gpu_name}" if gpu_name else "")
     if gpu_free_mib is None:
         cache = 0.0
-        if cache_mib and not device:
-            raise ServePlanError("--cache-mib needs a GPU, and none is visible (the experts stay in RAM without a cache; "
-                                 "--cache-device CPU runs the cache in RAM, for testing)")
-        if cache_mib:  # the cache on the device --cache-device names (CPU: in RAM), at the size asked for
-            cache, where = cache_mib, device
-            if passed_mib is not None:
-                notes.append(f"-- --moe-cache-mib {passed_mib:g} replaces --cache-mib {cache_mib:g}")
-                cache = passed_mib
-                where = where if passed_mib > 0 else "off: -- --moe-cache-mib 0"
+        if (cache_mib or cache_auto) and not device:
+            raise ServePlanError(f"--cache-mib {'auto' if auto else f'{cache_mib:g}'} needs a GPU, and none is visible (the "
+                                 f"experts stay in RAM without a cache; --cache-device CPU runs the cache in RAM, "
+                                 f"for testing)")
+        if device and passed_mib is None:  # the cache on the device --cache-device names (CPU: in RAM)
+            cache, where = (0.0 if auto else cache_mib), device
+        elif device and cache_mib:
+            notes.append(f"-- --moe-cache-mib {passed_mib:g} replaces --cache-mib {cache_mib:g}")
+            cache, where, auto = passed_mib, device, False
         elif passed_mib is not None:
-            cache = passed_mib
+            cache, auto = (0.0, True) if passed_mib == "auto" else (passed_mib, False)
             where = (device or "off: no GPU is visible, and llama-server turns a cache without one off "
                                "(--moe-cache-device CPU runs it in RAM, for testing)")
-            where = where if passed_mib > 0 else "off: -- --moe-cache-mib 0"
         else:
             where = "off: no GPU is visible, so the experts are read from RAM for every token"
+        where = "off: -- --moe-cache-mib 0" if passed_mib == 0 else where
     else:
         room = gpu_free_mib - dense - kv - compute - margin_mib
         if room < 0:
@@ -204,18 +263,19 @@ def plan_serve(model: Path, server: Path, *, gpu_free_mib: float | None, gpu_nam
                 f"{model.name} does not fit {gpu_name}: {gpu_free_mib:.0f} MiB free, but the dense weights need {dense:.0f}, "
                 f"the KV cache of {n_ctx} tokens {kv:.0f}, compute {compute:.0f} and the margin {margin_mib:.0f} MiB. "
                 f"Ask for a smaller --ctx")
-        cache = min(room, experts) if cache_mib is None else cache_mib
-        if cache_mib is not None and cache_mib > room:
+        cache = min(room, experts) if auto else cache_mib  # auto: the plan's estimate of what llama-server will measure
+        if not auto and cache_mib > room:
             raise ServePlanError(f"--cache-mib {cache_mib:.0f} does not fit: {room:.0f} MiB are left on {gpu_name} "
                                  f"after the dense weights, the KV cache, compute and the margin")
         if cache < min_cache_mib and cache < experts:
             raise ServePlanError(f"only {cache:.0f} MiB are left for the MoE cache on {gpu_name}, less than --min-cache-mib "
                                  f"{min_cache_mib:.0f}; lower --ctx or --min-cache-mib")
-        if passed_mib is not None:
-            notes.append(f"-- --moe-cache-mib {passed_mib:g} replaces the fitted {cache:.0f} MiB")
-            cache = passed_mib
+        if isinstance(passed_mib, float):
+            notes.append(f"-- --moe-cache-mib {passed_mib:g} replaces the " +
+                         ("size llama-server would measure" if auto else f"--cache-mib {cache:g}"))
+            cache, auto = passed_mib, False
             where = where if passed_mib > 0 else "off: -- --moe-cache-mib 0"
-    cache_on = cache > 0 and not where.startswith("off")
+    cache_on = (cache > 0 or auto) and not where.startswith("off")
     if not cache_on:
         dropped = [f for f, on in (("--profile", profile), ("--hybrid", hybrid)) if on]
         if dropped:
@@ -223,8 +283,12 @@ def plan_serve(model: Path, server: Path, *, gpu_free_mib: float | None, gpu_nam
     cmd = [str(server), "-m", str(model), "-ngl", "999", "-fit", "off", "--cpu-moe", "-c", str(n_ctx), "-np", str(parallel),
            "-ub", str(n_ubatch), "-b", str(max(n_ubatch, 2048)), "--host", host, "--port", str(port), "--metrics"]
     if cache_on:
-        if passed_mib is None:  # a size asked for as it is (fractions of a MiB too), a fitted one in whole MiB
-            cmd += ["--moe-cache-mib", f"{cache_mib:g}" if cache_mib else str(int(cache))]
+        if passed_mib is None:  # a size asked for as it is (fractions of a MiB too), or measured by llama-server
+            cmd += ["--moe-cache-mib", "auto" if auto else f"{cache_mib:g}"]
+        if auto:
+            cmd += ["--moe-cache-margin-mib", str(int(margin_mib))]
+        if chosen in MODES and passed_mode is None:
+            cmd += ["--moe-cache-mode", chosen]
         if profile:
             cmd += ["--moe-cache-profile", profile]
         if hybrid:
@@ -242,7 +306,7 @@ def plan_serve(model: Path, server: Path, *, gpu_free_mib: float | None, gpu_nam
     exposed = exposure_warning(host, port, api_key)
     return ServePlan(gpu_name, gpu_free_mib, dense, experts, kv, compute, margin_mib, cache,
                      100 * cache / experts if experts else 0.0, n_ubatch, tuple(cmd), where, tuple(notes),
-                     bool(api_key), (exposed,) if exposed else ())
+                     bool(api_key), (exposed,) if exposed else (), cache_on and auto, chosen if cache_on else "")
 
 
 def plan_for_gpu(model: Path, **options: Any) -> ServePlan:
