@@ -117,6 +117,8 @@ class LoadParams:
     moe_cache_admit: int = 0  # later builds: the hybrid's admissions per layer between decodes (-1: auto)
     moe_cache_repartition: int = 0  # later builds: decodes between moves of slots between layers (0: never)
     moe_cache_peer: str = ""  # later builds: the peer tier's device ("" none)
+    moe_cache_mib_auto: bool = False  # later builds: --moe-cache-mib auto (moe_cache_mib is then what the cache took)
+    moe_cache_mode: str = "flags"  # later builds: --moe-cache-mode's word, "flags" without one
 
 
 @dataclass(frozen=True)
@@ -388,7 +390,9 @@ def _load(f: _Fields, base: dict) -> LoadRecord:
                             p.int("n_threads_batch"), p.int("n_ctx"), p.int("n_batch"), p.int("n_ubatch"), patterns,
                             p.int("moe_cache_admit", minimum=-1),  # -1: auto, the engine chooses
                             p.int("moe_cache_repartition"),
-                            p.str("moe_cache_peer") if "moe_cache_peer" in p.obj else "")
+                            p.str("moe_cache_peer") if "moe_cache_peer" in p.obj else "",
+                            p.bool("moe_cache_mib_auto") if "moe_cache_mib_auto" in p.obj else False,
+                            p.str("moe_cache_mode") if "moe_cache_mode" in p.obj else "flags")
         p.done()
     c = f.obj_("cache")
     cache = CacheInfo(c.int("slots"), c.int("prefilled"), c.int("bytes")) if c else CacheInfo(0, 0, 0)

@@ -63,16 +63,19 @@ CONTEXT_BAD = {
     "moe_cache_mailbox_prefetch": [-1, (1 << 30) + 1, I32, 4096.0, "4096", False],
     "moe_cache_mailbox_gpu_share": [-0.1, 1.01, NAN, INF, "0.5", True],
     "n_seq_max": [0, -1, 257, U32, 2.0, "4", None, True],
+    "moe_cache_mode": ["fast", "Auto", "", 1, True],
+    "moe_cache_margin_mib": [-1, (1 << 20) + 1, 2.0, "400", True],
 }
 CONTEXT_GOOD = {"n_ctx": [0, 256, np.int64(512)], "n_batch": [1, 1 << 24], "n_threads": [None, 1, 1024],
-                "flash_attn": [None, True, False], "moe_cache_mib": [0, 0.5, 1 << 24],
+                "flash_attn": [None, True, False], "moe_cache_mib": [0, 0.5, 1 << 24, "auto"],
                 "n_seq_max": [1, 8, 256, np.int32(4)],
                 # a cache setting's None is the engine's default; what cannot apply with the rest is the engine's to say
                 "moe_cache_hybrid": [None], "moe_cache_admit": [None, "auto", 0, 9999], "moe_cache_peer": ["CUDA1"],
                 "moe_cache_device": [None, "CPU", "CUDA7"], "moe_cache_admit_async": [None, True, False],
                 "moe_cache_mailbox": [None, False], "moe_cache_mailbox_threads": [None, 0, 1024, np.int32(3)],
                 "moe_cache_mailbox_timeout_ms": [1, 3600 * 1000], "moe_cache_mailbox_prefetch": [0, 1 << 30],
-                "moe_cache_mailbox_gpu_share": [0, 1, 0.5, np.float32(0.25)]}
+                "moe_cache_mailbox_gpu_share": [0, 1, 0.5, np.float32(0.25)],
+                "moe_cache_mode": [None, "auto", "upload", "hybrid", "adaptive", "admit"], "moe_cache_margin_mib": [None, 0, 1 << 20]}
 
 SAMPLING_BAD = {
     "temperature": [-0.1, -INF, NAN, INF, "0.7", None, True],
