@@ -163,8 +163,7 @@ def test_each_sequence_of_a_batch_has_its_own_grammar(ctx) -> None:
 
 
 def test_with_the_moe_cache_on_the_answers_are_the_same(model, tiny_model_path, monkeypatch) -> None:
-    monkeypatch.setenv("LLAMA_MOE_CACHE_DEVICE", "CPU")
-    params = ContextParams(n_ctx=1024, n_threads=2, n_seq_max=4, moe_cache_mib=mib_for_slots(tiny_model_path, 4))
+    params = ContextParams(moe_cache_device="CPU", n_ctx=1024, n_threads=2, n_seq_max=4, moe_cache_mib=mib_for_slots(tiny_model_path, 4))
     fmt = {"type": "json_schema", "schema": SCHEMA}
     with Context(model, params) as cached, Context(model, ContextParams(n_ctx=1024, n_threads=2, n_seq_max=4)) as plain:
         assert cached.cache_status().state == "on"

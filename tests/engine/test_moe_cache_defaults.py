@@ -13,7 +13,7 @@ import pytest
 
 from llama_moe import Context, ContextParams, Model, ModelParams, MoeCacheStatus
 from llama_moe.errors import MoeCacheWarning, ParameterError
-from llama_moe.experts import expert_layout
+from llama_moe.tools.experts import expert_layout
 from llama_moe.formats.profile import Profile, write_profile
 from support.cache_sizes import mib_for_slots
 
@@ -23,8 +23,7 @@ MiB = 2**20
 
 
 @pytest.fixture(autouse=True)
-def cache_in_ram(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("LLAMA_MOE_CACHE_DEVICE", "CPU")
+def no_test_switches(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("LLAMA_MOE_TEST_DEVICE_FREE_KIB", "LLAMA_MOE_TEST_COPY_GBPS"):
         monkeypatch.delenv(name, raising=False)
 
@@ -54,8 +53,8 @@ def _open(model: Model, cp: ContextParams, tokens: int = 0) -> tuple[MoeCacheSta
 def test_auto_is_the_hybrid_admitting_with_the_engines_budget(lib, tiny_model_path) -> None:
     mib = mib_for_slots(tiny_model_path, 8, hybrid=True)
     with Model(tiny_model_path, RAM) as model:
-        _, _, plain, _ = _open(model, ContextParams(n_ctx=256), tokens=24)
-        status, said, out, stats = _open(model, ContextParams(n_ctx=256, moe_cache_mib=mib, moe_cache_mode="auto"), tokens=24)
+        _, _, plain, _ = _open(model, ContextParams(moe_cache_device="CPU", n_ctx=256), tokens=24)
+        status, said, out, stats = _open(model, ContextParams(moe_cache_device="CPU", n_ctx=256, moe_cache_mib=mib, moe_cache_mode="auto"), tokens=24)
     assert (status.state, status.mode, status.admit, status.mode_auto, status.size_auto) == ("on", "hybrid", "auto", True, False)
     assert status.choice == "mode auto: the hybrid, admitting its misses (the engine's budget)"  # a cache in RAM: no link measured
     assert status.link_gbps == 0 and said == [] and status.n_slots == 8
@@ -66,7 +65,7 @@ def test_auto_is_the_hybrid_admitting_with_the_engines_budget(lib, tiny_model_pa
 @pytest.mark.parametrize("word, mode, admit", [("upload", "upload", 0), ("hybrid", "hybrid", 0), ("adaptive", "adaptive", 0),
                                                ("admit", "hybrid", "auto")])
 def test_each_word_is_its_mode(lib, tiny_model_path, profile, word, mode, admit) -> None:
-    cp = ContextParams(n_ctx=256, moe_cache_mib=mib_for_slots(tiny_model_path, 8, hybrid=True), moe_cache_mode=word,
+    cp = ContextParams(moe_cache_device="CPU", n_ctx=256, moe_cache_mib=mib_for_slots(tiny_model_path, 8, hybrid=True), moe_cache_mode=word,
                        moe_cache_profile=profile)
     with Model(tiny_model_path, RAM) as model:
         status, said, _, _ = _open(model, cp)
@@ -79,9 +78,9 @@ def test_a_size_in_mib_alone_keeps_upload_mode_and_auto_alone_is_auto(lib, tiny_
     mode flag is auto mode; with --moe-cache-hybrid the flags decide, as they do with a size in MiB."""
     monkeypatch.setenv("LLAMA_MOE_TEST_DEVICE_FREE_KIB", str(500 * 1024))
     with Model(tiny_model_path, RAM) as model:
-        upload = _open(model, ContextParams(n_ctx=256, moe_cache_mib=2))[0]
-        auto = _open(model, ContextParams(n_ctx=256, moe_cache_mib="auto", moe_cache_margin_mib=0))[0]
-        flags = _open(model, ContextParams(n_ctx=256, moe_cache_mib="auto", moe_cache_margin_mib=0, moe_cache_hybrid=True,
+        upload = _open(model, ContextParams(moe_cache_device="CPU", n_ctx=256, moe_cache_mib=2))[0]
+        auto = _open(model, ContextParams(moe_cache_device="CPU", n_ctx=256, moe_cache_mib="auto", moe_cache_margin_mib=0))[0]
+        flags = _open(model, ContextParams(moe_cache_device="CPU", n_ctx=256, moe_cache_mib="auto", moe_cache_margin_mib=0, moe_cache_hybrid=True,
                                            moe_cache_admit=2))[0]
     assert (upload.mode, upload.admit, upload.mode_auto, upload.size_auto) == ("upload", 0, False, False)
     assert (auto.mode, auto.admit, auto.mode_auto, auto.size_auto) == ("hybrid", "auto", True, True)
@@ -105,7 +104,7 @@ def test_the_automatic_size_is_what_the_compute_buffers_and_the_margin_leave(lib
     margin = 3
     with Model(tiny_model_path, RAM) as model:
         monkeypatch.setenv("LLAMA_MOE_TEST_DEVICE_FREE_KIB", str(500 * 1024))
-        status = _open(model, ContextParams(n_ctx=256, moe_cache_mib="auto", moe_cache_margin_mib=margin))[0]
+        status = _open(model, ContextParams(moe_cache_device="CPU", n_ctx=256, moe_cache_mib="auto", moe_cache_margin_mib=margin))[0]
         compute = _compute_mib(caplog)
         assert compute > 0 and status.state == "on" and status.n_slots == layout.n_expert  # room for every expert
         m = re.search(r"size auto: the cache takes ([\d.]+) MiB: CPU's free memory after the model, the KV cache and the "
@@ -120,7 +119,7 @@ def test_the_automatic_size_is_what_the_compute_buffers_and_the_margin_leave(lib
         caplog.clear()
         free_mib = compute + margin + mib_for_slots(tiny_model_path, 10, hybrid=True)
         monkeypatch.setenv("LLAMA_MOE_TEST_DEVICE_FREE_KIB", str(int(free_mib * 1024)))
-        status, said, out, stats = _open(model, ContextParams(n_ctx=256, moe_cache_mib="auto", moe_cache_margin_mib=margin),
+        status, said, out, stats = _open(model, ContextParams(moe_cache_device="CPU", n_ctx=256, moe_cache_mib="auto", moe_cache_margin_mib=margin),
                                          tokens=8)
         assert (status.state, status.n_slots, said) == ("on", 10, []), status
         assert f"size auto: the cache takes {mib_for_slots(tiny_model_path, 10, hybrid=True):.2f} MiB" in status.choice
@@ -128,7 +127,7 @@ def test_the_automatic_size_is_what_the_compute_buffers_and_the_margin_leave(lib
 
         # the margin leaves nothing: no cache, said
         monkeypatch.setenv("LLAMA_MOE_TEST_DEVICE_FREE_KIB", str(int((compute + margin - 0.5) * 1024)))
-        status, said, _, _ = _open(model, ContextParams(n_ctx=256, moe_cache_mib="auto", moe_cache_margin_mib=margin))
+        status, said, _, _ = _open(model, ContextParams(moe_cache_device="CPU", n_ctx=256, moe_cache_mib="auto", moe_cache_margin_mib=margin))
         assert (status.state, status.reason) == ("off", "no_room"), status
         assert "nothing is left: the cache is off" in status.text and len(said) == 1 and "moe_cache_mib=auto" in said[0]
 
@@ -142,7 +141,7 @@ def test_on_a_slow_link_auto_leaves_admission_out_or_the_cache_off(lib, tiny_mod
     mib = mib_for_slots(tiny_model_path, 8, hybrid=True)
     monkeypatch.setenv("LLAMA_MOE_TEST_COPY_GBPS", SLOW)
     with Model(tiny_model_path, RAM) as model:
-        status, said, out, stats = _open(model, ContextParams(n_ctx=256, moe_cache_mib=mib, moe_cache_mode="auto",
+        status, said, out, stats = _open(model, ContextParams(moe_cache_device="CPU", n_ctx=256, moe_cache_mib=mib, moe_cache_mode="auto",
                                                               moe_cache_profile=profile), tokens=16)
         assert (status.state, status.reasons, status.mode, status.admit) == ("partial", ("slow_link",), "hybrid", 0), status
         assert status.link_gbps == pytest.approx(float(SLOW), rel=0.25) and status.cpu_gbps > status.link_gbps
@@ -152,7 +151,7 @@ def test_on_a_slow_link_auto_leaves_admission_out_or_the_cache_off(lib, tiny_mod
         assert len(said) == 1 and status.text in said[0]
         assert stats.n_admit == 0 and stats.n_prefilled > 0 and len(out) == 16
 
-        status, said, _, _ = _open(model, ContextParams(n_ctx=256, moe_cache_mib=mib, moe_cache_mode="auto"))
+        status, said, _, _ = _open(model, ContextParams(moe_cache_device="CPU", n_ctx=256, moe_cache_mib=mib, moe_cache_mode="auto"))
         assert (status.state, status.reason) == ("off", "slow_link"), status
         assert "mode auto: no cache: the link to CPU carries" in status.text and "without a profile the hybrid would stay empty" \
             in status.text
@@ -163,7 +162,7 @@ def test_on_a_slow_link_auto_leaves_admission_out_or_the_cache_off(lib, tiny_mod
                          ids=["upload", "admit", "admit by the flags"])
 def test_on_a_slow_link_an_explicit_upload_mode_runs_warned(lib, tiny_model_path, monkeypatch, kw, what) -> None:
     monkeypatch.setenv("LLAMA_MOE_TEST_COPY_GBPS", SLOW)
-    cp = ContextParams(n_ctx=256, moe_cache_mib=mib_for_slots(tiny_model_path, 8, hybrid=True), **kw)
+    cp = ContextParams(moe_cache_device="CPU", n_ctx=256, moe_cache_mib=mib_for_slots(tiny_model_path, 8, hybrid=True), **kw)
     with Model(tiny_model_path, RAM) as model:
         status, said, out, _ = _open(model, cp, tokens=4)
     assert (status.state, status.reasons) == ("on", ("slow_link",)), status  # as asked, with the warning
@@ -174,12 +173,12 @@ def test_on_a_slow_link_an_explicit_upload_mode_runs_warned(lib, tiny_model_path
 
 
 def test_a_link_fast_enough_or_not_measured_keeps_auto(lib, tiny_model_path, monkeypatch) -> None:
-    cp = ContextParams(n_ctx=256, moe_cache_mib=mib_for_slots(tiny_model_path, 8, hybrid=True), moe_cache_mode="auto")
+    cp = ContextParams(moe_cache_device="CPU", n_ctx=256, moe_cache_mib=mib_for_slots(tiny_model_path, 8, hybrid=True), moe_cache_mode="auto")
     with Model(tiny_model_path, RAM) as model:
         status = _open(model, cp)[0]   # a cache in RAM without the switch: no link to measure
         assert (status.reasons, status.admit, status.link_gbps, status.cpu_gbps) == ((), "auto", 0.0, 0.0)
         monkeypatch.setenv("LLAMA_MOE_TEST_COPY_GBPS", "100000")   # no throttle to speak of
-        status = _open(model, ContextParams(n_ctx=256, moe_cache_mib=2))[0]
+        status = _open(model, ContextParams(moe_cache_device="CPU", n_ctx=256, moe_cache_mib=2))[0]
         assert status.link_gbps > 0 and status.cpu_gbps > 0   # upload mode measured it
         if status.reasons:  # this machine's own copies slower than twice its products: the rule's other side
             assert status.reasons == ("slow_link",) and status.state == "on"
@@ -192,28 +191,42 @@ def test_a_link_fast_enough_or_not_measured_keeps_auto(lib, tiny_model_path, mon
     ({"moe_cache_mode": "Auto"}, "moe_cache_mode must be one of"),
     ({"moe_cache_mib": "Auto"}, "moe_cache_mib must be a number of MiB from 0 to 16777216, or \"auto\""),
     ({"moe_cache_mib": "512"}, "moe_cache_mib must be a number of MiB"),
-    ({"moe_cache_mib": 2, "moe_cache_margin_mib": 100}, "moe_cache_margin_mib=100 applies to moe_cache_mib=\"auto\""),
     ({"moe_cache_mib": "auto", "moe_cache_margin_mib": -1}, "moe_cache_margin_mib must be a whole number of MiB from 0"),
     ({"moe_cache_mib": "auto", "moe_cache_margin_mib": 1.5}, "moe_cache_margin_mib must be a whole number of MiB"),
-    ({"moe_cache_mib": 2, "moe_cache_mode": "upload", "moe_cache_hybrid": True},
-     "moe_cache_mode='upload' contradicts moe_cache_hybrid=True"),
-    ({"moe_cache_mib": 2, "moe_cache_mode": "hybrid", "moe_cache_admit": 2}, "moe_cache_mode='hybrid' contradicts moe_cache_admit=2"),
-    ({"moe_cache_mib": 2, "moe_cache_mode": "auto", "moe_cache_adaptive": True},
-     "moe_cache_mode='auto' contradicts moe_cache_adaptive=True"),
 ])
 def test_bad_values_are_refused_before_anything_loads(kw, said) -> None:
     with pytest.raises(ParameterError, match=re.escape(said)):
         ContextParams(**kw).validate()
 
 
-def test_the_words_that_admit_take_what_admission_needs() -> None:
-    """moe_cache_admit sets the budget of auto and admit, and re-partition and the peer follow an admitting word as they
-    follow the flags."""
-    for mode in ("auto", "admit"):
-        ContextParams(moe_cache_mib=2, moe_cache_mode=mode, moe_cache_admit=2, moe_cache_repartition=8).validate()
-        ContextParams(moe_cache_mib=2, moe_cache_mode=mode, moe_cache_peer="CPU").validate()
-    ContextParams(moe_cache_mib="auto", moe_cache_repartition=8).validate()  # auto by the size
-    with pytest.raises(ParameterError, match="needs moe_cache_admit"):
-        ContextParams(moe_cache_mib="auto", moe_cache_hybrid=True, moe_cache_repartition=8).validate()
-    with pytest.warns(MoeCacheWarning, match="moe_cache_mode, moe_cache_margin_mib do nothing without moe_cache_mib"):
-        ContextParams(moe_cache_mode="auto", moe_cache_margin_mib=10).validate()
+@pytest.mark.parametrize("kw, said", [
+    ({"moe_cache_mode": "upload", "moe_cache_hybrid": True}, "--moe-cache-mode upload contradicts --moe-cache-hybrid, which is ignored"),
+    ({"moe_cache_mode": "hybrid", "moe_cache_admit": 2}, "--moe-cache-mode hybrid contradicts --moe-cache-admit, which is ignored"),
+    ({"moe_cache_mode": "auto", "moe_cache_adaptive": True}, "--moe-cache-mode auto contradicts --moe-cache-adaptive, which is ignored"),
+    ({"moe_cache_margin_mib": 100}, "--moe-cache-margin-mib 100 applies to --moe-cache-mib auto"),
+    ({"moe_cache_hybrid": True, "moe_cache_repartition": 8}, "--moe-cache-repartition 8 needs the admitting hybrid"),
+])
+def test_what_cannot_apply_with_the_rest_is_the_engines_to_refuse(lib, tiny_model_path, kw, said) -> None:
+    """Python takes each value (its type and range are right); the engine ignores what contradicts the rest, says
+    why, and keeps the reason in the status."""
+    cp = ContextParams(moe_cache_device="CPU", n_ctx=256, moe_cache_mib=mib_for_slots(tiny_model_path, 8, hybrid=True), **kw)
+    cp.validate()
+    with Model(tiny_model_path, RAM) as model:
+        status, warned, _, _ = _open(model, cp)
+    assert "option_ignored" in status.reasons and said in status.text, status.text
+    assert any(said in w for w in warned)
+
+
+def test_the_words_that_admit_take_what_admission_needs(lib, tiny_model_path) -> None:
+    """moe_cache_admit sets the budget of auto and admit, and re-partition follows an admitting word as it follows
+    the flags; the mode and the margin without a size are named as given for nothing."""
+    mib = mib_for_slots(tiny_model_path, 8, hybrid=True)
+    with Model(tiny_model_path, RAM) as model:
+        for mode in ("auto", "admit"):
+            status = _open(model, ContextParams(moe_cache_device="CPU", n_ctx=256, moe_cache_mib=mib, moe_cache_mode=mode,
+                                               moe_cache_admit=2, moe_cache_repartition=8))[0]
+            assert status.as_asked and status.admit == 2, status.text
+        status, warned, _, _ = _open(model, ContextParams(moe_cache_device="CPU", n_ctx=256, moe_cache_mode="auto",
+                                                          moe_cache_margin_mib=10))
+    assert status.state == "off" and status.reasons == ("no_size",)
+    assert "--moe-cache-mode, --moe-cache-margin-mib: no effect without --moe-cache-mib" in status.text

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from llama_moe.errors import ServePlanError
-from llama_moe.server.plan import plan_serve
+from llama_moe.tools.server.plan import plan_serve
 from support.llama_server import find_server_binary, start_server, stop_server
 
 SERVER = Path("/nonexistent/llama-server")  # plans only name it
@@ -41,9 +41,9 @@ def _refused_at_start(binary: Path, *args: str) -> str:
     (("--moe-cache-mode", "Auto"), "--moe-cache-mode Auto: not a mode"),
     (("--moe-cache-mib", "Auto"), "--moe-cache-mib Auto: not a size in MiB from 0 to 16777216 (16 TiB; fractions allowed, "
                                   "0 = no cache), nor auto"),
-    (("--moe-cache-margin-mib", "-1"), "--moe-cache-margin-mib -1: not a whole number of MiB from 0 to 1048576"),
-    (("--moe-cache-margin-mib", "1.5"), "--moe-cache-margin-mib 1.5: not a whole number of MiB"),
-    (("--moe-cache-margin-mib", "2000000"), "--moe-cache-margin-mib 2000000: not a whole number of MiB"),
+    (("--moe-cache-margin-mib", "-1"), "--moe-cache-margin-mib -1: not a whole number from 0 to 1048576"),
+    (("--moe-cache-margin-mib", "1.5"), "--moe-cache-margin-mib 1.5: not a whole number"),
+    (("--moe-cache-margin-mib", "2000000"), "--moe-cache-margin-mib 2000000: not a whole number"),
 ])
 def test_bad_values_stop_the_server_at_start(server_binary, tiny_model_path, args, said) -> None:
     err = _refused_at_start(server_binary, "-m", str(tiny_model_path), "--cpu-moe", *args)
@@ -54,7 +54,7 @@ def _run(binary: Path, model: Path, tmp_path: Path, *extra: str) -> tuple[str, d
     """Starts a server with the cache options given, and returns its log (default verbosity) and its audit log's load
     record, as JSON."""
     audit, log = tmp_path / "audit.jsonl", tmp_path / "server.log"
-    proc, _ = start_server(binary, ["-m", str(model), "--cpu-moe", "--no-repack", "--moe-cache-audit", str(audit),
+    proc, _ = start_server(binary, ["-m", str(model), "--cpu-moe", "--no-repack", "--moe-cache-device", "CPU", "--moe-cache-audit", str(audit),
                                     "-c", "512", "-np", "1", *extra], log)
     stop_server(proc)
     return log.read_text(errors="replace"), json.loads(audit.read_text().splitlines()[0])
@@ -105,8 +105,8 @@ def test_a_slow_link_is_said_with_its_figures(server_binary, tiny_model_path, tm
 # ------------------------------------------------------------------------------------------------------ serve
 
 def test_serve_without_cache_options_plans_auto_mode_and_auto_size(lib, tiny_model_path) -> None:
-    out = subprocess.run([sys.executable, "-m", "llama_moe", "serve", str(tiny_model_path), "--dry-run", "--ctx", "1024"],
-                         capture_output=True, text=True, timeout=60, env={**os.environ, "LLAMA_MOE_CACHE_DEVICE": "CPU"})
+    out = subprocess.run([sys.executable, "-m", "llama_moe", "serve", str(tiny_model_path), "--dry-run", "--ctx", "1024",
+                          "--cache-device", "CPU"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "MoE cache auto: what the device has free once llama-server has loaded the model" in out.stdout, out.stdout
     assert "mode         auto: the hybrid admitting its misses, the fastest mode measured" in out.stdout

@@ -15,8 +15,8 @@ import pytest
 import requests
 
 from llama_moe.formats.audit import ExitRecord, ReadyRecord, RequestRecord, read_audit
-from llama_moe.server.audit import check_audit
-from llama_moe.server.metrics import parse_moe_cache, parse_prometheus, parse_request_log_line
+from llama_moe.tools.server.audit import check_audit
+from llama_moe.tools.server.metrics import parse_moe_cache, parse_prometheus, parse_request_log_line
 from support.llama_server import find_server_binary, start_server, stop_server
 
 pytestmark = pytest.mark.slow
@@ -80,7 +80,7 @@ def server_binary(lib) -> Path:
 @pytest.fixture(scope="module")
 def draft_model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny model's tokenizer (same n_vocab and n_embd: the same BPE) with 2 layers of 8 experts."""
-    from llama_moe.synth import synthesize
+    from llama_moe.tools.synth import synthesize
 
     path = tmp_path_factory.mktemp("draft") / "draft.gguf"
     synthesize(path, "tiny,n_layer=2,n_expert=8,n_expert_used=2", "q8_0", seed=0)
@@ -89,7 +89,7 @@ def draft_model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def mtp_model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from llama_moe.synth.synthesize import synthesize_arch
+    from llama_moe.tools.synth.synthesize import synthesize_arch
 
     path = tmp_path_factory.mktemp("mtp") / "glm4moe-mtp.gguf"
     synthesize_arch(path, "glm4moe-mtp", "q8_0", seed=0)
