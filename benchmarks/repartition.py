@@ -9,7 +9,8 @@ decodes by the hybrid admitting ``--admit`` experts per layer and decode:
 - equal: the same slots in every layer;
 - offline: the split from the other documents' curves;
 - online R: equal slots at the start, re-partitioned every R decodes from the shadow LRU stacks' miss curves
-  (``llama_moe.tools.routing.repartition``, the simulator's ``admitN-repartR``; the engine does not run it);
+  (the engine's ``--moe-cache-repartition R``, replayed by ``llama_moe.policy_replay``: the simulator's
+  ``admitN-repartR``);
 - offline + online R: the offline split at the start, then re-partitioned online.
 
 Misses per token count every lookup the slots did not serve; the intervals are 95% t intervals over the

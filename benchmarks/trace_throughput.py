@@ -10,7 +10,7 @@ the selections, and ranks the profile from those counts (``make_profile``); repl
 policy of --policies with that profile at --slots slots per layer, runs the ``simulate --test`` path
 (``simulate_sizes``: ranked on the first half of the tokens, lru and static replayed on the second) and the
 ``simulate --kfold`` path (--folds folds over the whole trace, --kfold-policies), and last, for contrast,
-reads the trace into memory (``read_routes``, the in-memory path the tools no longer take). Prints a
+reads the trace into memory (``read_routes``, the whole trace in memory, which the tools avoid by streaming). Prints a
 Markdown table: seconds, trace records per second, and the peak RSS of the process during each stage (the
 kernel's high-water mark, reset before each stage through /proc/self/clear_refs; where it cannot be reset,
 ``ru_maxrss``, the peak so far), beside the file's size; the trace is written by a child process, so that the generator's

@@ -9,8 +9,8 @@ class HitRate:
     """hits / (hits + misses + refused) for anything that counts them (the context's, a layer's, a server's).
 
     A refused lookup is in the denominator, so that a cache too small for its ubatches never reads as a good one.
-    The engine refuses none any more (upload mode splits such a ubatch: the misses without a slot are computed on
-    the CPU and count as misses, and in n_cpu); n_refused stays for servers and logs of older builds."""
+    The engine refuses none (upload mode splits such a ubatch: the misses without a slot are computed on the CPU
+    and count as misses, and in n_cpu); n_refused is kept so that servers and logs of older builds read alike."""
 
     n_hit: int
     n_miss: int
@@ -30,7 +30,7 @@ class HitRate:
 class MoeCacheStats(HitRate):
     """Counters since the context was created. Hits, misses and refused count distinct experts per ubatch and
     layer, in ubatches of up to 32 tokens; layers held whole need no lookups and are not counted. n_refused is 0
-    (the engine refuses no lookup any more), n_resident the slots holding an expert now, n_admit the missed
+    (the engine refuses no lookup), n_resident the slots holding an expert now, n_admit the missed
     experts the hybrid uploaded between decodes (moe_cache_admit). Every miss is uploaded, computed on the CPU or
     computed by the peer tier: n_miss = n_upload + n_cpu + n_hit_peer. n_upload: upload mode's misses uploaded when
     looked up; n_cpu: the misses the CPU computed (upload mode: those of a ubatch with more distinct experts than

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The lifecycle loop (tests/lifecycle/lifecycle_loop.c) with libllama and ggml themselves built with
 # AddressSanitizer (a CPU build, LLAMA_SANITIZE_ADDRESS and GGML_SANITIZE_ADDRESS), so that every load and
-# store inside them is checked, not only the allocations that CI's run (tests/test_lifecycle.py, the library
+# store inside them is checked, not only the allocations that CI's run (tests/binding/test_lifecycle.py, the library
 # uninstrumented) sees. No GPU needed, but 16 cores build it in minutes: run it on the H200 machine.
 # Prints one verdict line at the end: "lifecycle_asan: PASS ..." or "lifecycle_asan: FAIL ...".
 set -u

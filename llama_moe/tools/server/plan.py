@@ -85,7 +85,7 @@ MODE_WORDS = {
     "flags": "from the cache's flags (--hybrid, or those after --)",
 }
 MODES = ("auto", "upload", "hybrid", "adaptive", "admit")
-# the flags that choose the mode the old way: after "--", they decide it instead of --moe-cache-mode
+# the flags that choose the mode without a word: after "--", they decide it instead of --moe-cache-mode
 _MODE_FLAGS = ("--moe-cache-hybrid", "--moe-cache-adaptive", "--moe-cache-admit")
 
 
