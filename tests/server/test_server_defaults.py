@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from llama_moe.errors import ServePlanError
+from llama_moe.tools.errors import ServePlanError
 from llama_moe.tools.server.plan import plan_serve
 from support.llama_server import find_server_binary, start_server, stop_server
 
