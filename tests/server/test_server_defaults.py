@@ -94,7 +94,7 @@ def test_a_flag_that_contradicts_the_mode_is_ignored_and_said(server_binary, tin
 
 
 def test_a_slow_link_is_said_with_its_figures(server_binary, tiny_model_path, tmp_path, monkeypatch) -> None:
-    monkeypatch.setenv("LLAMA_MOE_TEST_COPY_GBPS", "0.005")
+    monkeypatch.setenv("LLAMA_MOE_TEST_COPY_GBPS", "0.0005")
     text, _ = _run(server_binary, tiny_model_path, tmp_path, "--moe-cache-mib", "2")
     said = _line(text, "upload mode on a slow link: the link to CPU carries 0.00")
     assert " GB/s: an expert's upload (0.02 MiB) takes " in said
