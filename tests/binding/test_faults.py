@@ -148,7 +148,7 @@ def test_stats_without_a_gpu_runs_the_cache_in_ram_and_says_so(no_gpu, tiny_mode
 # -- bad parameters: the Python API ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("kw, said", [
-    (dict(moe_cache_mib=-1), "moe_cache_mib must be a number of MiB from 0 to 16777216, got -1"),
+    (dict(moe_cache_mib=-1), "moe_cache_mib must be a number of MiB from 0 to 16777216, or \"auto\""),
     (dict(moe_cache_mib=1e12), "moe_cache_mib must be .* got 1000000000000.0"),
     (dict(moe_cache_mib=float("nan")), "moe_cache_mib must be .* got nan"),
     (dict(moe_cache_mib=float("inf")), "moe_cache_mib must be .* got inf"),
