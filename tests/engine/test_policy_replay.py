@@ -28,7 +28,6 @@ SAMPLING = Sampling(temperature=0.8, seed=3)
 N_GEN = 160
 RAM = ModelParams(cpu_moe=True, repack=False)
 
-pytestmark = pytest.mark.usefixtures("cache_on_cpu")
 
 # name: (slots, context options, the replay's policy, environment); the profile, where asked, ranks each layer's
 # experts from the top, which the text does not favour, so that the adaptive rounds have work
@@ -72,7 +71,7 @@ def test_the_replay_of_a_decodes_trace_is_the_engines_own_count(lib, tiny_model_
         options["moe_cache_profile"], ranked = _other_text_profile(tiny_model_path, tmp_path, slots)
         policy = replace(policy, ranked=ranked)
     layout = expert_layout(tiny_model_path)
-    cp = ContextParams(n_ctx=1024, moe_cache_mib=mib_for_slots(tiny_model_path, slots, hybrid), **options)
+    cp = ContextParams(moe_cache_device="CPU", n_ctx=1024, moe_cache_mib=mib_for_slots(tiny_model_path, slots, hybrid), **options)
     with Model(tiny_model_path, RAM) as model, Context(model, cp) as ctx:
         assert ctx.cache_status().mailbox == ("LLAMA_MOE_MAILBOX_ON_CPU" in env)
         run = traced_generation(ctx, PROMPT, N_GEN, SAMPLING)
@@ -156,7 +155,7 @@ def test_plans_slots_are_what_a_context_of_that_size_reports(lib, tiny_model_pat
             argv = ["plan", str(path), "--cache-mib", str(mib), "--json", "-q"] + (["--hybrid"] if hybrid else [])
             code = main(argv)
             out, err = capsys.readouterr()
-            with Context(m, ContextParams(n_ctx=256, moe_cache_mib=mib, moe_cache_hybrid=hybrid)) as ctx:
+            with Context(m, ContextParams(moe_cache_device="CPU", n_ctx=256, moe_cache_mib=mib, moe_cache_hybrid=hybrid)) as ctx:
                 status, layers = ctx.cache_status(), {l.il: l.n_slots for l in ctx.layer_stats()}
             if not layers:  # the engine turned the cache off: the planner refuses the same size
                 assert code == 2 and "cannot hold one expert per layer" in err
@@ -176,6 +175,6 @@ def test_a_profiles_per_layer_counts_are_sized_as_a_context_sizes_them(lib, tiny
         counts.get(il, 0) for il in range(layout.n_layer))))
     with Model(tiny_model_path, RAM) as model:
         for mib in (0.6, 1.0, 3.0):
-            with Context(model, ContextParams(n_ctx=256, moe_cache_mib=mib, moe_cache_profile=strp)) as ctx:
+            with Context(model, ContextParams(moe_cache_device="CPU", n_ctx=256, moe_cache_mib=mib, moe_cache_profile=strp)) as ctx:
                 layers = {l.il: l.n_slots for l in ctx.layer_stats()}
             assert size_slots(layer_shapes(layout), mib_to_bytes(mib), False, counts) == layers, mib
