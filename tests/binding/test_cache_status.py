@@ -135,7 +135,7 @@ def test_a_context_that_drafts_for_another_gets_no_cache(lib, tiny_model_path) -
     gets none: the cache is the target's, and a second one would split the device's memory and the counters."""
     from llama_moe._native.cache_status import read_status
 
-    cp = ContextParams(n_ctx=256, moe_cache_mib=mib_for_slots(tiny_model_path, 8))
+    cp = ContextParams(moe_cache_device="CPU", n_ctx=256, moe_cache_mib=mib_for_slots(tiny_model_path, 8))
     with Model(tiny_model_path, RAM) as model, Context(model, cp) as target:
         native, keep = cp._to_native(model._lib)
         held = model._hold()

@@ -50,7 +50,7 @@ def test_five_configurations_side_by_side(lib, tiny_model_path, tmp_path) -> Non
 
 def test_cli_writes_json_and_markdown(lib, tiny_model_path, tmp_path, capsys) -> None:
     js, md = tmp_path / "r.json", tmp_path / "r.md"
-    rc = main(["bench-adaptive", str(tiny_model_path), "-t", "2", "-n", "8", "--runs", "1", "--warmup", "32",
+    rc = main(["bench-adaptive", str(tiny_model_path), "-t", "2", "--cache-device", "CPU", "-n", "8", "--runs", "1", "--warmup", "32",
                "--measure", "64", "--configs", "empty+adaptive,wrong", "--json", str(js), "--md", str(md)])
     assert rc == 0
     data = json.loads(js.read_text())

@@ -29,26 +29,26 @@ N_GEN = 160
 RAM = ModelParams(cpu_moe=True, repack=False)
 
 
-# name: (slots, context options, the replay's policy, environment); the profile, where asked, ranks each layer's
+# name: (slots, context options, the replay's policy); the profile, where asked, ranks each layer's
 # experts from the top, which the text does not favour, so that the adaptive rounds have work
 CASES = {
-    "upload": (8, {}, ReplayPolicy("upload"), {}),
-    "upload-fewer-slots-than-k": (2, {}, ReplayPolicy("upload"), {}),
-    "upload-profile": (8, {"profile": True}, ReplayPolicy("upload"), {}),
-    "hybrid-profile": (8, {"moe_cache_hybrid": True, "profile": True}, ReplayPolicy("hybrid"), {}),
-    "adaptive": (8, {"moe_cache_hybrid": True, "moe_cache_adaptive": True}, ReplayPolicy("adaptive"), {}),
+    "upload": (8, {}, ReplayPolicy("upload")),
+    "upload-fewer-slots-than-k": (2, {}, ReplayPolicy("upload")),
+    "upload-profile": (8, {"profile": True}, ReplayPolicy("upload")),
+    "hybrid-profile": (8, {"moe_cache_hybrid": True, "profile": True}, ReplayPolicy("hybrid")),
+    "adaptive": (8, {"moe_cache_hybrid": True, "moe_cache_adaptive": True}, ReplayPolicy("adaptive")),
     "adaptive-profile": (6, {"moe_cache_hybrid": True, "moe_cache_adaptive": True, "profile": True},
-                         ReplayPolicy("adaptive"), {}),
-    "admit2": (8, {"moe_cache_hybrid": True, "moe_cache_admit": 2}, ReplayPolicy("hybrid", admit=2), {}),
-    "admit4-of-2-slots": (2, {"moe_cache_hybrid": True, "moe_cache_admit": 4}, ReplayPolicy("hybrid", admit=4), {}),
-    "admit2-background": (6, {"moe_cache_hybrid": True, "moe_cache_admit": 2},
-                          ReplayPolicy("hybrid", admit=2, admit_background=True), {"LLAMA_MOE_CACHE_ADMIT_ASYNC": "1"}),
-    "admit2-mailbox": (8, {"moe_cache_hybrid": True, "moe_cache_admit": 2}, ReplayPolicy("hybrid", admit=2),
-                       {"LLAMA_MOE_MAILBOX_ON_CPU": "1"}),
+                         ReplayPolicy("adaptive")),
+    "admit2": (8, {"moe_cache_hybrid": True, "moe_cache_admit": 2}, ReplayPolicy("hybrid", admit=2)),
+    "admit4-of-2-slots": (2, {"moe_cache_hybrid": True, "moe_cache_admit": 4}, ReplayPolicy("hybrid", admit=4)),
+    "admit2-background": (6, {"moe_cache_hybrid": True, "moe_cache_admit": 2, "moe_cache_admit_async": True},
+                          ReplayPolicy("hybrid", admit=2, admit_background=True)),
+    "admit2-mailbox": (8, {"moe_cache_hybrid": True, "moe_cache_admit": 2, "moe_cache_mailbox_on_cpu": True},
+                       ReplayPolicy("hybrid", admit=2)),
     "admit2-adaptive": (8, {"moe_cache_hybrid": True, "moe_cache_admit": 2, "moe_cache_adaptive": True},
-                        ReplayPolicy("adaptive", admit=2), {}),
+                        ReplayPolicy("adaptive", admit=2)),
     "repartition": (8, {"moe_cache_hybrid": True, "moe_cache_admit": 2, "moe_cache_repartition": 16},
-                    ReplayPolicy("hybrid", admit=2, repartition=16), {}),
+                    ReplayPolicy("hybrid", admit=2, repartition=16)),
 }
 
 
@@ -61,10 +61,8 @@ def _other_text_profile(path: Path, tmp_path: Path, slots: int) -> tuple[Path, t
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_the_replay_of_a_decodes_trace_is_the_engines_own_count(lib, tiny_model_path, tmp_path, monkeypatch, case) -> None:
-    slots, options, policy, env = CASES[case]
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
+def test_the_replay_of_a_decodes_trace_is_the_engines_own_count(lib, tiny_model_path, tmp_path, case) -> None:
+    slots, options, policy = CASES[case]
     options = dict(options)
     hybrid = bool(options.get("moe_cache_hybrid"))
     if options.pop("profile", False):
@@ -73,7 +71,7 @@ def test_the_replay_of_a_decodes_trace_is_the_engines_own_count(lib, tiny_model_
     layout = expert_layout(tiny_model_path)
     cp = ContextParams(moe_cache_device="CPU", n_ctx=1024, moe_cache_mib=mib_for_slots(tiny_model_path, slots, hybrid), **options)
     with Model(tiny_model_path, RAM) as model, Context(model, cp) as ctx:
-        assert ctx.cache_status().mailbox == ("LLAMA_MOE_MAILBOX_ON_CPU" in env)
+        assert ctx.cache_status().mailbox == bool(options.get("moe_cache_mailbox_on_cpu"))
         run = traced_generation(ctx, PROMPT, N_GEN, SAMPLING)
         resident = {il: sorted(ctx.resident(il).tolist()) for il in run.layers}
     stats = run.stats

@@ -618,7 +618,8 @@ def _run_page_script(tmp_path: Path, *metrics: str) -> dict:
     for i, m in enumerate(metrics):
         texts.append(tmp_path / f"metrics-{i}.txt")
         texts[-1].write_text(m)
-    page = Path(__file__).resolve().parents[2] / "llama_moe" / "server" / "monitor" / "monitor.html"
+    page = tmp_path / "monitor.html"
+    page.write_bytes(monitor_html())
     done = subprocess.run([node, str(harness), str(page), *map(str, texts)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
