@@ -23,7 +23,8 @@
 #   lifecycle    the lifecycle loop under memcheck with leak checking (lifecycle_sanitize.sh)
 #   equivalence  every cache mode against no cache on the tiny and gpt-oss-tiny models (equivalence.py)
 #   split        upload mode's split on the device against the replay of the engine's trace (split_lookups.py)
-#   archs        the same on every architecture's tiny model (llama_moe.tools.synth.archs), three at a time
+#   archs        the same on every architecture's tiny model (llama_moe.tools.synth.archs), three at a time, each
+#                held to its own device tolerance (all in VRAM against no cache)
 #   mailbox      the mailbox's device checks (mailbox_device.py; MAILBOX_CHECKS, default all)
 #   trap         llama-bench -p 4096 -ub 32 with CUDA graphs, a GPU core dump read by cuda-gdb (the faulting
 #                kernel), then the traced corpus with graphs off and blocking launches
@@ -143,7 +144,7 @@ step_archs() {
   mkdir -p $R/arch
   run_arch() {
     timeout 150 python3 benchmarks/cuda/equivalence.py --arch $1 -n 64 --no-prompt --prompts 1 --pcts 50 \
-        --modes upload,hybrid,hybrid-split,adaptive,admit > /tmp/cuda-run/arch/$1.txt 2>&1
+        --modes upload,hybrid,hybrid-split,adaptive,adaptive-profile,admit > /tmp/cuda-run/arch/$1.txt 2>&1
     echo "$1: rc $?, $(grep -c -- '-> ok' /tmp/cuda-run/arch/$1.txt) ok, $(grep -c WRONG /tmp/cuda-run/arch/$1.txt) wrong"
   }
   export -f run_arch

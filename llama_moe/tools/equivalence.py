@@ -60,12 +60,13 @@ class Comparison:
     gap_rel: float | None           # no cache's top-two gap where they part, of max |logit|
     ok: bool
     stats: MoeCacheStats | None     # the cache's counters after the free-running decode
+    tolerance: float = TOLERANCE    # what the logits and a near tie were held to
 
     def describe(self) -> str:
         if self.identical:
             return f"tokens identical, logits within {self.max_diff_rel:.1e} of the largest"
         return (f"tokens part at step {self.first_part} (no cache's top two {self.gap_rel:.1e} of the largest logit "
-                f"apart{': a near tie' if self.gap_rel is not None and self.gap_rel <= TOLERANCE else ''}), "
+                f"apart{': a near tie' if self.gap_rel is not None and self.gap_rel <= self.tolerance else ''}), "
                 f"teacher-forced logits within {self.max_diff_rel:.1e}")
 
 
@@ -78,11 +79,11 @@ def compare(model: Model, reference: tuple[list[int], np.ndarray], cp: ContextPa
     first = next((i for i, (a, b) in enumerate(zip(tokens, ref_tokens)) if a != b), None)
     if first is None:
         diff = float(np.max(np.abs(steps - ref_steps))) / scale
-        return Comparison(True, None, diff, None, diff <= tolerance, stats)
+        return Comparison(True, None, diff, None, diff <= tolerance, stats, tolerance)
     _, forced, _ = greedy_steps(model, cp, prompt, len(ref_tokens), forced=ref_tokens)
     diff = float(np.max(np.abs(forced - ref_steps))) / scale
     gap = top_gap(ref_steps[first]) / scale
-    return Comparison(False, first, diff, gap, gap <= tolerance and diff <= tolerance, stats)
+    return Comparison(False, first, diff, gap, gap <= tolerance and diff <= tolerance, stats, tolerance)
 
 
 def reference(model: Model, prompt: str, n: int) -> tuple[list[int], np.ndarray]:
