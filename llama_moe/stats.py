@@ -73,12 +73,19 @@ class MoeCacheStats(HitRate):
                    int(s.n_upload), int(s.n_admitted), int(s.n_bytes_peer))
 
 
-# llama.h's enums, by their names here
-CACHE_STATES = ("off", "on", "partial")
-CACHE_MODES = ("none", "upload", "hybrid", "adaptive")
-CACHE_REASONS = ("no_size", "no_device", "no_layer", "too_small", "no_room", "fewer_slots", "layers_skipped",
-                 "profile_refused", "option_ignored", "stays_empty", "draft",
-                 "slow_link")  # bit i of llama_moe_cache_status.reasons
+def _enum_names(ctype: str, prefix: str) -> dict[int, str]:
+    """An enum of include/llama-moe.h (the binding's declarations of it), value -> name in lower case."""
+    from ._native.ffi import ffi
+
+    return {v: k.removeprefix(prefix).lower() for k, v in ffi.typeof(ctype).relements.items()}
+
+
+_STATES = _enum_names("enum llama_moe_cache_state", "LLAMA_MOE_CACHE_STATE_")
+_MODES = _enum_names("enum llama_moe_cache_mode", "LLAMA_MOE_CACHE_MODE_")
+_REASONS = {v: k for v, k in _enum_names("enum llama_moe_cache_reason", "LLAMA_MOE_CACHE_REASON_").items() if v}
+CACHE_STATES = tuple(_STATES[v] for v in sorted(_STATES))   # "off", "on", "partial"
+CACHE_MODES = tuple(_MODES[v] for v in sorted(_MODES))      # "none", "upload", "hybrid", "adaptive"
+CACHE_REASONS = tuple(_REASONS[v] for v in sorted(_REASONS))  # bit i of llama_moe_cache_status.reasons: "no_size", ...
 
 
 @dataclass(frozen=True)
@@ -122,13 +129,14 @@ class MoeCacheStatus:
     @classmethod
     def _from_native(cls, s: Any, ffi: Any) -> "MoeCacheStatus":
         bits = int(s.reasons)
-        reasons = tuple(name for i, name in enumerate(CACHE_REASONS) if bits >> i & 1)
+        # a bit these declarations do not name (a newer engine's) is kept by its value
+        reasons = tuple(_REASONS.get(1 << i, f"unknown ({1 << i})") for i in range(bits.bit_length()) if bits >> i & 1)
         first = int(s.reason)
-        reason = CACHE_REASONS[first.bit_length() - 1] if first > 0 and first.bit_length() <= len(CACHE_REASONS) else None
+        reason = _REASONS.get(first, f"unknown ({first})") if first > 0 else None
         state, mode = int(s.state), int(s.mode)
-        return cls(CACHE_STATES[state] if 0 <= state < len(CACHE_STATES) else f"unknown ({state})", reason, reasons,
+        return cls(_STATES.get(state, f"unknown ({state})"), reason, reasons,
                    ffi.string(s.text).decode("utf-8", "replace"),
-                   CACHE_MODES[mode] if 0 <= mode < len(CACHE_MODES) else f"unknown ({mode})", bool(s.mailbox),
+                   _MODES.get(mode, f"unknown ({mode})"), bool(s.mailbox),
                    ffi.string(s.device).decode("utf-8", "replace"), int(s.n_slots), int(s.n_slots_asked),
                    int(s.n_layers), int(s.n_layers_whole), int(s.n_bytes),
                    ffi.string(s.profile_error).decode("utf-8", "replace"), ffi.string(s.peer).decode("utf-8", "replace"),

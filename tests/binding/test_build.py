@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -74,6 +75,15 @@ def test_the_series_applies_to_the_pinned_base(tmp_path) -> None:
     assert '#include "llama-moe.h"' in (tree / "include" / "llama.h").read_text()
     assert "llama_moe_abi_version" in (tree / "include" / "llama-moe.h").read_text()
     assert (tree / "src" / "llama-moe.cpp").is_file()
+    # the binding names the engine's states, modes and reasons from its declarations of these enums: they must be
+    # the header's, value for value
+    header = (tree / "include" / "llama-moe.h").read_text()
+    from llama_moe._native.ffi import ffi
+
+    for name in ("state", "reason", "choice", "mode"):
+        body = re.search(rf"enum llama_moe_cache_{name} {{(.*?)}};", header, re.S).group(1)
+        values = {k: eval(v, {}) for k, v in re.findall(r"^\s*(LLAMA_MOE_CACHE_\w+)\s*=\s*([^,]+),", body, re.M)}
+        assert values and values == ffi.typeof(f"enum llama_moe_cache_{name}").relements, name
 
 
 def test_a_file_synced_back_to_older_bytes_is_newer_than_before(tmp_path) -> None:

@@ -31,6 +31,45 @@ struct llama_moe_cache_stats {
     uint64_t n_bytes_peer;
 };
 
+// the enums as include/llama-moe.h declares them: the binding reads their names from here
+enum llama_moe_cache_state {
+    LLAMA_MOE_CACHE_STATE_OFF     = 0,
+    LLAMA_MOE_CACHE_STATE_ON      = 1,
+    LLAMA_MOE_CACHE_STATE_PARTIAL = 2,
+};
+
+enum llama_moe_cache_reason {
+    LLAMA_MOE_CACHE_REASON_NONE            = 0,
+    LLAMA_MOE_CACHE_REASON_NO_SIZE         = 1,
+    LLAMA_MOE_CACHE_REASON_NO_DEVICE       = 2,
+    LLAMA_MOE_CACHE_REASON_NO_LAYER        = 4,
+    LLAMA_MOE_CACHE_REASON_TOO_SMALL       = 8,
+    LLAMA_MOE_CACHE_REASON_NO_ROOM         = 16,
+    LLAMA_MOE_CACHE_REASON_FEWER_SLOTS     = 32,
+    LLAMA_MOE_CACHE_REASON_LAYERS_SKIPPED  = 64,
+    LLAMA_MOE_CACHE_REASON_PROFILE_REFUSED = 128,
+    LLAMA_MOE_CACHE_REASON_OPTION_IGNORED  = 256,
+    LLAMA_MOE_CACHE_REASON_STAYS_EMPTY     = 512,
+    LLAMA_MOE_CACHE_REASON_DRAFT           = 1024,
+    LLAMA_MOE_CACHE_REASON_SLOW_LINK       = 2048,
+};
+
+enum llama_moe_cache_choice {
+    LLAMA_MOE_CACHE_CHOICE_FLAGS    = 0,
+    LLAMA_MOE_CACHE_CHOICE_AUTO     = 1,
+    LLAMA_MOE_CACHE_CHOICE_UPLOAD   = 2,
+    LLAMA_MOE_CACHE_CHOICE_HYBRID   = 3,
+    LLAMA_MOE_CACHE_CHOICE_ADAPTIVE = 4,
+    LLAMA_MOE_CACHE_CHOICE_ADMIT    = 5,
+};
+
+enum llama_moe_cache_mode {
+    LLAMA_MOE_CACHE_MODE_NONE     = 0,
+    LLAMA_MOE_CACHE_MODE_UPLOAD   = 1,
+    LLAMA_MOE_CACHE_MODE_HYBRID   = 2,
+    LLAMA_MOE_CACHE_MODE_ADAPTIVE = 3,
+};
+
 struct llama_moe_cache_status {
     int32_t  state;
     int32_t  reason;
