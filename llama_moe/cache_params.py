@@ -22,8 +22,10 @@ PREFIX = "moe_cache_"
 
 # what a setting takes; None, in any of them, leaves the engine's default
 Kind = Literal["flag", "whole", "admit", "tristate", "share", "name", "path", "mode"]
-# the mode's words, as llama.cpp's --moe-cache-mode spells them: enum llama_moe_cache_choice 1 to 5 (0: the flags)
-MOE_CACHE_MODES = ("auto", "upload", "hybrid", "adaptive", "admit")
+# the mode's words, as llama.cpp's --moe-cache-mode spells them: enum llama_moe_cache_choice's names (0: the flags)
+_CHOICES = {k.removeprefix("LLAMA_MOE_CACHE_CHOICE_").lower(): v
+            for k, v in ffi.typeof("enum llama_moe_cache_choice").relements.items() if v}
+MOE_CACHE_MODES = tuple(sorted(_CHOICES, key=_CHOICES.get))  # "auto", "upload", "hybrid", "adaptive", "admit"
 MoeCacheMode = Literal["auto", "upload", "hybrid", "adaptive", "admit"]
 SIZE_AUTO = 2**64 - 1  # LLAMA_MOE_CACHE_SIZE_AUTO (SIZE_MAX): the size the engine measures on the device
 
@@ -122,7 +124,7 @@ def to_native(params: Any, native: Any, keep: list[Any]) -> None:
         elif spec.kind == "admit":
             setattr(native, spec.c_name, -1 if value == "auto" else int(value))  # -1: the engine chooses
         elif spec.kind == "mode":
-            setattr(native, spec.c_name, MOE_CACHE_MODES.index(value) + 1)
+            setattr(native, spec.c_name, _CHOICES[value])
         elif spec.kind == "tristate":
             setattr(native, spec.c_name, 1 if value else 0)
         elif spec.kind == "share":

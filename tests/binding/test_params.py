@@ -200,3 +200,12 @@ def test_bad_call_arguments_are_parameter_errors(model) -> None:
         for call in calls:
             with pytest.raises(ParameterError):
                 call()
+
+
+def test_the_mode_words_are_the_engines_choices() -> None:
+    """moe_cache_mode's words come from enum llama_moe_cache_choice; the type hint lists the same words."""
+    import typing
+
+    from llama_moe.cache_params import MOE_CACHE_MODES, MoeCacheMode
+
+    assert MOE_CACHE_MODES == typing.get_args(MoeCacheMode) == ("auto", "upload", "hybrid", "adaptive", "admit")
