@@ -27,12 +27,7 @@ HERE = Path(__file__).resolve().parent
 REPORT = os.environ.get("LLAMA_MOE_ARCH_REPORT")
 
 # what the engine does not do yet, each a failure of the checks named: strict, so they fail once fixed
-NEEDS_ENGINE = {
-    "grovemoe": "a second build_moe_ffn in a layer (GroveMoE's chunk experts, ffn_*_chexps): the routing trace "
-                "takes every node named ffn_moe_topk-<il> for the layer's routing, and the second call selects again "
-                "under that name, so each layer is recorded twice per ubatch and a replay of the trace counts every "
-                "lookup twice (the cache itself serves the routed experts, bit-identical)",
-}
+NEEDS_ENGINE: dict[str, str] = {}
 
 
 # tensors the base's loader takes that gguf-py 0.19.0's per-architecture tables do not list
