@@ -10,7 +10,7 @@ from llama_moe.tools.server import process as server_process
 from llama_moe.tools.server.process import free_port
 
 
-# Our patches' llama-server options (0002-0005): the tests' servers use them all.
+# Our patches' llama-server options (the common options patch): the tests' servers use them all.
 OUR_OPTIONS = ("--moe-cache-mib", "--moe-cache-profile", "--moe-cache-hybrid", "--moe-cache-adaptive", "--moe-cache-audit")
 
 
