@@ -22,8 +22,18 @@ class HitRate:
 
     @property
     def hit_rate(self) -> float:
-        """hits / (hits + misses + refused); 0.0 before the first lookup (as llama-server's hit ratio gauge)."""
-        return self.n_hit / self.n_lookup if self.n_lookup else 0.0
+        """hits / (hits + misses + refused); 0.0 before the first lookup: the engine's definition
+        (``llama_moe_cache_hit_rate``), which its exit line, /metrics and the request lines use too."""
+        from ._native.loader import get_lib
+
+        return float(get_lib().llama_moe_cache_hit_rate(self.n_hit, self.n_miss, self.n_refused))
+
+
+@dataclass(frozen=True)
+class _Counts(HitRate):
+    n_hit: int
+    n_miss: int
+    n_refused: int
 
 
 @dataclass(frozen=True)
@@ -198,7 +208,7 @@ def lookups_line(n_hit: int, n_miss: int, n_refused: int, n_admitted: int | None
     engine's n_admitted ("?" from a server that does not report it), R n/a before the first lookup, F "?" when the
     slots' fill is not known."""
     lookups = n_hit + n_miss + n_refused
-    ratio = f"{n_hit / lookups:.4f}" if lookups else "n/a"
+    ratio = f"{_Counts(n_hit, n_miss, n_refused).hit_rate:.4f}" if lookups else "n/a"
     full = "?" if n_resident is None or not n_slots else f"{100.0 * n_resident / n_slots:.2f}"
     admitted = "?" if n_admitted is None else str(n_admitted)
     return f"{n_hit} hits of {lookups} lookups = {ratio} ({admitted} admitted, {n_refused} refused, cache {full}% full)"

@@ -124,6 +124,7 @@ struct llama_moe_cache_layer_stats {
 };
 
 bool    llama_moe_cache_get_stats(const struct llama_context * ctx, struct llama_moe_cache_stats * stats);
+double  llama_moe_cache_hit_rate(uint64_t n_hit, uint64_t n_miss, uint64_t n_refused);
 int32_t llama_moe_cache_get_layer_stats(const struct llama_context * ctx, struct llama_moe_cache_layer_stats * stats, int32_t n_max);
 int32_t llama_moe_cache_get_resident(const struct llama_context * ctx, int32_t il, int32_t * experts, int32_t n_max);
 int32_t llama_moe_cache_rebalance(struct llama_context * ctx, int32_t max_swaps);

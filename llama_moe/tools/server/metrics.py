@@ -137,6 +137,11 @@ class MoeCacheMetrics(HitRate):
     n_admitted: int | None = None
     n_bytes_peer: int | None = None  # the devices that hold slots (a server from older patches: none)
 
+    @property
+    def hit_rate(self) -> float:
+        """The server's own hit ratio gauge: the engine's figure, read without a local build."""
+        return self.hit_ratio
+
 
 @dataclass(frozen=True)
 class DeviceMetrics(CacheDevice):
