@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ._native.ffi import ffi
+from ._native.ffi import enum_names, ffi
 from .errors import ParameterError
 
 MiB = 2**20
@@ -23,8 +23,7 @@ PREFIX = "moe_cache_"
 # what a setting takes; None, in any of them, leaves the engine's default
 Kind = Literal["flag", "whole", "admit", "tristate", "share", "name", "path", "mode"]
 # the mode's words, as llama.cpp's --moe-cache-mode spells them: enum llama_moe_cache_choice's names (0: the flags)
-_CHOICES = {k.removeprefix("LLAMA_MOE_CACHE_CHOICE_").lower(): v
-            for k, v in ffi.typeof("enum llama_moe_cache_choice").relements.items() if v}
+_CHOICES = {name: v for v, name in enum_names("enum llama_moe_cache_choice", "LLAMA_MOE_CACHE_CHOICE_").items() if v}
 MOE_CACHE_MODES = tuple(sorted(_CHOICES, key=_CHOICES.get))  # "auto", "upload", "hybrid", "adaptive", "admit"
 MoeCacheMode = Literal["auto", "upload", "hybrid", "adaptive", "admit"]
 SIZE_AUTO = 2**64 - 1  # LLAMA_MOE_CACHE_SIZE_AUTO (SIZE_MAX): the size the engine measures on the device

@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ._native.ffi import enum_names
+
 
 class HitRate:
     """hits / (hits + misses + refused) for anything that counts them (the context's, a layer's, a server's).
@@ -22,18 +24,16 @@ class HitRate:
 
     @property
     def hit_rate(self) -> float:
-        """hits / (hits + misses + refused); 0.0 before the first lookup: the engine's definition
-        (``llama_moe_cache_hit_rate``), which its exit line, /metrics and the request lines use too."""
-        from ._native.loader import get_lib
-
-        return float(get_lib().llama_moe_cache_hit_rate(self.n_hit, self.n_miss, self.n_refused))
+        """hits / (hits + misses + refused); 0.0 before the first lookup (``engine_hit_rate``)."""
+        return engine_hit_rate(self.n_hit, self.n_miss, self.n_refused)
 
 
-@dataclass(frozen=True)
-class _Counts(HitRate):
-    n_hit: int
-    n_miss: int
-    n_refused: int
+def engine_hit_rate(n_hit: int, n_miss: int, n_refused: int) -> float:
+    """The engine's definition of the hit rate (``llama_moe_cache_hit_rate``), which its exit line, /metrics and
+    the request lines use too."""
+    from ._native.loader import get_lib
+
+    return float(get_lib().llama_moe_cache_hit_rate(n_hit, n_miss, n_refused))
 
 
 @dataclass(frozen=True)
@@ -83,16 +83,9 @@ class MoeCacheStats(HitRate):
                    int(s.n_upload), int(s.n_admitted), int(s.n_bytes_peer))
 
 
-def _enum_names(ctype: str, prefix: str) -> dict[int, str]:
-    """An enum of include/llama-moe.h (the binding's declarations of it), value -> name in lower case."""
-    from ._native.ffi import ffi
-
-    return {v: k.removeprefix(prefix).lower() for k, v in ffi.typeof(ctype).relements.items()}
-
-
-_STATES = _enum_names("enum llama_moe_cache_state", "LLAMA_MOE_CACHE_STATE_")
-_MODES = _enum_names("enum llama_moe_cache_mode", "LLAMA_MOE_CACHE_MODE_")
-_REASONS = {v: k for v, k in _enum_names("enum llama_moe_cache_reason", "LLAMA_MOE_CACHE_REASON_").items() if v}
+_STATES = enum_names("enum llama_moe_cache_state", "LLAMA_MOE_CACHE_STATE_")
+_MODES = enum_names("enum llama_moe_cache_mode", "LLAMA_MOE_CACHE_MODE_")
+_REASONS = {v: name for v, name in enum_names("enum llama_moe_cache_reason", "LLAMA_MOE_CACHE_REASON_").items() if v}  # NONE: no bit
 CACHE_STATES = tuple(_STATES[v] for v in sorted(_STATES))   # "off", "on", "partial"
 CACHE_MODES = tuple(_MODES[v] for v in sorted(_MODES))      # "none", "upload", "hybrid", "adaptive"
 CACHE_REASONS = tuple(_REASONS[v] for v in sorted(_REASONS))  # bit i of llama_moe_cache_status.reasons: "no_size", ...
@@ -208,7 +201,7 @@ def lookups_line(n_hit: int, n_miss: int, n_refused: int, n_admitted: int | None
     engine's n_admitted ("?" from a server that does not report it), R n/a before the first lookup, F "?" when the
     slots' fill is not known."""
     lookups = n_hit + n_miss + n_refused
-    ratio = f"{_Counts(n_hit, n_miss, n_refused).hit_rate:.4f}" if lookups else "n/a"
+    ratio = f"{engine_hit_rate(n_hit, n_miss, n_refused):.4f}" if lookups else "n/a"
     full = "?" if n_resident is None or not n_slots else f"{100.0 * n_resident / n_slots:.2f}"
     admitted = "?" if n_admitted is None else str(n_admitted)
     return f"{n_hit} hits of {lookups} lookups = {ratio} ({admitted} admitted, {n_refused} refused, cache {full}% full)"

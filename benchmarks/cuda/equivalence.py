@@ -19,7 +19,8 @@ import numpy as np
 from llama_moe import Context, ContextParams, Model, ModelParams
 from llama_moe._native.env import environment
 from llama_moe.batch import generate_batch
-from llama_moe.tools.equivalence import DEVICE_TOLERANCE, PROMPTS, Mode, compare_mode, greedy_steps, reference, top_gap
+from llama_moe.tools.equivalence import (DEVICE_TOLERANCE, PROMPTS, Mode, compare_mode, greedy_steps, max_rel_diff,
+                                         reference, top_gap)
 from llama_moe.tools.experts import expert_layout
 
 
@@ -58,7 +59,7 @@ def device_noise(path: Path, ref: tuple[list[int], np.ndarray], prompt: str) -> 
     cache, of the largest |logit|."""
     with Model(path, ModelParams(use_mmap=False)) as gpu:
         _, steps, _ = greedy_steps(gpu, ContextParams(n_ctx=1024), prompt, len(ref[0]), forced=ref[0])
-    return float(np.max(np.abs(steps - ref[1]))) / (float(np.max(np.abs(ref[1]))) or 1.0)
+    return max_rel_diff(steps, ref[1])
 
 
 def batch_check(model: Model, modes: dict, mib_at, pcts: list[int], n: int) -> bool:

@@ -17,3 +17,8 @@ def _declarations() -> str:
 
 ffi = cffi.FFI()
 ffi.cdef(_declarations())
+
+
+def enum_names(ctype: str, prefix: str) -> dict[int, str]:
+    """An enum of the declarations (the headers' own), value -> name without ``prefix``, in lower case."""
+    return {v: k.removeprefix(prefix).lower() for k, v in ffi.typeof(ctype).relements.items()}

@@ -47,6 +47,11 @@ def greedy_steps(model: Model, cp: ContextParams, prompt: str, n: int,
         return tokens, np.stack(steps), ctx.moe_cache_stats()
 
 
+def max_rel_diff(steps: np.ndarray, ref_steps: np.ndarray) -> float:
+    """The largest logit difference from the reference's, of the reference's largest |logit|."""
+    return float(np.max(np.abs(steps - ref_steps))) / (float(np.max(np.abs(ref_steps))) or 1.0)
+
+
 def top_gap(logits: np.ndarray) -> float:
     top2 = np.partition(logits, -2)[-2:]
     return float(top2[1] - top2[0])
@@ -74,15 +79,14 @@ def compare(model: Model, reference: tuple[list[int], np.ndarray], cp: ContextPa
             tolerance: float = TOLERANCE) -> Comparison:
     """cp's decoding against a reference (greedy_steps of no cache on the same model and prompt)."""
     ref_tokens, ref_steps = reference
-    scale = float(np.max(np.abs(ref_steps))) or 1.0
     tokens, steps, stats = greedy_steps(model, cp, prompt, len(ref_tokens))
     first = next((i for i, (a, b) in enumerate(zip(tokens, ref_tokens)) if a != b), None)
     if first is None:
-        diff = float(np.max(np.abs(steps - ref_steps))) / scale
+        diff = max_rel_diff(steps, ref_steps)
         return Comparison(True, None, diff, None, diff <= tolerance, stats, tolerance)
     _, forced, _ = greedy_steps(model, cp, prompt, len(ref_tokens), forced=ref_tokens)
-    diff = float(np.max(np.abs(forced - ref_steps))) / scale
-    gap = top_gap(ref_steps[first]) / scale
+    diff = max_rel_diff(forced, ref_steps)
+    gap = top_gap(ref_steps[first]) / (float(np.max(np.abs(ref_steps))) or 1.0)
     return Comparison(False, first, diff, gap, gap <= tolerance and diff <= tolerance, stats, tolerance)
 
 

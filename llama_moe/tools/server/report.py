@@ -2,8 +2,7 @@
 (``python -m llama_moe stats --server URL``)."""
 from __future__ import annotations
 
-from ..._native.loader import get_lib
-from ...stats import cache_lines
+from ...stats import cache_lines, engine_hit_rate
 from .metrics import ServerMetrics
 
 
@@ -19,6 +18,6 @@ def format_server_report(server: str, m: ServerMetrics) -> str:
         lines += ["", "layer   hits  from profile  misses  refused  hit rate"]
         for il, (hits, prof, miss) in c.layers.items():
             refused = c.layers_refused.get(il, 0)
-            rate = get_lib().llama_moe_cache_hit_rate(hits, miss, refused)
+            rate = engine_hit_rate(hits, miss, refused)
             lines.append(f"{il:5d}  {hits:5d}  {prof:12d}  {miss:6d}  {refused:7d}  {rate:8.3f}")
     return "\n".join(lines)
