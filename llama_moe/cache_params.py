@@ -93,13 +93,15 @@ def check(name: str, spec: CacheSetting, value: Any) -> None:
             raise ParameterError(f"{name} must be a non-empty path without NUL, got {value!r}")
 
 
-def check_mib(mib: Any) -> float | str:
-    """``moe_cache_mib``: a number of MiB from 0 (no cache) to 16 TiB, or "auto" (the engine measures it)."""
+def check_mib(mib: Any, name: str = "moe_cache_mib") -> float | str:
+    """``moe_cache_mib`` (or ``moe_ram_mib``): a number of MiB from 0 (none) to 16 TiB, or "auto" (the engine
+    measures it)."""
     if mib == "auto":
         return "auto"
     if isinstance(mib, bool) or not isinstance(mib, numbers.Real) or not 0 <= mib <= 1 << 24:
-        raise ParameterError(f"moe_cache_mib must be a number of MiB from 0 to {1 << 24}, or \"auto\" (what the device has "
-                             f"free once the model, the KV cache and the compute buffers are in), got {mib!r}")
+        auto = ("what the machine can spare" if name == "moe_ram_mib" else
+                "what the device has free once the model, the KV cache and the compute buffers are in")
+        raise ParameterError(f"{name} must be a number of MiB from 0 to {1 << 24}, or \"auto\" ({auto}), got {mib!r}")
     return float(mib)
 
 
@@ -112,6 +114,7 @@ def to_native(params: Any, native: Any, keep: list[Any]) -> None:
     """Sets ``native`` (a ``struct llama_moe_cache_params``, from the engine's defaults) from the fields that are
     not None; the strings it points to go to ``keep``, which must outlive the context's creation."""
     native.size = SIZE_AUTO if params.moe_cache_mib == "auto" else mib_to_bytes(params.moe_cache_mib)
+    native.ram_size = SIZE_AUTO if params.moe_ram_mib == "auto" else mib_to_bytes(params.moe_ram_mib)
     for name, spec in settings(params):
         value = getattr(params, name)
         if value is None:

@@ -145,7 +145,9 @@ class Context(NativeHandle):
         # what the engine made of the cache asked for: read once, it does not change while the context lives
         self._cache_status = read_status(lib, ptr)
         # every setting the engine refused, with its reason (without a size: those given for nothing)
-        warn_status(self._cache_status, self.params.moe_cache_mib, stacklevel=3)
+        tier_alone = self.params.moe_cache_mib == 0 and self.params.moe_ram_mib != 0
+        warn_status(self._cache_status, self.params.moe_ram_mib if tier_alone else self.params.moe_cache_mib, stacklevel=3,
+                    name="moe_ram_mib" if tier_alone else "moe_cache_mib")
         return ptr
 
     def cache_status(self) -> MoeCacheStatus:
@@ -301,7 +303,8 @@ class Context(NativeHandle):
             arr = ffi.new("struct llama_moe_cache_layer_stats[]", max(n, 1))
             n = min(n, self._lib.llama_moe_cache_get_layer_stats(ptr, arr, n))
             return [LayerStats(int(a.il), int(a.n_slots), int(a.n_hit), int(a.n_hit_profile), int(a.n_miss),
-                               int(a.n_refused), int(a.n_cpu), int(a.n_slots_peer), int(a.n_hit_peer)) for a in arr[0:n]]
+                               int(a.n_refused), int(a.n_cpu), int(a.n_slots_peer), int(a.n_hit_peer),
+                               int(a.n_bytes_disk), int(a.disk_wait_us)) for a in arr[0:n]]
 
     def cache_devices(self) -> list[CacheDevice]:
         """The devices that hold the cache's slots, with the layers each holds (empty without a cache): one, or,

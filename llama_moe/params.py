@@ -106,6 +106,9 @@ class ModelParams:
     # llama.cpp's --tensor-split: each device's share of the layers, in the order of the model's devices (the
     # rpc servers' first); () splits them by the devices' free memory, as llama.cpp does
     tensor_split: tuple[float, ...] = ()
+    # the MoE experts mapped from the file untouched and kept on the CPU (llama.cpp's --lazy-mode experts): the load
+    # reads none of them, and the RAM tier (ContextParams.moe_ram_mib) reads them on demand
+    lazy_experts: bool = False
 
     def validate(self) -> None:
         """Raises ParameterError naming the field for any value llama.cpp's struct cannot take or would misread."""
@@ -114,7 +117,7 @@ class ModelParams:
         # n_cpu_moe becomes one tensor pattern per layer: no model has 65536 layers (a profile's u16 cannot count them)
         check_whole("n_cpu_moe", self.n_cpu_moe, 0, 65535, "a whole number of layers")
         check_whole("main_gpu", self.main_gpu, 0, INT32_MAX, "a device index")
-        check_flags(self, ("cpu_moe", "use_mmap", "check_tensors", "repack"))
+        check_flags(self, ("cpu_moe", "use_mmap", "check_tensors", "repack", "lazy_experts"))
         patterns = self.cpu_tensor_patterns
         if isinstance(patterns, (str, bytes)) or not isinstance(patterns, (tuple, list)):
             raise ParameterError(f"cpu_tensor_patterns must be a tuple of regex strings, got {patterns!r}")
@@ -152,6 +155,8 @@ class ModelParams:
         p.check_tensors = self.check_tensors
         p.use_extra_bufts = self.repack
         p.load_mode = lib.LLAMA_LOAD_MODE_MMAP if self.use_mmap else lib.LLAMA_LOAD_MODE_NONE
+        if self.lazy_experts:
+            p.lazy_mode = lib.LLAMA_LAZY_MODE_EXPERTS
         keep: list[Any] = []
         patterns = self.override_patterns(n_layer)
         if patterns:
@@ -258,6 +263,11 @@ class ContextParams:
     # with moe_cache_mib="auto" (the device's free memory once the model, the KV cache and the compute buffers are
     # in): the MiB left free beside the cache (None: the engine's 400)
     moe_cache_margin_mib: int | None = cache_setting("whole", 0, 1 << 20, "a whole number of MiB")
+    # the RAM tier (llama.cpp's --moe-ram-mib): slots in locked RAM for the experts kept on the CPU, filled from the
+    # model's file by direct reads, an LRU per layer, for a model whose experts do not fit in RAM (0 = none; "auto":
+    # what the machine can spare). Without a device cache (moe_cache_mib 0): the tier is then the cache. Load the
+    # model with ModelParams(lazy_experts=True), or the load reads every expert through the page cache once
+    moe_ram_mib: float | Literal["auto"] = 0
 
     @property
     def moe_cache_on(self) -> bool:
@@ -281,6 +291,7 @@ class ContextParams:
                 raise ParameterError(f"{name} must be from 1 to 1024 or None, got {value!r}")
         check_flags(self, ("flash_attn", "offload_kqv", "op_offload", "no_perf"), none_ok=("flash_attn",))
         check_mib(self.moe_cache_mib)
+        check_mib(self.moe_ram_mib, "moe_ram_mib")
         for name, spec in cache_settings(self):
             check_cache_setting(name, spec, getattr(self, name))
 

@@ -48,7 +48,10 @@ class MoeCacheStats(HitRate):
     n_bytes_cpu their bytes); n_hit_peer: those the peer tier computed (moe_cache_peer), n_slots_peer its slots and
     n_bytes_peer its memory (not in n_bytes_cache). n_admitted: the experts brought into slots while running
     (n_upload + n_swap + n_admit, the exit line's "admitted"). n_repartition: the rounds that moved slots between
-    layers (moe_cache_repartition), n_moved the slots they moved. Each is the engine's own figure."""
+    layers (moe_cache_repartition), n_moved the slots they moved. With the RAM tier (``ram_tier``,
+    ContextParams.moe_ram_mib) the cache is in RAM and its uploads are reads of the model's file: n_disk_reads
+    expert tensors (three an expert), n_bytes_disk bytes, disk_wait_us the time decodes waited for them. Each is
+    the engine's own figure."""
 
     n_hit: int
     n_hit_profile: int
@@ -73,6 +76,10 @@ class MoeCacheStats(HitRate):
     n_upload: int = 0
     n_admitted: int = 0
     n_bytes_peer: int = 0
+    ram_tier: bool = False
+    n_disk_reads: int = 0
+    n_bytes_disk: int = 0
+    disk_wait_us: int = 0
 
     @classmethod
     def _from_native(cls, s: Any) -> "MoeCacheStats":
@@ -80,7 +87,8 @@ class MoeCacheStats(HitRate):
                    bool(s.hybrid), int(s.n_copy), int(s.n_bytes_copy), int(s.n_slots), int(s.n_prefilled),
                    int(s.n_bytes_cache), int(s.n_swap), int(s.n_refused), int(s.n_resident), int(s.n_admit),
                    int(s.n_cpu), int(s.n_repartition), int(s.n_moved), int(s.n_hit_peer), int(s.n_slots_peer),
-                   int(s.n_upload), int(s.n_admitted), int(s.n_bytes_peer))
+                   int(s.n_upload), int(s.n_admitted), int(s.n_bytes_peer), bool(s.ram_tier), int(s.n_disk_reads),
+                   int(s.n_bytes_disk), int(s.disk_wait_us))
 
 
 _STATES = enum_names("enum llama_moe_cache_state", "LLAMA_MOE_CACHE_STATE_")
@@ -102,7 +110,9 @@ class MoeCacheStatus:
     layer and decode); ``mode_auto`` and ``size_auto`` say whether the engine chose the mode (``moe_cache_mode="auto"``)
     and measured the size (``moe_cache_mib="auto"``), ``choice`` how, in words, with the link's and the CPU's rates
     measured when the context was made (``link_gbps``, ``cpu_gbps``; 0 when not measured). The reason
-    "slow_link" on a cache that is "on" is a warning only: an explicit upload mode or admission on a slow link."""
+    "slow_link" on a cache that is "on" is a warning only: an explicit upload mode or admission on a slow link.
+    ``ram_tier``: the cache is the RAM tier (slots in locked RAM, filled from the model's file); ``disk_direct``:
+    its reads bypass the page cache (False where the file system refuses O_DIRECT)."""
 
     state: str
     reason: str | None
@@ -124,6 +134,8 @@ class MoeCacheStatus:
     link_gbps: float = 0.0
     cpu_gbps: float = 0.0
     choice: str = ""
+    ram_tier: bool = False
+    disk_direct: bool = False
 
     @property
     def as_asked(self) -> bool:
@@ -144,7 +156,8 @@ class MoeCacheStatus:
                    int(s.n_layers), int(s.n_layers_whole), int(s.n_bytes),
                    ffi.string(s.profile_error).decode("utf-8", "replace"), ffi.string(s.peer).decode("utf-8", "replace"),
                    "auto" if int(s.admit) == -1 else int(s.admit), bool(s.mode_auto), bool(s.size_auto), float(s.link_gbps),
-                   float(s.cpu_gbps), ffi.string(s.choice).decode("utf-8", "replace"))
+                   float(s.cpu_gbps), ffi.string(s.choice).decode("utf-8", "replace"), bool(s.ram_tier),
+                   bool(s.disk_direct))
 
 
 @dataclass(frozen=True)
@@ -175,6 +188,8 @@ class LayerStats(HitRate):
     n_cpu: int = 0
     n_slots_peer: int = 0  # the peer tier's slots for the layer (moe_cache_peer), and of its misses those the peer
     n_hit_peer: int = 0    # computed
+    n_bytes_disk: int = 0  # the RAM tier: bytes read from the model's file for the layer, and the time waited
+    disk_wait_us: int = 0
 
 
 @dataclass(frozen=True)
@@ -226,6 +241,11 @@ def cache_lines(c: Any, off_reason: str | None = None, not_as_asked: str | None 
         moved = f"{c.n_bytes_upload / 2**20:.2f} MiB uploaded"
         if cpu:
             moved += f"; {cpu} misses computed on the CPU, reading {c.n_bytes_cpu / 2**20:.2f} MiB"
+    if getattr(c, "ram_tier", False):
+        mode = "RAM tier, upload"
+        moved = f"{c.n_bytes_disk / 2**20:.2f} MiB read from the model's file ({c.disk_wait_us / 1000:.1f} ms waited)"
+        if cpu:
+            moved += f"; {cpu} misses computed on the CPU from the file's mapping, reading {c.n_bytes_cpu / 2**20:.2f} MiB"
     if c.hybrid and admit:
         moved += f"; {admit} admitted between decodes ({c.n_bytes_upload / 2**20:.2f} MiB uploaded)"
     return [f"MoE cache    {mode} mode, {c.n_bytes_cache / 2**20:.2f} MiB, {c.n_slots} slots, {c.n_prefilled} prefilled by the profile",

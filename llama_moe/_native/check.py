@@ -8,12 +8,13 @@ from . import log as _log
 from .ffi import ffi
 from ..errors import NativeCallError
 
-# llama_decode's return codes (llama.h), and -3 of the patches: the hybrid's mailbox
+# llama_decode's return codes (llama.h), and -3 of the patches: the hybrid's mailbox, or the RAM tier's reads
 DECODE_CODES: Mapping[int, str] = {
     1: "no KV cache slot for the batch",
     2: "aborted",
     -1: "invalid batch",
-    -3: "the MoE cache's CPU part did not answer a hand-over in time, or failed (the mailbox)",
+    -3: "the MoE cache's CPU part did not answer a hand-over in time, or failed (the mailbox), or the RAM tier "
+        "could not read an expert from the model's file",
 }
 
 

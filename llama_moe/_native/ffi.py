@@ -5,7 +5,7 @@ from pathlib import Path
 
 import cffi
 
-ABI_VERSION = 9  # the LLAMA_MOE_ABI_VERSION these declarations describe
+ABI_VERSION = 10  # the LLAMA_MOE_ABI_VERSION these declarations describe
 
 _DECL_ORDER = ("ggml.h", "llama.h", "llama_moe.h", "llama_moe_common.h")  # order matters: later files use earlier types
 

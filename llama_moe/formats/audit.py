@@ -18,10 +18,10 @@ _SHA256_RE = re.compile(r"[0-9a-fA-F]{64}")  # hash_sha256_hex writes lower case
 # (every miss is uploaded, computed on the CPU or by the peer: misses = uploads + cpu + peer_hits; admitted = uploads
 # + swaps + admissions, the experts brought into slots while running)
 COUNTERS = ("hits", "hits_profile", "misses", "bytes_upload", "bytes_cpu", "copies", "bytes_copy", "swaps", "refused",
-            "uploads", "cpu", "peer_hits", "admissions", "admitted")
+            "uploads", "cpu", "peer_hits", "admissions", "admitted", "disk_reads", "bytes_disk", "disk_wait_us")
 # a request's own counters: the context's counters at its end minus those at its start
 REQUEST_COUNTERS = ("req_hits", "req_hits_profile", "req_misses", "req_bytes_upload", "req_bytes_cpu", "req_refused",
-                    "req_uploads", "req_cpu", "req_peer_hits", "req_admissions")
+                    "req_uploads", "req_cpu", "req_peer_hits", "req_admissions", "req_bytes_disk", "req_disk_wait_us")
 # a request's own share (its sequence's, llama_moe_cache_get_seq_stats): each lookup charged to one request, so the
 # requests' own add up to the context's; absent from the logs of builds before it
 OWN_COUNTERS = ("own_hits", "own_misses", "own_refused", "own_bytes_upload", "own_bytes_cpu", "own_uploads", "own_cpu",
@@ -29,7 +29,8 @@ OWN_COUNTERS = ("own_hits", "own_misses", "own_refused", "own_bytes_upload", "ow
 # counters added after the first audit logs: a log written by an earlier build lacks them, and they read as 0
 LATER_COUNTERS = ("refused", "req_refused", "moe_cache_admit", "moe_cache_repartition",  # fields of later builds: 0 when absent
                   "uploads", "cpu", "peer_hits", "admissions", "admitted", "req_uploads", "req_cpu", "req_peer_hits",
-                  "req_admissions", "own_uploads", "own_cpu", "own_peer_hits")
+                  "req_admissions", "own_uploads", "own_cpu", "own_peer_hits", "disk_reads", "bytes_disk", "disk_wait_us",
+                  "req_bytes_disk", "req_disk_wait_us")
 _TIME_RE = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}(Z|\+00:00)$")
 
 
@@ -51,6 +52,9 @@ class Counters:
     peer_hits: int = 0  # of the misses, those the peer tier computed
     admissions: int = 0  # missed experts the hybrid uploaded between decodes
     admitted: int = 0  # experts brought into slots while running: uploads + swaps + admissions
+    disk_reads: int = 0  # the RAM tier: expert tensors read from the model's file
+    bytes_disk: int = 0  # and their bytes
+    disk_wait_us: int = 0  # the time decodes waited for them
 
     def __sub__(self, other: "Counters") -> "Counters":
         return Counters(*(getattr(self, f) - getattr(other, f) for f in COUNTERS))
@@ -76,6 +80,8 @@ class RequestCounters:
     cpu: int = 0
     peer_hits: int = 0
     admissions: int = 0
+    bytes_disk: int = 0  # the RAM tier's reads while the request ran
+    disk_wait_us: int = 0
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ struct llama_moe_cache_params {
     int32_t      mailbox_timeout_ms;
     int32_t      mailbox_prefetch;
     float        mailbox_gpu_share;
+    size_t       ram_size;
 };
 
 typedef int32_t llama_pos;
@@ -56,6 +57,7 @@ enum llama_lazy_mode {
     LLAMA_LAZY_MODE_OFF  = 0,
     LLAMA_LAZY_MODE_AUTO = 1,
     LLAMA_LAZY_MODE_ON   = 2,
+    LLAMA_LAZY_MODE_EXPERTS = 3,
 };
 
 enum llama_context_type {

@@ -29,6 +29,10 @@ struct llama_moe_cache_stats {
     uint64_t n_upload;
     uint64_t n_admitted;
     uint64_t n_bytes_peer;
+    bool     ram_tier;
+    uint64_t n_disk_reads;
+    uint64_t n_bytes_disk;
+    uint64_t disk_wait_us;
 };
 
 // the enums as include/llama-moe.h declares them: the binding reads their names from here
@@ -52,6 +56,7 @@ enum llama_moe_cache_reason {
     LLAMA_MOE_CACHE_REASON_STAYS_EMPTY     = 512,
     LLAMA_MOE_CACHE_REASON_DRAFT           = 1024,
     LLAMA_MOE_CACHE_REASON_SLOW_LINK       = 2048,
+    LLAMA_MOE_CACHE_REASON_NO_TIER         = 4096,
 };
 
 enum llama_moe_cache_choice {
@@ -91,6 +96,8 @@ struct llama_moe_cache_status {
     double   link_gbps;
     double   cpu_gbps;
     char     choice[1024];
+    bool     ram_tier;
+    bool     disk_direct;
 };
 
 size_t  llama_moe_cache_status_size(void);
@@ -121,6 +128,8 @@ struct llama_moe_cache_layer_stats {
     uint64_t n_cpu;
     int32_t  n_slots_peer;
     uint64_t n_hit_peer;
+    uint64_t n_bytes_disk;
+    uint64_t disk_wait_us;
 };
 
 bool    llama_moe_cache_get_stats(const struct llama_context * ctx, struct llama_moe_cache_stats * stats);

@@ -1,0 +1,220 @@
+"""The RAM tier (ContextParams.moe_ram_mib): slots in locked RAM for the experts kept on the CPU, filled from the
+model's file by direct reads, an LRU per layer. On the real patched libllama: tokens and logits identical to no
+tier (prompts over 32 tokens beside the decodes, several sequences, fewer slots than a token's experts), the
+counters equal to the independent replay (tests/oracles/lru.py) and the bytes read equal to its misses, no page
+of the experts in the page cache after a load with lazy experts, and the faults: a read that fails fails its
+decode with the file and the layer named, and the context goes on."""
+from __future__ import annotations
+
+import ctypes
+import logging
+import mmap
+import os
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from llama_moe import Context, ContextParams, Model, ModelParams, Sampling
+from llama_moe.batch import stream_batch
+from llama_moe.errors import NativeCallError
+from llama_moe.gguf_files.reader import read_gguf
+from llama_moe.tools.experts import expert_layout
+from oracles.lru import simulate_lru
+from support.cache_sizes import mib_for_slots
+
+PLAIN = ModelParams(cpu_moe=True, repack=False)
+LAZY = ModelParams(lazy_experts=True, repack=False)
+PROMPTS = [
+    "The ship left the harbour at dawn, and the crew watched the grey cliffs fall behind them while the gulls "
+    "circled the masts and the captain read the charts in silence below the deck",
+    "To grow tomatoes in a small garden, start with good soil, a sunny corner, stakes for the stems, water "
+    "in the morning and patience through the long weeks before the first fruit turns red",
+    "The history of the city begins with a ford across the river, a market on the bank, a wall of timber, "
+    "then stone, and the slow gathering of streets around the church and the bridge",
+    "In the morning the baker lights the ovens long before the town wakes, shapes the loaves on the floured "
+    "table, and listens to the first carts rattle over the cobbles outside the window",
+]
+N_STEPS = 64  # four sequences: 256 tokens decoded four at a time
+SAMPLINGS = [Sampling(temperature=0.8, seed=s) for s in (21, 22, 23, 24)]
+BASE = dict(n_ctx=1024, n_threads=2, n_seq_max=4)
+
+
+def _batch(model: Model, cp: ContextParams, trace: bool):
+    with Context(model, cp) as ctx:
+        if trace:
+            ctx.start_trace()
+        tokens, logits = [], []
+        with stream_batch(ctx, PROMPTS, N_STEPS + 1, SAMPLINGS, stop_at_eog=False) as stream:
+            for n, (i, tok) in enumerate(stream):
+                tokens.append((i, tok))
+                if n >= len(PROMPTS):
+                    logits.append(ctx.logits(i))
+        records = ctx.stop_trace() if trace else []
+        return tokens, np.array(logits), ctx.moe_cache_stats(), ctx.layer_stats(), ctx.cache_status(), records
+
+
+@pytest.mark.parametrize("slots_per_k", [2, 0.5])  # 2 k; k / 2: fewer slots than one token's experts
+def test_the_tier_changes_nothing_and_reads_the_replays_misses(lib, tiny_model_path, caplog, slots_per_k) -> None:
+    layout = expert_layout(tiny_model_path)
+    slots = max(1, int(slots_per_k * layout.n_expert_used))
+    caplog.set_level(logging.INFO, logger="llama_moe.native")
+    with Model(tiny_model_path, PLAIN) as model:
+        assert all(len(model.tokenize(p)) > 32 for p in PROMPTS)
+        plain_tokens, plain_logits, *_ = _batch(model, ContextParams(**BASE), trace=False)
+    with Model(tiny_model_path, LAZY) as model:
+        tokens, logits, stats, layers, status, records = _batch(
+            model, ContextParams(**BASE, moe_ram_mib=mib_for_slots(tiny_model_path, slots)), trace=True)
+    assert tokens == plain_tokens
+    assert np.array_equal(logits, plain_logits)
+    assert status.state == "on" and status.ram_tier and status.device == "CPU" and status.mode == "upload"
+    assert stats.ram_tier and all(l.n_slots == slots for l in layers)
+    sim = simulate_lru(records, {l.il: slots for l in layout.layers}, layout.n_expert)
+    assert (stats.n_hit, stats.n_miss, stats.n_cpu) == (sim.n_hit, sim.n_miss, sim.n_cpu)
+    assert {l.il: (l.n_hit, l.n_miss, l.n_cpu) for l in layers} == {
+        il: (*sim.per_layer[il], sim.per_layer_cpu[il]) for il in sim.per_layer}
+    # every miss a slot took was read from the file, once: gate, up and down, nothing more
+    per_expert = layout.layers[0].bytes_per_expert
+    read = stats.n_miss - stats.n_cpu
+    assert read > 0 and stats.n_upload == read
+    assert stats.n_bytes_disk == read * per_expert and stats.n_disk_reads == 3 * read
+    assert sum(l.n_bytes_disk for l in layers) == stats.n_bytes_disk
+    assert stats.n_hit > 0
+    assert f"the RAM tier read {stats.n_disk_reads} expert tensors" in caplog.text
+
+
+def _resident_pages(path: Path, ranges: list[tuple[int, int]]) -> int:
+    """Pages of the file's byte ranges in the page cache now (mincore over a private mapping of our own, whose
+    pages are the page cache's until written)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    page = mmap.PAGESIZE
+    n = 0
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        m = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY)
+        view = ctypes.c_char.from_buffer(m)
+        try:
+            start = ctypes.addressof(view)
+            for first, last in ranges:
+                lo = first // page * page
+                hi = min(size, (last + page - 1) // page * page)
+                vec = (ctypes.c_ubyte * ((hi - lo + page - 1) // page))()
+                assert libc.mincore(ctypes.c_void_p(start + lo), ctypes.c_size_t(hi - lo), vec) == 0, ctypes.get_errno()
+                n += sum(v & 1 for v in vec)
+        finally:
+            del view
+            m.close()
+    return n
+
+
+def _drop_from_page_cache(path: Path) -> None:
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+
+
+def test_the_load_and_the_decodes_leave_the_experts_out_of_the_page_cache(lib, tmp_path) -> None:
+    from llama_moe.tools.synth import synthesize
+
+    # experts of 4 MiB a tensor: the pages the load reads around the other tensors are their edges alone
+    path = tmp_path / "wide-experts.gguf"
+    synthesize(path, shape="tiny,n_ff_exp=1024", expert_type="q8_0", seed=0)
+    experts = [(t.offset, t.offset + t.nbytes) for t in read_gguf(path).tensors if "_exps" in t.name]
+    pages = sum((last - first) // mmap.PAGESIZE for first, last in experts)
+    layout = expert_layout(path)
+    _drop_from_page_cache(path)
+    assert _resident_pages(path, experts) == 0
+    with Model(path, LAZY) as model:
+        loaded = _resident_pages(path, experts)
+        # no MAP_POPULATE, no WILLNEED on them: only what the kernel reads around the faults of their neighbours,
+        # at their edges (under 1 MiB a tensor, whatever its size)
+        assert loaded * mmap.PAGESIZE < len(experts) * (1 << 20) and loaded < pages // 5
+        # a prompt of two tokens: every ubatch's experts find slots (a ubatch with more than a layer's slots, or over
+        # 32 tokens, computes the rest from the mapping)
+        slots = 4 * layout.n_expert_used
+        assert slots < layout.n_expert
+        cp = ContextParams(n_ctx=256, n_threads=2, moe_ram_mib=mib_for_slots(path, slots))
+        with Context(model, cp) as ctx:
+            status = ctx.cache_status()
+            prompt = ctx.tokenize("Once")
+            assert len(prompt) * layout.n_expert_used <= slots
+            text = list(ctx.generate(prompt, max_tokens=48, sampling=Sampling(temperature=0.0)))
+            stats = ctx.moe_cache_stats()
+    assert status.ram_tier and text and stats.n_miss > 0 and stats.n_bytes_disk > 0 and stats.n_cpu == 0
+    read = stats.n_bytes_disk // mmap.PAGESIZE
+    if status.disk_direct:
+        assert _resident_pages(path, experts) <= loaded  # direct reads: the decodes added no page
+    else:  # a file system without O_DIRECT: each range is dropped from the page cache after its read
+        assert _resident_pages(path, experts) <= loaded + read // 10
+
+
+def test_a_read_that_fails_fails_its_decode_and_the_context_goes_on(lib, tiny_model_path, monkeypatch) -> None:
+    layout = expert_layout(tiny_model_path)
+    bad = layout.layers[1].il
+    monkeypatch.setenv("LLAMA_MOE_TEST_DISK_FAIL_IL", str(bad))
+    with Model(tiny_model_path, LAZY) as model:
+        cp = ContextParams(n_ctx=256, n_threads=2, moe_ram_mib=mib_for_slots(tiny_model_path, layout.n_expert_used))
+        with Context(model, cp) as ctx:
+            monkeypatch.delenv("LLAMA_MOE_TEST_DISK_FAIL_IL")
+            with pytest.raises(NativeCallError) as err:
+                list(ctx.generate("Once upon a time", max_tokens=4, sampling=Sampling(temperature=0.0)))
+            said = str(err.value)
+            assert f"layer {bad}" in said and str(tiny_model_path.name) in said and "Input/output error" in said
+            # the slots it could not fill hold nothing: the next lookups of that layer miss again, and fail again
+            stats = ctx.moe_cache_stats()
+            assert stats.n_resident <= stats.n_slots
+            with pytest.raises(NativeCallError):
+                list(ctx.generate("Once", max_tokens=2, sampling=Sampling(temperature=0.0)))
+        # a context without the fault runs from the same model
+        with Context(model, cp) as ctx:
+            assert list(ctx.generate("Once upon a time", max_tokens=4, sampling=Sampling(temperature=0.0)))
+
+
+def test_a_file_that_shrinks_fails_the_decodes_that_need_what_it_lost(lib, tiny_model_path, tmp_path) -> None:
+    path = tmp_path / "shrinking.gguf"
+    path.write_bytes(tiny_model_path.read_bytes())
+    layout = expert_layout(path)
+    last = max(layout.layers, key=lambda l: l.il).il
+    cut = min(t.offset for t in read_gguf(path).tensors if t.name.startswith(f"blk.{last}.") and "_exps" in t.name)
+    # the other weights in memory (no mmap): only the experts, mapped untouched, are the file's
+    with Model(path, ModelParams(lazy_experts=True, use_mmap=False, repack=False)) as model:
+        slots = 4 * layout.n_expert_used
+        cp = ContextParams(n_ctx=256, n_threads=2, moe_ram_mib=mib_for_slots(path, slots))
+        with Context(model, cp) as ctx:
+            prompt = ctx.tokenize("Once")
+            assert len(list(ctx.generate(prompt, max_tokens=2, sampling=Sampling(temperature=0.0)))) == 2
+            os.truncate(path, cut + 4096)
+            with pytest.raises(NativeCallError) as err:
+                list(ctx.generate([], max_tokens=64, sampling=Sampling(temperature=0.0)))
+            said = str(err.value)
+            assert f"layer {last}" in said and "shrank" in said and path.name in said
+            assert ctx.moe_cache_stats().n_cpu == 0  # nothing read from the lost pages through the mapping
+
+
+def test_the_tier_under_a_device_cache_is_refused_with_its_reason(lib, tiny_model_path) -> None:
+    with Model(tiny_model_path, LAZY) as model:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            cp = ContextParams(n_ctx=256, n_threads=2, moe_cache_device="CPU", moe_cache_mib=1, moe_ram_mib=1)
+            with Context(model, cp) as ctx:
+                status = ctx.cache_status()
+    assert not status.ram_tier and "option_ignored" in status.reasons
+    assert "three tiers" in status.text
+    assert any("three tiers" in str(w.message) for w in caught)
+
+
+def test_an_automatic_tier_holds_a_small_model_whole(lib, tiny_model_path) -> None:
+    with Model(tiny_model_path, PLAIN) as model:
+        with Context(model, ContextParams(n_ctx=256, n_threads=2)) as ctx:
+            plain = list(ctx.generate("Once upon a time", max_tokens=24, sampling=Sampling(temperature=0.0)))
+    with Model(tiny_model_path, LAZY) as model:
+        with Context(model, ContextParams(n_ctx=256, n_threads=2, moe_ram_mib="auto")) as ctx:
+            status = ctx.cache_status()
+            text = list(ctx.generate("Once upon a time", max_tokens=24, sampling=Sampling(temperature=0.0)))
+            stats = ctx.moe_cache_stats()
+    assert status.ram_tier and status.size_auto and "--moe-ram-mib auto" in status.choice
+    assert status.n_layers_whole == status.n_layers  # a tiny model fits: every layer read whole at creation
+    assert text == plain
+    assert stats.n_miss == 0 and stats.n_bytes_disk == sum(l.bytes_per_expert * l.n_expert
+                                                           for l in expert_layout(tiny_model_path).layers)
