@@ -243,7 +243,8 @@ def cache_lines(c: Any, off_reason: str | None = None, not_as_asked: str | None 
             moved += f"; {cpu} misses computed on the CPU, reading {c.n_bytes_cpu / 2**20:.2f} MiB"
     if getattr(c, "ram_tier", False):
         mode = "RAM tier, upload"
-        moved = f"{c.n_bytes_disk / 2**20:.2f} MiB read from the model's file ({c.disk_wait_us / 1000:.1f} ms waited)"
+        moved = (f"{(c.n_bytes_disk or 0) / 2**20:.2f} MiB read from the model's file "
+                 f"({(c.disk_wait_us or 0) / 1000:.1f} ms waited)")
         if cpu:
             moved += f"; {cpu} misses computed on the CPU from the file's mapping, reading {c.n_bytes_cpu / 2**20:.2f} MiB"
     if c.hybrid and admit:

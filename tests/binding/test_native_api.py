@@ -28,7 +28,7 @@ def _greedy(path: Path, mp: ModelParams, n: int = 48) -> tuple[list[int], np.nda
 
 def test_library_reports_our_abi(lib) -> None:
     info = llama_moe.native_version()
-    assert info["abi_version"] == llama_moe._native.ffi.ABI_VERSION == 9
+    assert info["abi_version"] == llama_moe._native.ffi.ABI_VERSION == 10
     assert info["context_params_size"] == llama_moe._native.ffi.ffi.sizeof("struct llama_context_params")
     assert Path(info["path"]).is_file()
 

@@ -25,6 +25,7 @@ MODEL_BAD = {
     "main_gpu": [-1, I32, 0.0, "0", None, False],
     "check_tensors": [1, "true", None],
     "repack": [0, "no", None],
+    "lazy_experts": [1, "yes", None],
     # not host:port, a port out of range, one string for the tuple, a server named twice
     "rpc": ["127.0.0.1:50052", None, (5,), ("127.0.0.1",), ("h:0",), ("h:70000",), ("h:1,h:2",), ("a:1", "a:1")],
     # a string, no tuple, all zero, a negative, NaN or infinite, a bool, more devices than llama.cpp has
@@ -65,6 +66,7 @@ CONTEXT_BAD = {
     "n_seq_max": [0, -1, 257, U32, 2.0, "4", None, True],
     "moe_cache_mode": ["fast", "Auto", "", 1, True],
     "moe_cache_margin_mib": [-1, (1 << 20) + 1, 2.0, "400", True],
+    "moe_ram_mib": [-1, (1 << 24) + 1, NAN, INF, "2", None, True],
 }
 CONTEXT_GOOD = {"n_ctx": [0, 256, np.int64(512)], "n_batch": [1, 1 << 24], "n_threads": [None, 1, 1024],
                 "flash_attn": [None, True, False], "moe_cache_mib": [0, 0.5, 1 << 24, "auto"],
@@ -75,7 +77,8 @@ CONTEXT_GOOD = {"n_ctx": [0, 256, np.int64(512)], "n_batch": [1, 1 << 24], "n_th
                 "moe_cache_mailbox": [None, False], "moe_cache_mailbox_threads": [None, 0, 1024, np.int32(3)],
                 "moe_cache_mailbox_timeout_ms": [1, 3600 * 1000], "moe_cache_mailbox_prefetch": [0, 1 << 30],
                 "moe_cache_mailbox_gpu_share": [0, 1, 0.5, np.float32(0.25)],
-                "moe_cache_mode": [None, "auto", "upload", "hybrid", "adaptive", "admit"], "moe_cache_margin_mib": [None, 0, 1 << 20]}
+                "moe_cache_mode": [None, "auto", "upload", "hybrid", "adaptive", "admit"], "moe_cache_margin_mib": [None, 0, 1 << 20],
+                "moe_ram_mib": [0, 0.5, 1 << 24, "auto"]}
 
 SAMPLING_BAD = {
     "temperature": [-0.1, -INF, NAN, INF, "0.7", None, True],
@@ -157,14 +160,14 @@ def test_sampling_takes_the_edge_values(name, value) -> None:
 
 
 def test_each_cache_setting_is_one_field_of_the_engines_struct(lib) -> None:
-    """One ContextParams field for each field of llama_moe_cache_params (moe_cache_mib for its size), none
-    more; and a ContextParams left at its defaults passes the engine's defaults (llama_moe_cache_default_params)."""
+    """One ContextParams field for each field of llama_moe_cache_params (moe_cache_mib for its size, moe_ram_mib
+    for the RAM tier's), none more; and a ContextParams left at its defaults passes the engine's defaults (llama_moe_cache_default_params)."""
     from llama_moe._native.ffi import ffi
     from llama_moe.cache_params import settings
 
     c_fields = {name for name, _ in ffi.typeof("struct llama_moe_cache_params").fields}
     mine = {spec.c_name for _, spec in settings(ContextParams())}
-    assert mine | {"size"} == c_fields and "size" not in mine
+    assert mine | {"size", "ram_size"} == c_fields and not {"size", "ram_size"} & mine
     assert {f.name for f in dataclasses.fields(ContextParams) if f.name.startswith("moe_cache_")} == \
            {f"moe_cache_{c}" for c in mine} | {"moe_cache_mib"}
     native, _ = ContextParams()._to_native(lib)

@@ -34,7 +34,10 @@ SCALARS = {
     "hybrid": "hybrid",
 }
 # series of later builds still, read when present (None from a server built before them)
-OPTIONAL = {"uploads_total": "n_upload", "admitted_total": "n_admitted", "peer_bytes": "n_bytes_peer"}
+OPTIONAL = {"uploads_total": "n_upload", "admitted_total": "n_admitted", "peer_bytes": "n_bytes_peer",
+            "ram_tier": "ram_tier", "disk_reads_total": "n_disk_reads", "disk_bytes_total": "n_bytes_disk"}
+# seconds, kept as whole microseconds as the engine counts them
+OPTIONAL_SECONDS = {"disk_wait_seconds_total": "disk_wait_us"}
 PER_LAYER = ("layer_hits_total", "layer_hits_profile_total", "layer_misses_total", "layer_refused_total")
 # series later than the first llama-server with a cache: their absence means a server built from older patches
 LATER_SERIES = ("refused_total", "resident", "layer_refused_total", "admissions_total", "cpu_total",
@@ -136,6 +139,10 @@ class MoeCacheMetrics(HitRate):
     n_upload: int | None = None     # the engine's own figures (None: a server from patches before them)
     n_admitted: int | None = None
     n_bytes_peer: int | None = None  # the devices that hold slots (a server from older patches: none)
+    ram_tier: int | None = None      # 1: the cache is the RAM tier (--moe-ram-mib); its reads of the model's file
+    n_disk_reads: int | None = None
+    n_bytes_disk: int | None = None
+    disk_wait_us: int | None = None
 
     @property
     def hit_rate(self) -> float:
@@ -228,6 +235,8 @@ def moe_cache_from_samples(samples: tuple[Sample, ...]) -> MoeCacheMetrics | Non
             scalars[SCALARS[short]] = s.value
         elif short in OPTIONAL and not s.labels:
             optional[OPTIONAL[short]] = _count(s.value, s.name)
+        elif short in OPTIONAL_SECONDS and not s.labels:
+            optional[OPTIONAL_SECONDS[short]] = round(s.value * 1e6)
         elif short in PER_LAYER:
             layer = s.label("layer")
             if layer is None or not layer.isdigit():

@@ -1,0 +1,57 @@
+"""llama-server with the RAM tier (--moe-ram-mib): a real server on 127.0.0.1 answers as one without it (greedy),
+and every reader of the tier's reads agrees: /metrics, the request lines, the audit log's records and the exit
+line."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import requests
+
+from llama_moe.formats.audit import ExitRecord, ReadyRecord, RequestRecord, read_audit
+from llama_moe.tools.server.metrics import parse_moe_cache
+from support.cache_sizes import mib_for_slots
+from support.llama_server import find_server_binary, start_server, stop_server
+
+PROMPTS = ["The ship left the harbour at dawn, and the crew", "Bread rises when the yeast", "A comet's tail points"]
+
+
+def _serve(tmp_path: Path, name: str, args: list[str]) -> tuple[list[str], str, str, Path]:
+    audit, log = tmp_path / f"{name}.jsonl", tmp_path / f"{name}.log"
+    proc, url = start_server(find_server_binary(), [*args, "--metrics", "--moe-cache-audit", str(audit), "-c", "512",
+                                                    "-np", "1", "-t", "2", "--no-repack", "-v"], log)
+    try:
+        texts = []
+        for p in PROMPTS:
+            r = requests.post(url + "/completion", json={"prompt": p, "n_predict": 24, "temperature": 0}, timeout=300)
+            r.raise_for_status()
+            texts.append(r.json()["content"])
+        metrics = requests.get(url + "/metrics", timeout=30).text
+    finally:
+        assert stop_server(proc) == 0
+    return texts, metrics, log.read_text(errors="replace"), audit
+
+
+def test_the_tier_answers_as_without_it_and_its_readers_agree(tmp_path: Path, lib, tiny_model_path: Path) -> None:
+    plain, _, _, _ = _serve(tmp_path, "plain", ["-m", str(tiny_model_path), "--cpu-moe"])
+    mib = mib_for_slots(tiny_model_path, 8)
+    texts, metrics, log, audit = _serve(tmp_path, "tier", ["-m", str(tiny_model_path), "--moe-ram-mib", f"{mib:.4f}"])
+    assert texts == plain
+    c = parse_moe_cache(metrics)
+    assert c is not None and c.ram_tier == 1 and c.n_bytes_disk and c.n_disk_reads == 3 * c.n_upload
+    assert "the RAM tier: " in log and "lazy read enabled" in log  # --moe-ram-mib loads with --lazy-mode experts
+    records = read_audit(audit).records
+    ready = next(r for r in records if isinstance(r, ReadyRecord))
+    reqs = [r for r in records if isinstance(r, RequestRecord)]
+    end = records[-1]
+    assert isinstance(end, ExitRecord) and len(reqs) == len(PROMPTS)
+    e = end.counters
+    assert (e.bytes_disk, e.disk_reads) == (c.n_bytes_disk, c.n_disk_reads)
+    # each request's reads, in its line and its record, add up to what the context read while serving
+    lines = [float(m) for m in re.findall(r"MoE RAM tier: ([0-9.]+) MiB read from the model's file", log)]
+    assert len(lines) == len(reqs)
+    for mib_read, r in zip(lines, reqs):
+        assert abs(mib_read - r.req.bytes_disk / 2**20) < 0.06
+    assert sum(r.req.bytes_disk for r in reqs) == e.bytes_disk - ready.counters.bytes_disk
+    (exit_line,) = re.findall(r"the RAM tier read (\d+) expert tensors \(([0-9.]+) MiB\)", log)
+    assert int(exit_line[0]) == e.disk_reads
