@@ -50,7 +50,12 @@ Reported per shape, VRAM size and RAM size: the RAM tier's hit rate (hits / look
 that reach it: the VRAM tier's misses), disk reads per token (all layers), and each policy's hit rate minus
 ``lru``'s, paired by document; the intervals are 95% t intervals over the held-out documents.
 
-    python benchmarks/ram_tier_policies.py [--shapes qwen3-30b-a3b,gpt-oss-120b] [--pcts 25,50,75]
+``--stream`` replays the documents one after another instead, as one stream of one-token decodes (a long
+conversation that changes topic), every tier starting empty and no policy trained (static+lru is left out);
+the intervals are then over the documents' parts of the stream, belady's per part (from what the part needs
+first).
+
+    python benchmarks/ram_tier_policies.py [--stream] [--shapes qwen3-30b-a3b,gpt-oss-120b] [--pcts 25,50,75]
         [--vram-pcts 0,12.5] [--policies lru,lfu,slru:0.5,arc,lrfu:16,static+lru:0.5,belady,lru-exclusive]
 """
 from __future__ import annotations
@@ -501,31 +506,40 @@ def document_counts(x: np.ndarray, vram_slots: int, n_expert: int) -> tuple[np.n
     return raw, vram_tier(x, vram_slots, [[]] * n_l, n_expert).counts()
 
 
-def tier_replay(spec: str, stream: TierStream, n_slots: int, k: int, fills: Sequence[Sequence[int]],
-                pinned: Sequence[Sequence[int]] = ()) -> TierCount:
-    """A policy's RAM tier of ``n_slots`` per layer over ``stream``, each layer starting with ``fills[j]``
-    (``pinned[j]``: static+lru's ranking)."""
-    lookups = stream.lookups
-    if parse_policy(spec)[0] == "belady":
-        if n_slots < k:
-            raise ToolInputError(f"a RAM tier of {n_slots} slots per layer cannot hold one token's {k} experts")
-        r = belady_routes(stream.routes(), {j: n_slots for j in range(len(stream.rows))}, stream.n_expert)
-        if r.n_hit + r.n_miss != lookups and n_slots < stream.n_expert:
-            raise AssertionError(f"belady looked up {r.n_hit + r.n_miss} requests of {lookups}")
-        return TierCount(spec, r.n_hit if n_slots < stream.n_expert else lookups, lookups)
-    hits = 0
+def tier_hits(spec: str, stream: TierStream, n_slots: int, k: int, fills: Sequence[Sequence[int]],
+              pinned: Sequence[Sequence[int]] = ()) -> np.ndarray:
+    """[n_tokens]: a policy's RAM tier hits per token (all layers), ``n_slots`` per layer over ``stream``, each
+    layer starting with ``fills[j]`` (``pinned[j]``: static+lru's ranking). Not belady: ``tier_replay``."""
+    hits = [0] * stream.n_tokens
     exclusive = spec == "lru-exclusive" and stream.vram_slots > 0
     kind = "lru" if spec == "lru-exclusive" and not exclusive else spec  # nothing above to be exclusive of
     for j, col in enumerate(stream.rows):
         tier = make_policy(kind, n_slots, k, fills[j], pinned[j] if pinned else ())
         if exclusive:
             for t, (row, out) in enumerate(zip(col, stream.victims[j])):
-                hits += tier.token(row, t, out)
+                hits[t] += tier.token(row, t, out)
         else:
             for t, row in enumerate(col):
                 if row:
-                    hits += tier.token(row, t)
-    return TierCount(spec, hits, lookups)
+                    hits[t] += tier.token(row, t)
+    return np.array(hits, dtype=np.int64)
+
+
+def tier_replay(spec: str, stream: TierStream, n_slots: int, k: int, fills: Sequence[Sequence[int]],
+                pinned: Sequence[Sequence[int]] = ()) -> TierCount:
+    """A policy's RAM tier of ``n_slots`` per layer over ``stream``, each layer starting with ``fills[j]``
+    (``pinned[j]``: static+lru's ranking); belady starts with what it needs first."""
+    lookups = stream.lookups
+    if parse_policy(spec)[0] != "belady":
+        return TierCount(spec, int(tier_hits(spec, stream, n_slots, k, fills, pinned).sum()), lookups)
+    if n_slots < k:
+        raise ToolInputError(f"a RAM tier of {n_slots} slots per layer cannot hold one token's {k} experts")
+    if n_slots >= stream.n_expert:
+        return TierCount(spec, lookups, lookups)
+    r = belady_routes(stream.routes(), {j: n_slots for j in range(len(stream.rows))}, stream.n_expert)
+    if r.n_hit + r.n_miss != lookups:
+        raise AssertionError(f"belady looked up {r.n_hit + r.n_miss} requests of {lookups}")
+    return TierCount(spec, r.n_hit, lookups)
 
 
 def held_out_fold(x: np.ndarray, train_raw: np.ndarray, train_tier: np.ndarray, vram_slots: int,
@@ -549,30 +563,55 @@ def held_out_fold(x: np.ndarray, train_raw: np.ndarray, train_tier: np.ndarray, 
     return FoldResult(stream.n_tokens, stream.vram_hits, int((x >= 0).sum()), out)
 
 
+def stream_parts(docs: Sequence[np.ndarray], vram_slots: int, ram_slots: Sequence[int], policies: Sequence[str],
+                 n_expert: int) -> list[FoldResult]:
+    """The documents one after another as one stream, every tier starting empty (nothing trained: static+lru
+    is left out), counted per document's part; belady per part, from what the part needs first."""
+    x = np.concatenate(docs)
+    k, n_l = x.shape[2], x.shape[1]
+    cold = [[] for _ in range(n_l)]
+    stream = vram_tier(x, vram_slots, cold, n_expert)
+    edges = np.concatenate(([0], np.cumsum([len(d) for d in docs])))
+    reach = np.array([sum(len(col[t]) for col in stream.rows) for t in range(len(x))], dtype=np.int64)
+    hits = {(n, s): tier_hits(s, stream, n, k, cold) for n in ram_slots for s in policies
+            if parse_policy(s)[0] not in ("belady", "static+lru")}
+    out = []
+    for a, b in zip(edges[:-1], edges[1:]):
+        part = TierStream(n_expert, vram_slots, [col[a:b] for col in stream.rows],
+                          [col[a:b] for col in stream.victims], 0)
+        lookups = int(reach[a:b].sum())
+        tiers = {key: TierCount(key[1], int(h[a:b].sum()), lookups) for key, h in hits.items()}
+        if "belady" in policies:
+            tiers.update({(n, "belady"): tier_replay("belady", part, n, k, cold) for n in ram_slots})
+        selected = int((x[a:b] >= 0).sum())
+        out.append(FoldResult(int(b - a), selected - lookups, selected, tiers))
+    return out
+
+
+def held_out(docs: Sequence[np.ndarray], vram_slots: int, ram_slots: Sequence[int], policies: Sequence[str],
+             n_expert: int) -> list[FoldResult]:
+    """Every document held out in turn, its tiers started from the other documents' counts."""
+    counts = [document_counts(x, vram_slots, n_expert) for x in docs]
+    folds = []
+    for i, x in enumerate(docs):
+        train_raw = sum(c[0] for j, c in enumerate(counts) if j != i)
+        train_tier = sum(c[1] for j, c in enumerate(counts) if j != i)
+        folds.append(held_out_fold(x, train_raw, train_tier, vram_slots, ram_slots, policies))
+        print(f"  VRAM {vram_slots}: document {i + 1} of {len(docs)} done", file=sys.stderr, flush=True)
+    return folds
+
+
 # ---- the tables
 
-def shape_tables(docs: list[np.ndarray], n_expert: int, k: int, vram_pcts: Sequence[float], ram_pcts: Sequence[float],
-                 policies: Sequence[str]) -> None:
-    """Every document held out in turn at each VRAM size; prints the three tables."""
-    ram = [(p, max(k, round(n_expert * p / 100))) for p in ram_pcts]
-    rows: list[tuple[str, str, list[FoldResult]]] = []
-    for vp in vram_pcts:
-        v = 0 if vp == 0 else max(k, round(n_expert * vp / 100))
-        counts = [document_counts(x, v, n_expert) for x in docs]
-        folds = []
-        for i, x in enumerate(docs):
-            train_raw = sum(c[0] for j, c in enumerate(counts) if j != i)
-            train_tier = sum(c[1] for j, c in enumerate(counts) if j != i)
-            folds.append(held_out_fold(x, train_raw, train_tier, v, [n for _, n in ram], policies))
-            print(f"  VRAM {v}: document {i + 1} of {len(docs)} done", file=sys.stderr, flush=True)
-        vram = "none" if v == 0 else f"{v} of {n_expert} ({vp:g}%)"
-        rows.append((vram, str(v), folds))
-
+def print_tables(rows: Sequence[tuple[str, list[FoldResult]]], ram: Sequence[tuple[float, int]], n_expert: int,
+                 policies: Sequence[str], unit: str) -> None:
+    """The hit rates, the disk reads per token and the differences to lru, each cell a mean over ``unit``s (the
+    held-out documents, or the stream's parts) with its 95% t interval."""
     head = "| VRAM tier (LRU) | RAM tier | "
     print("\nRAM tier hit rate (hits / requests reaching it):\n")
     print(head + "VRAM hit rate | " + " | ".join(policies) + " |")
     print("|---|---|---|" + "---|" * len(policies))
-    for vram, _, folds in rows:
+    for vram, folds in rows:
         vr = cell([f.vram_hits / f.vram_lookups for f in folds]) if vram != "none" else "-"
         for p, n in ram:
             print(f"| {vram} | {n} of {n_expert} ({p:g}%) | {vr} | "
@@ -580,7 +619,7 @@ def shape_tables(docs: list[np.ndarray], n_expert: int, k: int, vram_pcts: Seque
     print("\ndisk reads per token (all layers):\n")
     print(head + "requests reaching RAM per token | " + " | ".join(policies) + " |")
     print("|---|---|---|" + "---|" * len(policies))
-    for vram, _, folds in rows:
+    for vram, folds in rows:
         for p, n in ram:
             reach = cell([f.tiers[n, policies[0]].lookups / f.n_tokens for f in folds], 1)
             print(f"| {vram} | {n} of {n_expert} ({p:g}%) | {reach} | "
@@ -588,10 +627,10 @@ def shape_tables(docs: list[np.ndarray], n_expert: int, k: int, vram_pcts: Seque
                   + " |")
     if "lru" in policies:
         others = [s for s in policies if s != "lru"]
-        print("\nhit rate minus lru's, points, paired by document:\n")
+        print(f"\nhit rate minus lru's, points, paired by {unit}:\n")
         print(head + " | ".join(others) + " |")
         print("|---|---|" + "---|" * len(others))
-        for vram, _, folds in rows:
+        for vram, folds in rows:
             for p, n in ram:
                 print(f"| {vram} | {n} of {n_expert} ({p:g}%) | " + " | ".join(
                     cell([100 * (f.tiers[n, s].hit_rate - f.tiers[n, 'lru'].hit_rate) for f in folds], 2)
@@ -603,21 +642,35 @@ def main() -> int:
     shape_arguments(ap, pcts="25,50,75")
     ap.add_argument("--vram-pcts", default="0,12.5", help="VRAM tier slots per layer, in percent of its experts (0: none)")
     ap.add_argument("--policies", default=DEFAULT_POLICIES)
+    ap.add_argument("--stream", action="store_true",
+                    help="the documents one after another as one stream, every tier starting empty, instead of "
+                         "held out (static+lru, which needs training, is left out)")
     a = ap.parse_args()
     policies = a.policies.split(",")
     for spec in policies:
         parse_policy(spec)
+    if a.stream:
+        policies = [s for s in policies if parse_policy(s)[0] != "static+lru"]
     calibrated = {"qwen3-30b-a3b": "calibrated"}
     for name in a.shapes.split(","):
         t0 = time.monotonic()
-        n_layer, n_expert, k, docs = shape_documents(name, a.seed)
+        n_layer, n_expert, k, grouped = shape_documents(name, a.seed)
+        docs = [np.concatenate(d) for d in grouped]
         print(f"Routing: `{name}`, {calibrated.get(name, 'not calibrated')} (\"Routing\", at the top). "
               "Compared at equal slots per layer, which are equal bytes (every slot holds one expert of its layer).")
-        shape_tables([np.concatenate(d) for d in docs], n_expert, k, [float(p) for p in a.vram_pcts.split(",")],
-                     [float(p) for p in a.pcts.split(",")], policies)
+        if a.stream:
+            print(f"One stream of the {len(docs)} documents, every tier starting empty; intervals over the "
+                  "documents' parts of it.")
+        ram = [(p, max(k, round(n_expert * p / 100))) for p in (float(x) for x in a.pcts.split(","))]
+        rows = []
+        for vp in (float(x) for x in a.vram_pcts.split(",")):
+            v = 0 if vp == 0 else max(k, round(n_expert * vp / 100))
+            run = stream_parts if a.stream else held_out
+            rows.append(("none" if v == 0 else f"{v} of {n_expert} ({vp:g}%)",
+                         run(docs, v, [n for _, n in ram], policies, n_expert)))
+        print_tables(rows, ram, n_expert, policies, "document's part" if a.stream else "held-out document")
         print(f"\n{name}: {time.monotonic() - t0:.0f} s", flush=True)
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

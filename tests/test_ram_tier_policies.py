@@ -175,3 +175,20 @@ def test_bad_sizes_and_names_say_why() -> None:
         rt.parse_policy("mru")
     with pytest.raises(ToolInputError, match="cannot hold one token's 4 experts"):
         rt.vram_tier(_routing(20), 2, _cold(), N_EXPERT)
+
+
+def test_the_stream_parts_add_up_to_the_stream() -> None:
+    docs = [_routing(150, seed) for seed in range(3)]
+    specs = ["lru", "lfu", "lru-exclusive", "belady"]
+    for vram in (0, 6):
+        parts = rt.stream_parts(docs, vram, [8, 12], specs, N_EXPERT)
+        whole = rt.vram_tier(np.concatenate(docs), vram, _cold(), N_EXPERT)
+        assert [p.n_tokens for p in parts] == [150] * 3
+        assert sum(p.vram_lookups for p in parts) == sum(d.size for d in docs)
+        for n in (8, 12):
+            for spec in ("lru", "lfu", "lru-exclusive"):
+                got = [p.tiers[n, spec] for p in parts]
+                assert sum(c.lookups for c in got) == whole.lookups == sum(p.vram_lookups - p.vram_hits for p in parts)
+                assert sum(c.hits for c in got) == rt.tier_replay(spec, whole, n, K, _cold(), _cold()).hits
+                if spec != "lru-exclusive":
+                    assert all(c.hits <= p.tiers[n, "belady"].hits for c, p in zip(got, parts))
