@@ -547,7 +547,7 @@ def held_out_fold(x: np.ndarray, train_raw: np.ndarray, train_tier: np.ndarray, 
     """The document ``x`` [n_tokens, n_layers, k] replayed with tiers started from the training documents'
     counts (``train_raw``: selections, for the VRAM tier; ``train_tier``: requests at the RAM tier), at each RAM
     size, by each policy."""
-    n_l, k = x.shape[1], x.shape[2]
+    k = x.shape[2]
     n_expert = train_raw.shape[1]
     vram_fill = [r[:vram_slots] for r in ranking(train_raw)]
     stream = vram_tier(x, vram_slots, vram_fill, n_expert)
