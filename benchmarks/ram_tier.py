@@ -4,8 +4,10 @@ bound (the warm decode plus the tier's misses read at the disk's direct-read ban
 
 RAM is made scarce honestly: a balloon process locks all the memory but the row's budget (the tier, the model's
 other weights and 1 GiB), so the page cache gets only what is left. Each measurement runs in a process of its
-own, started after the model's pages were dropped from the page cache: a load, ``--warm`` tokens to settle,
-then ``--tokens`` timed. The disk bytes a token are what the kernel read for the process (/proc/self/io's
+own, started after the model's pages were dropped from the page cache: a load, then the embedded corpus's text
+decoded one token at a time (the synthetic router is calibrated on it; a model's own greedy text loops, and its
+routing with it), ``--warm`` tokens to settle, then ``--tokens`` timed, and with ``--prompt-tokens`` a prompt of
+other text in one batch. The disk bytes a token are what the kernel read for the process (/proc/self/io's
 read_bytes: page faults and readahead for mmap, the direct reads for the tier).
 
     python benchmarks/ram_tier.py [--model PATH] [--pcts 25,50,75] [--tokens 16] [--warm 8] [--threads 2]
@@ -106,25 +108,30 @@ class Balloon:
         self.proc.wait(timeout=60)
 
 
-def run_one(model: Path, kind: str, ram_mib: float, tokens: int, warm: int, threads: int, prompt_tokens: int) -> dict:
+def run_one(model: Path, kind: str, ram_mib: float, n_tokens: int, warm: int, threads: int, prompt_tokens: int) -> dict:
     """In this process: load, settle, time; a JSON line on stdout."""
-    from llama_moe import Context, ContextParams, Model, ModelParams, Sampling
+    from llama_moe import Context, ContextParams, Model, ModelParams
 
     t0 = time.monotonic()
     mp = ModelParams(lazy_experts=True, repack=False) if kind == "tier" else ModelParams(cpu_moe=True, repack=False)
     cp = ContextParams(n_ctx=1024, n_batch=512, n_ubatch=512, n_threads=threads,
                        **({"moe_ram_mib": ram_mib} if kind == "tier" else {}))
     out: dict = {"kind": kind, "ram_mib": ram_mib}
+    from llama_moe.tools.synth.corpus import load_corpus
+
+    texts = list(load_corpus().values())
     with Model(model, mp) as m, Context(m, cp) as ctx:
         out["load_s"] = time.monotonic() - t0
-        greedy = Sampling(temperature=0.0)
-        it = ctx.generate("The history of the city begins with a ford across the river", max_tokens=warm + tokens,
-                          sampling=greedy, stop_at_eog=False)
-        for _ in range(warm):
-            next(it)
+        # the corpus's text, one token a decode (the synthetic router's routing is calibrated on it; a model's own
+        # greedy text loops, and its routing with it)
+        tokens = m.tokenize(" ".join(texts[len(texts) // 2:]))[:warm + n_tokens]
+        for t in tokens[:warm]:
+            ctx.decode([t])
         before, s0, t1 = read_bytes(), ctx.moe_cache_stats(), time.monotonic()
-        n = sum(1 for _ in it)
+        for t in tokens[warm:]:
+            ctx.decode([t])
         dt = time.monotonic() - t1
+        n = len(tokens) - warm
         after, s1 = read_bytes(), ctx.moe_cache_stats()
         out.update(tokens=n, tok_s=n / dt, disk_bytes_per_token=(after - before) / max(n, 1))
         if s1 is not None and s0 is not None:
@@ -135,10 +142,11 @@ def run_one(model: Path, kind: str, ram_mib: float, tokens: int, warm: int, thre
                        direct=ctx.cache_status().disk_direct)
         if prompt_tokens:
             ctx.reset()
-            prompt = (m.tokenize("The ship left the harbour at dawn, and the crew watched the grey cliffs. ") * 64)[:prompt_tokens]
-            t2 = time.monotonic()
+            prompt = m.tokenize(" ".join(texts[:len(texts) // 2]))[:prompt_tokens]
+            b0, t2 = read_bytes(), time.monotonic()
             ctx.decode(prompt)
             out["pp_tok_s"] = len(prompt) / (time.monotonic() - t2)
+            out["pp_disk_bytes"] = read_bytes() - b0
     print(json.dumps(out), flush=True)
     return out
 

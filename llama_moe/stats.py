@@ -50,8 +50,9 @@ class MoeCacheStats(HitRate):
     (n_upload + n_swap + n_admit, the exit line's "admitted"). n_repartition: the rounds that moved slots between
     layers (moe_cache_repartition), n_moved the slots they moved. With the RAM tier (``ram_tier``,
     ContextParams.moe_ram_mib) the cache is in RAM and its uploads are reads of the model's file: n_disk_reads
-    expert tensors (three an expert), n_bytes_disk bytes, disk_wait_us the time decodes waited for them. Each is
-    the engine's own figure."""
+    expert tensors (three an expert), n_bytes_disk bytes, disk_wait_us the time decodes waited for them, and of
+    the bytes n_bytes_disk_prompt those of ubatches over 32 tokens (prompts, not looked up: each reads the experts
+    it selects that no slot holds into a staging copy of one layer's experts). Each is the engine's own figure."""
 
     n_hit: int
     n_hit_profile: int
@@ -80,6 +81,7 @@ class MoeCacheStats(HitRate):
     n_disk_reads: int = 0
     n_bytes_disk: int = 0
     disk_wait_us: int = 0
+    n_bytes_disk_prompt: int = 0
 
     @classmethod
     def _from_native(cls, s: Any) -> "MoeCacheStats":
@@ -88,7 +90,7 @@ class MoeCacheStats(HitRate):
                    int(s.n_bytes_cache), int(s.n_swap), int(s.n_refused), int(s.n_resident), int(s.n_admit),
                    int(s.n_cpu), int(s.n_repartition), int(s.n_moved), int(s.n_hit_peer), int(s.n_slots_peer),
                    int(s.n_upload), int(s.n_admitted), int(s.n_bytes_peer), bool(s.ram_tier), int(s.n_disk_reads),
-                   int(s.n_bytes_disk), int(s.disk_wait_us))
+                   int(s.n_bytes_disk), int(s.disk_wait_us), int(s.n_bytes_disk_prompt))
 
 
 _STATES = enum_names("enum llama_moe_cache_state", "LLAMA_MOE_CACHE_STATE_")
@@ -246,7 +248,7 @@ def cache_lines(c: Any, off_reason: str | None = None, not_as_asked: str | None 
         moved = (f"{(c.n_bytes_disk or 0) / 2**20:.2f} MiB read from the model's file "
                  f"({(c.disk_wait_us or 0) / 1000:.1f} ms waited)")
         if cpu:
-            moved += f"; {cpu} misses computed on the CPU from the file's mapping, reading {c.n_bytes_cpu / 2**20:.2f} MiB"
+            moved += f"; {cpu} misses beyond a ubatch's slots read for it alone ({c.n_bytes_cpu / 2**20:.2f} MiB)"
     if c.hybrid and admit:
         moved += f"; {admit} admitted between decodes ({c.n_bytes_upload / 2**20:.2f} MiB uploaded)"
     return [f"MoE cache    {mode} mode, {c.n_bytes_cache / 2**20:.2f} MiB, {c.n_slots} slots, {c.n_prefilled} prefilled by the profile",

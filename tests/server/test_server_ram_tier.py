@@ -38,7 +38,9 @@ def test_the_tier_answers_as_without_it_and_its_readers_agree(tmp_path: Path, li
     texts, metrics, log, audit = _serve(tmp_path, "tier", ["-m", str(tiny_model_path), "--moe-ram-mib", f"{mib:.4f}"])
     assert texts == plain
     c = parse_moe_cache(metrics)
-    assert c is not None and c.ram_tier == 1 and c.n_bytes_disk and c.n_disk_reads == 3 * c.n_upload
+    # short prompts: every read is a miss's, into its slot or (beyond a ubatch's slots) for the ubatch alone
+    assert c is not None and c.ram_tier == 1 and c.n_disk_reads == 3 * c.n_miss
+    assert c.n_bytes_disk == c.n_bytes_upload + c.n_bytes_cpu > 0
     assert "the RAM tier: " in log and "lazy read enabled" in log  # --moe-ram-mib loads with --lazy-mode experts
     records = read_audit(audit).records
     ready = next(r for r in records if isinstance(r, ReadyRecord))

@@ -33,6 +33,7 @@ struct llama_moe_cache_stats {
     uint64_t n_disk_reads;
     uint64_t n_bytes_disk;
     uint64_t disk_wait_us;
+    uint64_t n_bytes_disk_prompt;
 };
 
 // the enums as include/llama-moe.h declares them: the binding reads their names from here
