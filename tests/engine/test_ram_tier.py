@@ -7,9 +7,13 @@ decode with the file and the layer named, and the context goes on."""
 from __future__ import annotations
 
 import ctypes
+import json
 import logging
 import mmap
 import os
+import shutil
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -221,3 +225,32 @@ def test_an_automatic_tier_holds_a_small_model_whole(lib, tiny_model_path) -> No
     assert text == plain
     assert stats.n_miss == 0 and stats.n_bytes_disk == sum(l.bytes_per_expert * l.n_expert
                                                            for l in expert_layout(tiny_model_path).layers)
+
+
+_LOCK_SCRIPT = """
+import json, resource, sys, warnings
+from llama_moe import Context, ContextParams, Model, ModelParams, Sampling
+resource.setrlimit(resource.RLIMIT_MEMLOCK, (64 << 10, 64 << 10))
+warnings.simplefilter("ignore")
+with Model(sys.argv[1], ModelParams(lazy_experts=True, repack=False)) as model:
+    with Context(model, ContextParams(n_ctx=256, n_threads=2, moe_ram_mib=float(sys.argv[2]))) as ctx:
+        st = ctx.cache_status()
+        out = list(ctx.generate("Once upon a time", max_tokens=4, sampling=Sampling(temperature=0.0)))
+        print(json.dumps({"state": st.state, "reasons": st.reasons, "text": st.text, "tokens": len(out)}))
+"""
+
+
+def test_a_tier_the_machine_cannot_lock_is_refused_with_the_limit_named(lib, tiny_model_path) -> None:
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        pytest.skip("util-linux's setpriv is needed to run without CAP_IPC_LOCK, which ignores RLIMIT_MEMLOCK")
+    layout = expert_layout(tiny_model_path)
+    mib = mib_for_slots(tiny_model_path, layout.n_expert_used)
+    # without CAP_IPC_LOCK (root's would let it lock past the limit), under a limit of 64 KiB
+    res = subprocess.run([setpriv, "--bounding-set=-ipc_lock", sys.executable, "-c", _LOCK_SCRIPT, str(tiny_model_path),
+                          f"{mib:.4f}"], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert out["state"] == "off" and "no_tier" in out["reasons"]
+    assert "RLIMIT_MEMLOCK 64 KiB" in out["text"] and "cannot lock" in out["text"]
+    assert out["tokens"] == 4  # the context runs without the tier
