@@ -61,3 +61,15 @@ def test_the_main_job_as_json_and_one_run_without_the_cache(lib) -> None:
     single = _stats("--moe-cache-mib", "0")
     assert single.returncode == 0, single.stderr[-2000:]
     assert "MoE cache    none" in single.stdout and "with the cache" not in single.stdout
+
+
+def test_the_main_job_with_a_ram_tier_instead(lib) -> None:
+    out = _stats("--moe-ram-mib", "1", "--json")
+    assert out.returncode == 0, out.stderr[-2000:]
+    both = json.loads(out.stdout)
+    tier = both["cache"]["cache"]
+    assert both["identical"] and both["no_cache"]["cache"] is None
+    assert tier["ram_tier"] and tier["n_bytes_disk"] > 0 and 0 < tier["n_hit"]
+    assert "RAM tier" in both["where"]
+    refused = _stats("--moe-ram-mib", "1", "--moe-cache-mib", "2")
+    assert refused.returncode == 2 and "three tiers" in refused.stderr

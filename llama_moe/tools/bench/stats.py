@@ -51,7 +51,7 @@ def run_main_job(model_path: Path, model_params: ModelParams, ctx_params: Contex
     with Model(model_path, model_params) as model:
         plain = _run_one(model, model_path, model_params, layout, replace(
             ctx_params, moe_cache_mib=0, moe_cache_profile=None, moe_cache_hybrid=False, moe_cache_adaptive=False,
-            moe_cache_admit=0, moe_cache_repartition=0, moe_cache_peer=None), prompt, n_gen, sampling)
+            moe_cache_admit=0, moe_cache_repartition=0, moe_cache_peer=None, moe_ram_mib=0), prompt, n_gen, sampling)
         cached = _run_one(model, model_path, model_params, layout, ctx_params, prompt, n_gen, sampling)
     return Comparison(plain, cached, _same_prefix(plain.tokens, cached.tokens))
 
@@ -77,7 +77,8 @@ def _run_one(model: Model, model_path: Path, model_params: ModelParams, layout: 
         ctx.reset_perf()
         completion = ctx.complete(prompt, n_gen, sampling, stop_at_eog=False)  # always n_gen tokens, like llama-bench
         perf = ctx.perf()
-        placement = ("all layers (cpu_moe)" if model_params.cpu_moe else
+        placement = ("every layer's, mapped from the file untouched (lazy_experts)" if model_params.lazy_experts else
+                     "all layers (cpu_moe)" if model_params.cpu_moe else
                      f"layers 0..{model_params.n_cpu_moe - 1} (n_cpu_moe)" if model_params.n_cpu_moe else
                      "none (experts on the default device)")
         manifest = _loader.manifest()
@@ -166,8 +167,12 @@ def format_comparison(c: Comparison, where: str | None = None) -> str:
         moved = (f"the CPU computed the {on_cpu} others" if s.hybrid and not s.n_hit_peer else
                  f"the peer tier computed {s.n_hit_peer} and the CPU the {on_cpu} others" if s.hybrid else
                  f"{s.n_bytes_upload / 2**20:.2f} MiB uploaded for the misses")
-        lines.append(f"saved        {s.n_hit} of {s.n_lookup} expert lookups ({100.0 * s.n_hit / s.n_lookup:.1f}%) ran on the "
-                     f"cache's copy instead of the CPU's; {moved}")
+        if s.ram_tier:
+            lines.append(f"saved        {s.n_hit} of {s.n_lookup} expert lookups ({100.0 * s.n_hit / s.n_lookup:.1f}%) found "
+                         f"their expert in the RAM tier; the {s.n_miss} others were read from the model's file")
+        else:
+            lines.append(f"saved        {s.n_hit} of {s.n_lookup} expert lookups ({100.0 * s.n_hit / s.n_lookup:.1f}%) ran on the "
+                         f"cache's copy instead of the CPU's; {moved}")
     rest = format_report(r).split("\n")
     table = rest.index("") + 1  # the per-layer table and the text, as the single run prints them
     return "\n".join(lines + [""] + rest[table:])

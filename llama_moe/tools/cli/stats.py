@@ -65,6 +65,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--moe-cache-device", metavar="DEVICE",
                    help="the device that holds the cache (e.g. CUDA1; CPU: in RAM; default: the GPU, and in RAM where "
                         "there is none)")
+    p.add_argument("--moe-ram-mib", metavar="N|auto", type=ram_mib,
+                   help="a RAM tier of N MiB instead of the device cache: expert slots in locked RAM, read from the "
+                        "model's file (the experts mapped untouched, as for a model bigger than RAM); compared with none")
     p.add_argument("--no-repack", action="store_true", help="keep CPU weights in their file layout (the cache needs it on a CPU-only build)")
     p.add_argument("--temp", type=float, default=0.8,
                    help="sampling temperature (default 0.8, seeded; 0 is greedy, which loops on the synthetic models)")
@@ -92,6 +95,18 @@ def check_cache_options(mib: float, profile: str | None, admit: int | str = 0, r
         raise ParameterError(f"--moe-cache-repartition must be a number of decodes from 0 to 999999, got {repartition}")
     if profile is not None and not Path(profile).is_file():
         raise ParameterError(f"--moe-cache-profile {profile}: no such file")
+
+
+def ram_mib(value: str) -> float | str:
+    if value == "auto":
+        return value
+    try:
+        mib = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of MiB nor auto: {value!r}") from None
+    if not 0 < mib <= 1 << 24:
+        raise argparse.ArgumentTypeError(f"a RAM tier of {value} MiB: give more than 0 and at most {1 << 24}")
+    return mib
 
 
 def run(args: argparse.Namespace) -> int:
@@ -124,6 +139,14 @@ def run(args: argparse.Namespace) -> int:
                        moe_cache_adaptive=args.moe_cache_adaptive, moe_cache_admit=args.moe_cache_admit,
                        moe_cache_repartition=args.moe_cache_repartition, moe_cache_peer=args.moe_cache_peer,
                        moe_cache_device=device)
+    if args.moe_ram_mib is not None:
+        if explicit_mib:
+            raise ParameterError("--moe-ram-mib runs without --moe-cache-mib: a RAM tier under a device cache (three tiers) "
+                                 "is not supported")
+        mib = 1  # compared with no tier
+        where = "the RAM tier: expert slots in locked RAM, read from the model's file (the experts mapped untouched)"
+        mp = dataclasses.replace(mp, cpu_moe=False, n_cpu_moe=0, lazy_experts=True, repack=False, use_mmap=True)
+        cp = dataclasses.replace(cp, moe_cache_mib=0, moe_cache_device=None, moe_ram_mib=args.moe_ram_mib)
     prompt, sampling = args.prompt or default_prompt(), Sampling(temperature=args.temp, seed=args.seed)
     return _run_and_print(args, model_path, mp, cp, prompt, sampling, mib, where)
 
