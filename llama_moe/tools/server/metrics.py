@@ -35,7 +35,8 @@ SCALARS = {
 }
 # series of later builds still, read when present (None from a server built before them)
 OPTIONAL = {"uploads_total": "n_upload", "admitted_total": "n_admitted", "peer_bytes": "n_bytes_peer",
-            "ram_tier": "ram_tier", "disk_reads_total": "n_disk_reads", "disk_bytes_total": "n_bytes_disk"}
+            "ram_tier": "ram_tier", "disk_reads_total": "n_disk_reads", "disk_bytes_total": "n_bytes_disk",
+            "disk_prompt_bytes_total": "n_bytes_disk_prompt"}
 # seconds, kept as whole microseconds as the engine counts them
 OPTIONAL_SECONDS = {"disk_wait_seconds_total": "disk_wait_us"}
 PER_LAYER = ("layer_hits_total", "layer_hits_profile_total", "layer_misses_total", "layer_refused_total")
@@ -143,6 +144,7 @@ class MoeCacheMetrics(HitRate):
     n_disk_reads: int | None = None
     n_bytes_disk: int | None = None
     disk_wait_us: int | None = None
+    n_bytes_disk_prompt: int | None = None
 
     @property
     def hit_rate(self) -> float:
