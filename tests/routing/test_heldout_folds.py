@@ -256,3 +256,22 @@ def test_simulate_prints_every_policy_it_accepts(tiny_model_path: Path, tiny_top
     assert "hybrid admitting 2 misses per layer and decode" in rows["admit2"]
     assert re.search(r"; \d+ admitted", rows["admit2"]) and re.search(r"; \d+ admitted", rows["admit1-lrfu"])
     assert re.search(r"; \d+ slots moved in \d+ rounds", rows["admit4-repart16"]), rows["admit4-repart16"]
+
+
+def test_plan_sizes_a_ram_tier_and_its_reads(tiny_model_path: Path, tiny_topics: list[Path], capsys) -> None:
+    """--ram-mib plans the RAM tier as upload mode's LRU, and its disk reads per token are its held-out misses
+    times the bytes of an expert."""
+    model = str(tiny_model_path)
+    layout = expert_layout(model)
+    traces = [str(p) for p in tiny_topics]
+    mib = f"{cache_bytes_for_slots(layout, 8, False) / MiB:.4f}"
+    upload = _json(capsys, "plan", model, "--cache-mib", mib, "--trace", *traces)
+    assert _json(capsys, "plan", model, "--ram-mib", mib, "--trace", *traces) == upload
+    out = _text(capsys, "plan", model, "--ram-mib", mib, "--trace", *traces)
+    assert f"budget     --moe-ram-mib {float(mib):g} (the RAM tier" in out
+    per_expert = layout.layers[0].bytes_per_expert
+    misses = sum(l["misses_per_token"] for l in upload["layers"] if not l["whole"])
+    assert f"disk       {misses * per_expert / 1e6:.2f} MB read from the model's file per token, held out" in out
+    capsys.readouterr()
+    assert main(["plan", model, "--ram-mib", mib, "--hybrid", "-q"]) == 2
+    assert "--ram-mib plans the RAM tier" in capsys.readouterr().err

@@ -27,6 +27,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     size.add_argument("--vram-gib", type=float,
                       help="the GPU's memory: the cache gets what the non-expert weights and the reserve leave")
     size.add_argument("--cache-mib", type=float, help="the cache size itself (--moe-cache-mib)")
+    size.add_argument("--ram-mib", type=float, help="a RAM tier of this size (--moe-ram-mib): upload mode's LRU in RAM, "
+                                                     "whose misses are read from the model's file")
     p.add_argument("--reserve-gib", type=float, default=2.0,
                    help="with --vram-gib: kept for the KV cache, compute buffers and the driver (default 2)")
     add_plan_options(p)
@@ -112,7 +114,8 @@ def check_plan_options(args: argparse.Namespace) -> None:
     16 TiB, as ContextParams.moe_cache_mib does (beyond it the arithmetic overflows into nonsense)."""
     if args.min_slots is not None and not args.per_layer:
         raise ToolInputError("--min-slots sets the least slots of a per-layer split: give --per-layer")
-    for flag, name, low, high in (("--cache-mib", "cache_mib", None, 1 << 24), ("--vram-gib", "vram_gib", None, 1 << 14),
+    for flag, name, low, high in (("--cache-mib", "cache_mib", None, 1 << 24), ("--ram-mib", "ram_mib", None, 1 << 24),
+                                  ("--vram-gib", "vram_gib", None, 1 << 14),
                                   ("--reserve-gib", "reserve_gib", 0, 1 << 14), ("--whole-layers", "whole_layers", 0, None),
                                   ("--kfold", "kfold", 2, None), ("--min-slots", "min_slots", 1, None)):
         value = getattr(args, name, None)
@@ -132,7 +135,12 @@ def run(args: argparse.Namespace) -> int:
     if args.out and not args.trace:
         raise ToolInputError("--out writes a profile ranked from routing: give --trace T.bin")
 
-    if args.cache_mib is not None:
+    if args.ram_mib is not None:
+        if args.hybrid or args.tensor_split or args.rpc or args.engine:
+            raise ToolInputError("--ram-mib plans the RAM tier, an LRU in RAM on the CPU: --hybrid, --tensor-split, "
+                                 "--rpc and --engine do not apply")
+        mib, budget = args.ram_mib, ""
+    elif args.cache_mib is not None:
         mib, budget = args.cache_mib, ""
     else:
         mib, budget = vram_budget(args.model, layout, args.vram_gib, args.reserve_gib)
@@ -143,7 +151,10 @@ def run(args: argparse.Namespace) -> int:
     plan, profile = plan_with_progress(args, layout, mib, routes, budget, devices)
     if args.out and profile is not None:
         write_profile(args.out, profile)
-    emit(args, plan, lambda p: format_plan(p, args.out))
+    if args.ram_mib is not None:
+        emit(args, plan, lambda p: format_ram_tier(p, layout, args.out))
+    else:
+        emit(args, plan, lambda p: format_plan(p, args.out))
     warn_json(args, plan)
     return 0
 
@@ -179,6 +190,28 @@ def runs(layers: Sequence[int]) -> str:
         out.append(f"{layers[i]}-{layers[j]}" if j > i else f"{layers[i]}")
         i = j + 1
     return ",".join(out)
+
+
+def ram_tier_disk_bytes(p: Plan, layout) -> float | None:
+    """The RAM tier's reads per token, held out: each layer's misses times the bytes of one of its experts (a
+    miss is read from the file; a layer held whole reads nothing); None without traces."""
+    if not p.trace_tokens:
+        return None
+    bytes_of = {l.il: l.bytes_per_expert for l in layout.layers}
+    return sum((l.misses_per_token or 0.0) * bytes_of[l.il] for l in p.layers if not l.whole)
+
+
+def format_ram_tier(p: Plan, layout, profile_path: str | None) -> str:
+    """The plan of a RAM tier: upload mode's, its budget named as the tier's, and its reads of the file."""
+    lines = format_plan(p, profile_path).split("\n")
+    lines = [f"budget     --moe-ram-mib {p.cache_mib:g} (the RAM tier: upload mode's LRU per layer, in RAM)"
+             if l.startswith("budget     ") else l for l in lines]
+    disk = ram_tier_disk_bytes(p, layout)
+    at = max(i for i, l in enumerate(lines) if l.startswith(("budget", "slots", "held out", "in-sample"))) + 1
+    lines.insert(at, "disk       no traces: give --trace T.bin to estimate the reads" if disk is None else
+                 f"disk       {disk / 1e6:.2f} MB read from the model's file per token, held out (the misses times the "
+                 f"bytes of an expert; plus a staging copy of one layer's experts for prompts)")
+    return "\n".join(lines)
 
 
 def format_plan(p: Plan, profile_path: str | None) -> str:
