@@ -691,3 +691,15 @@ def test_the_heat_map_over_time_has_a_column_per_poll_and_a_row_per_layer(tmp_pa
         r = b.layers_refused[il] - a.layers_refused[il]
         want.append(f"{h / (h + m + r):.2f}")
     assert heat["newest"] == ",".join(want)
+
+
+def test_the_page_names_the_ram_tier(tmp_path: Path) -> None:
+    """A server whose cache is the RAM tier (llamacpp:moe_cache_ram_tier 1): the page says so, and its uploads are
+    the reads of the model's file; the tiles stay the series as written."""
+    polls = [metrics_text(i) + "# TYPE llamacpp:moe_cache_ram_tier gauge\nllamacpp:moe_cache_ram_tier 1\n" for i in range(2)]
+    out = _run_page_script(tmp_path, *polls)
+    assert out["text"]["mode"] == "RAM tier (upload mode in RAM)"
+    assert out["text"]["bytes-upload-label"] == "bytes read from the model's file"
+    _check_tiles(_script_tiles(out), polls[-1], {i for i, h in out["hidden"].items() if h}, out["titles"])
+    plain = _run_page_script(tmp_path, metrics_text(0))
+    assert plain["text"]["mode"] == "upload mode" and plain["text"]["bytes-upload-label"] == "bytes uploaded"
