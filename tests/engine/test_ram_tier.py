@@ -21,42 +21,16 @@ import numpy as np
 import pytest
 
 from llama_moe import Context, ContextParams, Model, ModelParams, Sampling
-from llama_moe.batch import stream_batch
 from llama_moe.errors import NativeCallError
 from llama_moe.gguf_files.reader import read_gguf
 from llama_moe.tools.experts import expert_layout
 from oracles.lru import simulate_lru
 from support.cache_sizes import mib_for_slots
+from test_moe_cache_split import PROMPTS, _batch  # four sequences, prompts over 32 tokens, 64 steps
 
 PLAIN = ModelParams(cpu_moe=True, repack=False)
 LAZY = ModelParams(lazy_experts=True, repack=False)
-PROMPTS = [
-    "The ship left the harbour at dawn, and the crew watched the grey cliffs fall behind them while the gulls "
-    "circled the masts and the captain read the charts in silence below the deck",
-    "To grow tomatoes in a small garden, start with good soil, a sunny corner, stakes for the stems, water "
-    "in the morning and patience through the long weeks before the first fruit turns red",
-    "The history of the city begins with a ford across the river, a market on the bank, a wall of timber, "
-    "then stone, and the slow gathering of streets around the church and the bridge",
-    "In the morning the baker lights the ovens long before the town wakes, shapes the loaves on the floured "
-    "table, and listens to the first carts rattle over the cobbles outside the window",
-]
-N_STEPS = 64  # four sequences: 256 tokens decoded four at a time
-SAMPLINGS = [Sampling(temperature=0.8, seed=s) for s in (21, 22, 23, 24)]
 BASE = dict(n_ctx=1024, n_threads=2, n_seq_max=4)
-
-
-def _batch(model: Model, cp: ContextParams, trace: bool):
-    with Context(model, cp) as ctx:
-        if trace:
-            ctx.start_trace()
-        tokens, logits = [], []
-        with stream_batch(ctx, PROMPTS, N_STEPS + 1, SAMPLINGS, stop_at_eog=False) as stream:
-            for n, (i, tok) in enumerate(stream):
-                tokens.append((i, tok))
-                if n >= len(PROMPTS):
-                    logits.append(ctx.logits(i))
-        records = ctx.stop_trace() if trace else []
-        return tokens, np.array(logits), ctx.moe_cache_stats(), ctx.layer_stats(), ctx.cache_status(), records
 
 
 @pytest.mark.parametrize("slots_per_k", [2, 0.5])  # 2 k; k / 2: fewer slots than one token's experts
@@ -68,8 +42,10 @@ def test_the_tier_changes_nothing_and_reads_the_replays_misses(lib, tiny_model_p
         assert all(len(model.tokenize(p)) > 32 for p in PROMPTS)
         plain_tokens, plain_logits, *_ = _batch(model, ContextParams(**BASE), trace=False)
     with Model(tiny_model_path, LAZY) as model:
-        tokens, logits, stats, layers, status, records = _batch(
-            model, ContextParams(**BASE, moe_ram_mib=mib_for_slots(tiny_model_path, slots)), trace=True)
+        cp = ContextParams(**BASE, moe_ram_mib=mib_for_slots(tiny_model_path, slots))
+        tokens, logits, stats, layers, records = _batch(model, cp, trace=True)
+        with Context(model, cp) as ctx:
+            status = ctx.cache_status()
     assert tokens == plain_tokens
     assert np.array_equal(logits, plain_logits)
     assert status.state == "on" and status.ram_tier and status.device == "CPU" and status.mode == "upload"
