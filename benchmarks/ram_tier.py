@@ -151,8 +151,11 @@ def run_one(model: Path, kind: str, ram_mib: float, n_tokens: int, warm: int, th
     return out
 
 
-def measure(model: Path, kind: str, ram_mib: float, free: int | None, args: argparse.Namespace) -> dict:
-    drop_cache(model)
+def measure(model: Path, kind: str, ram_mib: float, free: int | None, args: argparse.Namespace, drop: bool = True) -> dict:
+    """One run in a process of its own, with ``free`` bytes of RAM left by a balloon (None: no balloon), after
+    dropping the model's pages from the page cache (``drop``)."""
+    if drop:
+        drop_cache(model)
     balloon = None
     if free is not None:
         avail = meminfo()["MemAvailable"]
@@ -209,11 +212,7 @@ def main() -> None:
           f"{per_expert // 3 / MiB:.2f} MiB on 8 threads: {gbps:.2f} GB/s", flush=True)
     warm = measure(model, "mmap", 0, None, args)  # no balloon: the whole file ends in the page cache
     if "error" not in warm:  # a second run finds the pages cached: the warm compute
-        drop = model.open("rb")
-        drop.close()
-        warm = json.loads(subprocess.run([sys.executable, str(HERE), "--model", str(model), "--run", "mmap", "--tokens",
-                                          str(args.tokens), "--warm", str(args.warm), "--threads", str(args.threads)],
-                                         capture_output=True, text=True).stdout.splitlines()[-1])
+        warm = measure(model, "mmap", 0, None, args, drop=False)
     print(json.dumps({"row": "warm", **warm}), flush=True)
     rows = []
     for pct in [float(p) for p in args.pcts.split(",")]:
