@@ -19,7 +19,7 @@ import numpy as np
 from llama_moe import Context, ContextParams, Model, ModelParams
 from llama_moe._native.env import environment
 from llama_moe.batch import generate_batch
-from llama_moe.tools.equivalence import (DEVICE_TOLERANCE, PROMPTS, Mode, compare_mode, greedy_steps, max_rel_diff,
+from llama_moe.tools.equivalence import (DEVICE_TOLERANCE, PROMPTS, Mode, compare, compare_mode, greedy_steps, max_rel_diff,
                                          reference, top_gap)
 from llama_moe.tools.experts import expert_layout
 
@@ -45,6 +45,34 @@ def prompt_copies(path: Path, total_mib: float, profile: Path) -> bool:
             ok &= good
             print(f"prompt of {len(tokens)} tokens, {name} cache at 50%: {stats.n_copy} experts ({stats.n_bytes_copy / 2**20:.1f} MiB) "
                   f"copied from the cache, logits max |diff| {diff:.3g} -> {'ok' if good else 'WRONG'}")
+    return ok
+
+
+def ram_tier_check(path: Path, prompts: list[str], n: int, pcts: list[int]) -> bool:
+    """The RAM tier on a GPU build: the experts stay on the CPU, read from the model's file into the tier's slots
+    (the model loaded with lazy experts), the rest of the model on the GPU. Against the same model without a tier:
+    the CPU computes the same experts from the same bytes, so the tokens must be identical; the logits are held to
+    the device tolerance (a prompt's experts may go to the GPU by llama.cpp's op offload on either side) and the
+    largest difference is printed."""
+    from llama_moe.tools.routing.budget import cache_bytes_for_slots
+
+    layout = expert_layout(path)
+    half = sum(l.bytes_per_expert for l in layout.layers) // 2
+    ok = True
+    with Model(path, ModelParams(cpu_moe=True, lazy_experts=True, repack=False)) as model:
+        for prompt in prompts:
+            ref = reference(model, prompt, n)
+            for pct in pcts:
+                slots = max(layout.n_expert_used, min(layout.n_expert - 1, round(layout.n_expert * pct / 100)))
+                mib = (cache_bytes_for_slots(layout, slots, False) + half) / 2**20
+                c = compare(model, ref, ContextParams(n_ctx=1024, moe_ram_mib=mib), prompt, DEVICE_TOLERANCE)
+                s = c.stats
+                good = c.ok and c.identical and s is not None and s.ram_tier and s.n_disk_reads > 0
+                ok &= good
+                print(f"{prompt[:30]!r:34} ram-tier     {pct:3d}%: {c.describe()} over {n} -> {'ok' if good else 'WRONG'}; "
+                      + (f"hit rate {s.hit_rate:.3f}, {s.n_disk_reads} reads, {s.n_bytes_disk / 2**20:.1f} MiB from the file, "
+                         f"{s.n_bytes_disk_prompt / 2**20:.1f} MiB of it for prompts, {s.n_slots} slots"
+                         if s else "no tier (the engine turned it off)"))
     return ok
 
 
@@ -115,6 +143,7 @@ def main() -> int:
     ap.add_argument("--prompts", type=int, default=len(PROMPTS), help="how many of the prompts")
     ap.add_argument("--pcts", default="25,50,100", help="the cache sizes, in percent of the experts")
     ap.add_argument("--batch", action="store_true", help="only several sequences at once (batch_check)")
+    ap.add_argument("--ram-tier", action="store_true", help="only the RAM tier against no tier (ram_tier_check)")
     args = ap.parse_args()
     import logging
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
@@ -168,6 +197,10 @@ def main() -> int:
                                         "moe_cache_admit_async": False})}
     if args.modes:
         modes = {name: modes[name] for name in args.modes.split(",")}
+    if args.ram_tier:
+        ok = ram_tier_check(path, PROMPTS[:args.prompts], args.n, [int(p) for p in args.pcts.split(",") if int(p) < 100])
+        print("EQUIVALENT" if ok else "DIFFERENT")
+        return 0 if ok else 1
     if args.batch:
         with Model(path, ModelParams(cpu_moe=True, use_mmap=False)) as model:
             ok = batch_check(model, modes, mib_at, [int(p) for p in args.pcts.split(",") if int(p) < 100], args.n)

@@ -36,6 +36,8 @@
 #                and the mailbox's exit lines (the CPU's waits and parts)
 #   rates        one core's rate of the CPU part's expert-row products (MXFP4, Q4_0, Q8_0) in L2 and from RAM,
 #                beside a plain read (benchmarks/vec_dot_rates.c against the build's ggml-cpu)
+#   ramtier      the RAM tier (experts read from the model's file into locked RAM, the rest on the GPU) against no
+#                tier on the tiny and gpt-oss-tiny models (equivalence.py --ram-tier)
 #   batch        several sequences at once (a 154-token prompt beside a short one) in every cache mode against
 #                the same batch without a cache, on the tiny model (equivalence.py --batch)
 set -u
@@ -207,6 +209,13 @@ step_rates() {
       -lggml-base -Wl,-rpath,$B/build/bin && timeout $(cap 60) taskset -c 3 /tmp/vd | tee $R/rates.txt
   grep -q "^q8_0" $R/rates.txt && mark rates
 }
+step_ramtier() {
+  for s in tiny gpt-oss-tiny; do
+    timeout $(cap 150) python3 $here/equivalence.py --shape $s --experts q8_0 -n 128 --ram-tier --pcts 25,50 > $R/ramtier_$s.txt 2>&1
+    echo "ram tier, $s: $(grep -c -- '-> ok' $R/ramtier_$s.txt) ok, $(grep -c WRONG $R/ramtier_$s.txt) wrong; $(tail -1 $R/ramtier_$s.txt | cut -c1-160)"
+  done
+  grep -qE "^(EQUIVALENT|DIFFERENT)" $R/ramtier_gpt-oss-tiny.txt && mark ramtier
+}
 step_batch() {
   timeout $(cap 200) python3 $here/equivalence.py --shape tiny --experts q8_0 -n 48 --batch \
       --modes upload,hybrid,hybrid-split,adaptive,admit,admit-sync,admit-repart > $R/batch.txt 2>&1
@@ -216,7 +225,7 @@ step_batch() {
 
 declare -A NEED=([build]=240 [big]=60 [tiny]=30 [speed]=150 [memcheck]=100 [racecheck]=200 [lifecycle]=150 [equivalence]=120 [split]=60
                  [archs]=200 [mailbox]=200 [trap]=60 [serve]=90 [kernels]=240
-                 [profile]=120 [batch]=90 [rates]=30)
+                 [profile]=120 [batch]=90 [rates]=30 [ramtier]=60)
 echo "$(date -u +%FT%TZ), deadline $DEADLINE s, steps: $STEPS; $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
 for s in $STEPS; do
   [ -z "${NEED[$s]:-}" ] && { echo "unknown step $s (steps: ${!NEED[*]})"; exit 2; }

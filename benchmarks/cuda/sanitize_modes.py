@@ -8,7 +8,8 @@ upload-split (a quarter of the experts, the prompt in ubatches of 16 tokens, eac
 layer's slots: the slots serve what they hold and the CPU computes the rest),
 hybrid (through the mailbox on CUDA), hybrid-split (through the scheduler), gpu-reads-all (the device reads
 every miss from the host copy: MMVQ on host memory), adaptive, admit (the admitting hybrid, one miss a layer
-uploaded between decodes, through the mailbox) and admit-split (the same through the scheduler). --model and
+uploaded between decodes, through the mailbox) admit-split (the same through the scheduler) and ram-tier (the experts read from the model's file into slots in
+locked RAM, the model loaded with lazy experts, the rest of it on the GPU). --model and
 --profile take a tiny model and its profile made beforehand (else both are made here, under the sanitizer). Prints a line per mode and "MODES: DONE"; the
 sanitizer's own summary says whether any access was wrong.
 """
@@ -25,7 +26,7 @@ from llama_moe.tools.equivalence import PROMPTS
 from llama_moe.tools.experts import expert_layout
 
 MODES = ("upload", "upload-split", "hybrid", "hybrid-split", "gpu-reads-all", "adaptive", "admit", "admit-split",
-         "admit-repart")
+         "admit-repart", "ram-tier")
 
 
 def main() -> int:
@@ -53,13 +54,17 @@ def main() -> int:
               "admit": ({**hybrid, "moe_cache_admit": 1}, {}),
               "admit-split": ({**hybrid, "moe_cache_admit": 1}, {"LLAMA_MOE_CACHE_NO_MAILBOX": "1"}),
               "admit-repart": ({**hybrid, "moe_cache_admit": 2, "moe_cache_repartition": 2}, {})}
-    with Model(path, ModelParams(cpu_moe=True, use_mmap=False)) as model:
-        prompt = model.tokenize(" ".join(PROMPTS))
-        for name in a.modes.split(","):
-            cache, env = setups[name]
+    setups["ram-tier"] = ({"moe_ram_mib": mib}, {})
+    plain = ModelParams(cpu_moe=True, use_mmap=False)
+    lazy = ModelParams(cpu_moe=True, lazy_experts=True, repack=False)
+    for name in a.modes.split(","):
+        cache, env = setups[name]
+        with Model(path, lazy if name == "ram-tier" else plain) as model:
+            prompt = model.tokenize(" ".join(PROMPTS))
             with environment(**env):
                 split = name == "upload-split"
-                with Context(model, ContextParams(n_ctx=512, moe_cache_mib=mib / 2 if split else mib, **cache)) as ctx:
+                device_mib = 0 if name == "ram-tier" else mib / 2 if split else mib
+                with Context(model, ContextParams(n_ctx=512, moe_cache_mib=device_mib, **cache)) as ctx:
                     for i in range(0, len(prompt), 16 if split else len(prompt)):
                         ctx.decode(prompt[i:i + 16] if split else prompt)
                     out = list(ctx.generate([], max_tokens=a.n // 2, stop_at_eog=False))
