@@ -281,8 +281,10 @@ class _Dom(HTMLParser):
 TILE_SERIES = {"hit_ratio", "hits_total", "hits_profile_total", "misses_total", "admissions_total", "cpu_total",
                "peer_hits_total", "peer_slots", "refused_total", "upload_bytes_total", "cpu_bytes_total",
                "copies_total", "swaps_total", "bytes", "slots", "resident", "prefilled"}
-LATER_TILE_SERIES = {"uploads_total": "uploads-tile", "admitted_total": "admitted-tile", "peer_bytes": "peer-bytes-line"}
-BYTE_SERIES = {"upload_bytes_total", "cpu_bytes_total", "bytes", "peer_bytes"}
+LATER_TILE_SERIES = {"uploads_total": "uploads-tile", "admitted_total": "admitted-tile", "peer_bytes": "peer-bytes-line",
+                     "disk_bytes_total": "disk-tile", "disk_reads_total": "disk-tile",
+                     "disk_prompt_bytes_total": "disk-tile", "disk_wait_seconds_total": "disk-tile"}
+BYTE_SERIES = {"upload_bytes_total", "cpu_bytes_total", "bytes", "peer_bytes", "disk_bytes_total", "disk_prompt_bytes_total"}
 
 
 def _to_fixed(x: float, digits: int) -> str:
@@ -304,6 +306,8 @@ def _fmt_bytes(b: float) -> str:   # monitor.html's fmtBytes
 def _as_shown(series: str, value: float) -> str:
     if series == "hit_ratio":
         return _to_fixed(value, 3)
+    if series == "disk_wait_seconds_total":
+        return _to_fixed(value, 2 if value < 10 else 0) + " s"
     return _fmt_bytes(value) if series in BYTE_SERIES else _fmt_count(value)
 
 
@@ -344,7 +348,11 @@ def _check_tiles(tiles: dict[str, tuple[str, str | None, str]], text: str, hidde
             assert name in LATER_TILE_SERIES, f"#{element} shows {PREFIX}{name}, which the server does not write"
             assert (value, shown) == ("NaN", "\u2013") and LATER_TILE_SERIES[name] in hidden, element
             continue
-        assert LATER_TILE_SERIES.get(name) not in hidden, f"#{element}: {PREFIX}{name} is written, and hidden"
+        if LATER_TILE_SERIES.get(name) == "disk-tile":
+            # every build of the RAM tier writes its series; the tile is shown for a RAM tier only
+            assert ("disk-tile" in hidden) == (series.get("ram_tier") != 1), f"#{element}: ram_tier {series.get('ram_tier')}"
+        else:
+            assert LATER_TILE_SERIES.get(name) not in hidden, f"#{element}: {PREFIX}{name} is written, and hidden"
         assert value is not None and float(value) == series[name], \
             f"#{element} read {value} where {PREFIX}{name} is {series[name]}"
         assert shown == _as_shown(name, series[name]), f"#{element} shows {shown!r}, {PREFIX}{name} is {series[name]}"
@@ -696,10 +704,23 @@ def test_the_heat_map_over_time_has_a_column_per_poll_and_a_row_per_layer(tmp_pa
 def test_the_page_names_the_ram_tier(tmp_path: Path) -> None:
     """A server whose cache is the RAM tier (llamacpp:moe_cache_ram_tier 1): the page says so, and its uploads are
     the reads of the model's file; the tiles stay the series as written."""
-    polls = [metrics_text(i) + "# TYPE llamacpp:moe_cache_ram_tier gauge\nllamacpp:moe_cache_ram_tier 1\n" for i in range(2)]
+    def tier(i: int) -> str:
+        # the reads grow 96 MiB and 0.5 s of waiting a poll, 40 MiB of them a prompt's
+        return (metrics_text(i) + "# TYPE llamacpp:moe_cache_ram_tier gauge\nllamacpp:moe_cache_ram_tier 1\n"
+                + "".join(f"# HELP llamacpp:moe_cache_{name} MoE cache: the RAM tier's {name}\n"
+                          f"# TYPE llamacpp:moe_cache_{name} counter\nllamacpp:moe_cache_{name} {v:g}\n"
+                          for name, v in [("disk_reads_total", 1234 * (i + 1)), ("disk_bytes_total", 96 * 2**20 * (i + 1)),
+                                          ("disk_prompt_bytes_total", 40 * 2**20 * (i + 1)),
+                                          ("disk_wait_seconds_total", 0.5 * (i + 1))]))
+    polls = [tier(i) for i in range(2)]
     out = _run_page_script(tmp_path, *polls)
     assert out["text"]["mode"] == "RAM tier (upload mode in RAM)"
-    assert out["text"]["bytes-upload-label"] == "bytes read from the model's file"
-    _check_tiles(_script_tiles(out), polls[-1], {i for i, h in out["hidden"].items() if h}, out["titles"])
+    assert out["text"]["bytes-upload-label"] == "bytes read into the slots"
+    hidden = {i for i, h in out["hidden"].items() if h}
+    assert "disk-tile" not in hidden
+    _check_tiles(_script_tiles(out), polls[-1], hidden, out["titles"])
+    # the share of the wall clock the decodes waited for the disk, between the two polls
+    share = out["text"]["disk-wait-share"]
+    assert share.endswith("%") and float(share[:-1]) > 0
     plain = _run_page_script(tmp_path, metrics_text(0))
     assert plain["text"]["mode"] == "upload mode" and plain["text"]["bytes-upload-label"] == "bytes uploaded"
