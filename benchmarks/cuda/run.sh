@@ -38,6 +38,8 @@
 #                beside a plain read (benchmarks/vec_dot_rates.c against the build's ggml-cpu)
 #   ramtier      the RAM tier (experts read from the model's file into locked RAM, the rest on the GPU) against no
 #                tier on the tiny and gpt-oss-tiny models (equivalence.py --ram-tier)
+#   probe        where the adaptive hybrid's counted hits are computed: its logits against no cache's, with and
+#                without the mailbox, beside slots filled by admit_experts (adaptive_probe.py)
 #   batch        several sequences at once (a 154-token prompt beside a short one) in every cache mode against
 #                the same batch without a cache, on the tiny model (equivalence.py --batch)
 set -u
@@ -216,6 +218,11 @@ step_ramtier() {
   done
   grep -qE "^(EQUIVALENT|DIFFERENT)" $R/ramtier_gpt-oss-tiny.txt && mark ramtier
 }
+step_probe() {
+  timeout $(cap 120) python3 $here/adaptive_probe.py /tmp/tiny.gguf > $R/probe.txt 2>&1
+  grep -vE "^    layer" $R/probe.txt | cut -c1-250 | tail -8
+  grep -q "PROBE: DONE" $R/probe.txt && mark probe
+}
 step_batch() {
   timeout $(cap 200) python3 $here/equivalence.py --shape tiny --experts q8_0 -n 48 --batch \
       --modes upload,hybrid,hybrid-split,adaptive,admit,admit-sync,admit-repart > $R/batch.txt 2>&1
@@ -225,11 +232,11 @@ step_batch() {
 
 declare -A NEED=([build]=240 [big]=60 [tiny]=30 [speed]=150 [memcheck]=100 [racecheck]=200 [lifecycle]=150 [equivalence]=120 [split]=60
                  [archs]=200 [mailbox]=200 [trap]=60 [serve]=90 [kernels]=240
-                 [profile]=120 [batch]=90 [rates]=30 [ramtier]=60)
+                 [profile]=120 [batch]=90 [rates]=30 [ramtier]=60 [probe]=40)
 echo "$(date -u +%FT%TZ), deadline $DEADLINE s, steps: $STEPS; $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
 for s in $STEPS; do
   [ -z "${NEED[$s]:-}" ] && { echo "unknown step $s (steps: ${!NEED[*]})"; exit 2; }
-  case $s in memcheck|racecheck|trap|equivalence|split) [ -f $R/done_tiny ] || { fits tiny 30 && step_tiny; } ;; esac
+  case $s in memcheck|racecheck|trap|equivalence|split|probe) [ -f $R/done_tiny ] || { fits tiny 30 && step_tiny; } ;; esac
   case $s in speed|serve|kernels|profile) [ -f $R/done_big ] || { fits big 60 && step_big; } ;; esac
   if fits $s ${NEED[$s]}; then step_$s; fi
 done

@@ -1,0 +1,71 @@
+"""Where a hybrid's counted hits are computed: on a CUDA build, logits that stay bit-identical to no cache's (the
+CPU's path) mean that no expert ran on the GPU's kernels, whatever the counters say. For each setup, 64 greedy
+steps against no cache, teacher-forced on no cache's tokens: the first step whose logits differ, the largest
+difference, the counters and each layer's resident experts.
+
+python benchmarks/cuda/adaptive_probe.py MODEL [--pct 50]
+
+Setups: the adaptive hybrid without a profile, through the mailbox and through the scheduler; the plain hybrid
+without a profile whose slots are filled between decodes by admit_experts (filled after creation, no
+rebalance); the adaptive hybrid rebalanced by hand after the prompt.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from llama_moe import Context, ContextParams, Model, ModelParams
+from llama_moe.tools.equivalence import PROMPTS, greedy_steps
+from llama_moe.tools.experts import expert_layout
+from llama_moe.tools.routing.budget import cache_bytes_for_slots
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model", type=Path)
+    ap.add_argument("--pct", type=int, default=50)
+    ap.add_argument("-n", type=int, default=64)
+    ap.add_argument("--device", help="the cache's device (CPU: a check of the script without a GPU)")
+    a = ap.parse_args()
+    layout = expert_layout(a.model)
+    slots = max(1, min(layout.n_expert - 1, round(layout.n_expert * a.pct / 100)))
+    mib = (cache_bytes_for_slots(layout, slots, True) + sum(l.bytes_per_expert for l in layout.layers) // 2) / 2**20
+    prompt = PROMPTS[0]
+    hybrid = dict(moe_cache_mib=mib, moe_cache_hybrid=True, **({"moe_cache_device": a.device} if a.device else {}))
+    setups = [("adaptive, mailbox", dict(hybrid, moe_cache_adaptive=True), None),
+              ("adaptive, scheduler", dict(hybrid, moe_cache_adaptive=True, moe_cache_mailbox=False), None),
+              ("hybrid, filled by admit_experts", hybrid, "admit"),
+              ("adaptive, rebalanced after the prompt", dict(hybrid, moe_cache_adaptive=True), "rebalance")]
+    with Model(a.model, ModelParams(cpu_moe=True, use_mmap=False)) as model:
+        ref_tokens, ref, _ = greedy_steps(model, ContextParams(n_ctx=1024), prompt, a.n)
+        for name, cp, fill in setups:
+            with Context(model, ContextParams(n_ctx=1024, **cp)) as ctx:
+                ctx.decode(model.tokenize(prompt))
+                if fill == "admit":
+                    filled = sum(ctx.admit_experts(l.il, range(l.n_slots)) for l in ctx.layer_stats())
+                elif fill == "rebalance":
+                    filled = ctx.rebalance(1 << 20)
+                else:
+                    filled = 0
+                diffs = []
+                for i in range(a.n):
+                    logits = ctx.logits()
+                    diffs.append(float(np.max(np.abs(logits - ref[i]))))
+                    ctx.decode([ref_tokens[i]])
+                s = ctx.moe_cache_stats()
+                first = next((i for i, d in enumerate(diffs) if d), None)
+                print(f"{name}: filled {filled}; logits first differ at step {first}, largest difference {max(diffs):.3g}; "
+                      f"{s.n_hit} hits, {s.n_miss} misses, {s.n_swap} swaps, {s.n_admit} admitted, "
+                      f"{s.n_bytes_upload / 2**20:.2f} MiB uploaded", flush=True)
+                for l in ctx.layer_stats()[:3]:
+                    print(f"    layer {l.il}: {l.n_hit} hits, {l.n_miss} misses, {l.n_cpu} on the CPU; resident "
+                          f"{ctx.resident(l.il).tolist()}", flush=True)
+    print("PROBE: DONE")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
