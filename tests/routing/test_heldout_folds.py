@@ -5,6 +5,7 @@ written here in the reference format, one per corpus topic), through the API and
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 
@@ -16,13 +17,13 @@ from llama_moe.tools.experts import ExpertLayout, LayerExperts, expert_layout
 from llama_moe.tools.synth import SHAPES, sample_routes
 from llama_moe.tools.synth.corpus import TOPICS
 from llama_moe.tools.routing import TraceRoutes, load_traces, plan_cache, rank_pairs, simulate_sizes
-from llama_moe.tools.routing.budget import MiB, cache_bytes_for_slots
+from llama_moe.tools.routing.budget import MiB, cache_bytes_for_slots, layer_shapes
 from llama_moe.tools.errors import ToolInputError
 from llama_moe.tools.routing.heldout import (Folds, choose_folds, document_split, fold_counts, kfold_result, min_fold_tokens,
                                      t_interval, trace_folds)
-from llama_moe.policy_replay import adaptive_half_life
+from llama_moe.policy_replay import PolicyReplay, ReplayPolicy, adaptive_half_life
 from llama_moe.tools.routing.routes import Routes
-from llama_moe.formats.trace import RoutingRecord, write_trace
+from llama_moe.formats.trace import RoutingRecord, read_trace, write_trace
 
 PER_TOPIC = 9  # sample_routes: 72 paragraphs, 9 per topic, in TOPICS order
 
@@ -258,20 +259,44 @@ def test_simulate_prints_every_policy_it_accepts(tiny_model_path: Path, tiny_top
     assert re.search(r"; \d+ slots moved in \d+ rounds", rows["admit4-repart16"]), rows["admit4-repart16"]
 
 
+def engine_reads(layout: ExpertLayout, slots: dict[int, int], traces: list[Path]) -> tuple[int, int, int]:
+    """(n_bytes_upload, n_bytes_cpu, tokens) of the engine's own replay of upload mode, each trace held out in turn
+    from a profile ranked on the others, as the RAM tier would run it."""
+    upload = cpu = tokens = 0
+    for i, trace in enumerate(traces):
+        ranked = rank_pairs(load_traces([t for j, t in enumerate(traces) if j != i], layout), layout.n_expert)
+        with PolicyReplay(layer_shapes(layout), slots, ReplayPolicy("upload", ranked=ranked)) as replay:
+            records = read_trace(trace)
+            replay.feed_records(records)
+            r = replay.result()
+        upload, cpu, tokens = upload + r.n_bytes_upload, cpu + r.n_bytes_cpu, tokens + len(records) // layout.n_moe_layers
+    return upload, cpu, tokens
+
+
 def test_plan_sizes_a_ram_tier_and_its_reads(tiny_model_path: Path, tiny_topics: list[Path], capsys) -> None:
-    """--ram-mib plans the RAM tier as upload mode's LRU, and its disk reads per token are its held-out misses
-    times the bytes of an expert."""
+    """--ram-mib plans the RAM tier as upload mode's LRU, and its disk reads per token are what the engine's own
+    replay of each held-out trace reads: the misses uploaded into its slots, and with fewer slots than a token
+    selects, the experts its split reads for itself too."""
     model = str(tiny_model_path)
     layout = expert_layout(model)
-    traces = [str(p) for p in tiny_topics]
-    mib = f"{cache_bytes_for_slots(layout, 8, False) / MiB:.4f}"
-    upload = _json(capsys, "plan", model, "--cache-mib", mib, "--trace", *traces)
-    assert _json(capsys, "plan", model, "--ram-mib", mib, "--trace", *traces) == upload
-    out = _text(capsys, "plan", model, "--ram-mib", mib, "--trace", *traces)
-    assert f"budget     --moe-ram-mib {float(mib):g} (the RAM tier" in out
-    per_expert = layout.layers[0].bytes_per_expert
-    misses = sum(l["misses_per_token"] for l in upload["layers"] if not l["whole"])
-    assert f"disk       {misses * per_expert / 1e6:.2f} MB read from the model's file per token, held out" in out
+    for n_slots in (8, layout.n_expert_used - 1):
+        mib = f"{math.ceil(cache_bytes_for_slots(layout, n_slots, False) / MiB * 1e4) / 1e4:.4f}"  # rounded up
+        upload = _json(capsys, "plan", model, "--cache-mib", mib, "--trace", *map(str, tiny_topics))
+        assert _json(capsys, "plan", model, "--ram-mib", mib, "--trace", *map(str, tiny_topics)) == upload
+        out = _text(capsys, "plan", model, "--ram-mib", mib, "--trace", *map(str, tiny_topics))
+        assert f"budget     --moe-ram-mib {float(mib):g} (the RAM tier" in out
+        slots = {l["il"]: l["slots"] for l in upload["layers"]}
+        assert set(slots.values()) == {n_slots}
+        n_upload, n_cpu, tokens = engine_reads(layout, slots, tiny_topics)
+        assert tokens == upload["trace_tokens"] and n_upload > 0
+        assert (upload["bytes_upload_per_token"], upload["bytes_cpu_per_token"]) == (n_upload / tokens, n_cpu / tokens)
+        assert (n_cpu > 0) == (n_slots < layout.n_expert_used)
+        line = next(l for l in out.splitlines() if l.startswith("disk"))
+        assert line.startswith(f"disk       {(n_upload + n_cpu) / tokens / 1e6:.2f} MB read from the model's file per "
+                               f"token, held out (the engine's replay of decoding: "), line
+        if n_cpu:
+            assert (f"{n_upload / tokens / 1e6:.2f} MB of misses read into the slots and {n_cpu / tokens / 1e6:.2f} MB "
+                    f"its split reads for itself") in line
     capsys.readouterr()
     assert main(["plan", model, "--ram-mib", mib, "--hybrid", "-q"]) == 2
     assert "--ram-mib plans the RAM tier" in capsys.readouterr().err

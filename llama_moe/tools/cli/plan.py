@@ -13,6 +13,7 @@ from typing import Sequence
 from ...errors import ParameterError, RpcServerError
 from ..errors import ToolInputError
 from ...formats.profile import write_profile
+from ...policy_replay import max_ubatch
 from ...params import check_tensor_split
 from ..routing.placement import DeviceSplit, describe_budget, engine_devices, mirrored_devices
 from ..routing.planning import Plan, plan_cache, vram_budget
@@ -152,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
     if args.out and profile is not None:
         write_profile(args.out, profile)
     if args.ram_mib is not None:
-        emit(args, plan, lambda p: format_ram_tier(p, layout, args.out))
+        emit(args, plan, lambda p: format_ram_tier(p, args.out))
     else:
         emit(args, plan, lambda p: format_plan(p, args.out))
     warn_json(args, plan)
@@ -192,25 +193,23 @@ def runs(layers: Sequence[int]) -> str:
     return ",".join(out)
 
 
-def ram_tier_disk_bytes(p: Plan, layout) -> float | None:
-    """The RAM tier's reads per token, held out: each layer's misses times the bytes of one of its experts (a
-    miss is read from the file; a layer held whole reads nothing); None without traces."""
-    if not p.trace_tokens:
-        return None
-    bytes_of = {l.il: l.bytes_per_expert for l in layout.layers}
-    return sum((l.misses_per_token or 0.0) * bytes_of[l.il] for l in p.layers if not l.whole)
-
-
-def format_ram_tier(p: Plan, layout, profile_path: str | None) -> str:
-    """The plan of a RAM tier: upload mode's, its budget named as the tier's, and its reads of the file."""
+def format_ram_tier(p: Plan, profile_path: str | None) -> str:
+    """The plan of a RAM tier: upload mode's, its budget named as the tier's, and its reads of the file as the
+    engine's replay counts them: the misses uploaded into its slots and those its split reads for itself alone."""
     lines = format_plan(p, profile_path).split("\n")
     lines = [f"budget     --moe-ram-mib {p.cache_mib:g} (the RAM tier: upload mode's LRU per layer, in RAM)"
              if l.startswith("budget     ") else l for l in lines]
-    disk = ram_tier_disk_bytes(p, layout)
     at = max(i for i, l in enumerate(lines) if l.startswith(("budget", "slots", "held out", "in-sample"))) + 1
-    lines.insert(at, "disk       no traces: give --trace T.bin to estimate the reads" if disk is None else
-                 f"disk       {disk / 1e6:.2f} MB read from the model's file per token, held out (the misses times the "
-                 f"bytes of an expert; plus a staging copy of one layer's experts for prompts)")
+    upload, split = p.bytes_upload_per_token, p.bytes_cpu_per_token
+    if upload is None or split is None:
+        disk = "disk       no traces: give --trace T.bin to estimate the reads"
+    else:
+        parts = (f"{upload / 1e6:.2f} MB of misses read into the slots and {split / 1e6:.2f} MB its split reads for "
+                 f"itself, a ubatch's experts beyond the slots" if split else "the misses read into the slots")
+        disk = (f"disk       {(upload + split) / 1e6:.2f} MB read from the model's file per token, held out (the "
+                f"engine's replay of decoding: {parts}; not counted: the profile's fill at load, and the prompts' "
+                f"ubatches of over {max_ubatch()} tokens, read into a staging copy of one layer's experts)")
+    lines.insert(at, disk)
     return "\n".join(lines)
 
 

@@ -11,8 +11,8 @@ import numpy as np
 from ..experts import ExpertLayout
 from ...formats.profile import Profile
 from ...policy_replay import max_ubatch
-from .budget import (MiB, cache_mib_for_vram, engine_buffer_bytes, engine_slots, mib_for_slots, mib_to_bytes,
-                     non_expert_bytes, slot_row_bytes, slots_beside_whole)
+from .budget import (MiB, cache_mib_for_vram, engine_buffer_bytes, engine_slots, layer_shapes, mib_for_slots,
+                     mib_to_bytes, non_expert_bytes, slot_row_bytes, slots_beside_whole)
 from ..errors import CacheBudgetError, ToolInputError
 from .heldout import Estimate, FoldCounts, Folds, KFoldResult, choose_folds, fold_counts, kfold_result, t_interval
 from .placement import DeviceSplit
@@ -149,6 +149,11 @@ class Plan:
     held_out: str = ""              # how the estimates were held out: "leave one of 4 traces out", ...
     per_layer: PerLayerSlots | None = None  # --per-layer: slots per layer from miss curves
     devices: tuple[DevicePlan, ...] = ()    # layers split across devices: one entry per device, cache_mib each
+    bytes_upload_per_token: float | None = None  # held out, the folds pooled: the engine's replay's n_bytes_upload
+                                                 # per token (decoding's uploads: the profile's fill at load is not
+                                                 # counted); None without routing
+    bytes_cpu_per_token: float | None = None     # the same of n_bytes_cpu: the misses computed on the CPU (upload
+                                                 # mode: its split's, which a RAM tier reads from the file too)
 
 
 def split_warnings(layout: ExpertLayout, slots: dict[int, int], hybrid: bool,
@@ -290,8 +295,9 @@ def plan_cache(model: str, layout: ExpertLayout, cache_mib: float, hybrid: bool,
     def fold_jobs(slot_map: dict[int, int]) -> list[Job]:
         return [Job(a, b, policy, slot_map, fp) for (a, b), fp in zip(bounds, fold_profiles)]
 
+    sizes = {shape.il: shape for shape in layer_shapes(layout)}  # the engine's replay counts the bytes it moves
     results = replay_jobs(routes, fold_jobs(slots) + [Job(0, n, policy, slots, profile.ranked)], n_expert,
-                          meter.part(w_replay))
+                          meter.part(w_replay), sizes=sizes)
     scored, in_sample = kfold_result(results[:-1]), results[-1]
     test_tokens = sum(b - a for a, b in bounds)
     pooled = scored.pooled
@@ -323,8 +329,13 @@ def plan_cache(model: str, layout: ExpertLayout, cache_mib: float, hybrid: bool,
             warnings += (split.warning(),)
     plan = Plan(*head, n, scheme.k, len(profile.ranked), prefilled, scored.hit_rate, scored.h_layer,
                 in_sample.hit_rate, layers, report, warnings, scheme.describe(), split,
-                _device_plans(layout, devices, slots, hybrid, scored, test_tokens))
+                _device_plans(layout, devices, slots, hybrid, scored, test_tokens),
+                _per_token_of(pooled.n_bytes_upload, test_tokens), _per_token_of(pooled.n_bytes_cpu, test_tokens))
     return plan, profile
+
+
+def _per_token_of(count: int | None, tokens: int) -> float | None:
+    return None if count is None or not tokens else count / tokens
 
 
 def _on(layout: ExpertLayout, layers: Sequence[int]) -> ExpertLayout:

@@ -41,8 +41,9 @@ depend on it).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
+from ....policy_replay import LayerShape
 from ..ranking import CHUNK_TOKENS
 from ..routes import Routes
 from ..tracefiles import TraceRoutes
@@ -51,7 +52,8 @@ from .belady import belady_routes
 from .engine import ENGINE_CHUNK_TOKENS, ENGINE_POLICIES, REPARTITION_PERIODS, EngineReplay, engine_replay
 from .lrfu import LRFU_CHUNK_TOKENS, LRFU_HALF_LIFE, LrfuReplay, lrfu_replay
 
-ReplayFactory = Callable[[Sequence[int], int, bool, dict[int, int], int, Sequence[tuple[int, int]]], Replay]
+# (layers, k, one_token, slots, n_expert, profile[, sizes=...]) -> Replay; ``sizes`` as ``replayer`` takes it
+ReplayFactory = Callable[..., Replay]
 
 # The one dispatch table: each policy fed the routing in order, by name, with the tokens it is fed at a time
 # (the results do not depend on it). Belady needs the future and is no Replay (``belady``).
@@ -90,11 +92,13 @@ def _unknown(name: str) -> ValueError:
 
 
 def replayer(name: str, layers: Sequence[int], k: int, one_token: bool, slots: dict[int, int], n_expert: int,
-             profile: Sequence[tuple[int, int]]) -> Replay:
-    """The ``Replay`` of one of POLICIES but belady (which needs the future), started from the profile."""
+             profile: Sequence[tuple[int, int]], sizes: Mapping[int, LayerShape] | None = None) -> Replay:
+    """The ``Replay`` of one of POLICIES but belady (which needs the future), started from the profile.
+    ``sizes`` (il -> ``budget.layer_shapes``' shape): the engine's policies count their bytes as the engine does
+    (``PolicyResult.n_bytes_upload``, ``n_bytes_cpu``)."""
     if name not in REPLAYS:
         raise _unknown(name)
-    return REPLAYS[name][0](layers, k, one_token, slots, n_expert, profile)
+    return REPLAYS[name][0](layers, k, one_token, slots, n_expert, profile, sizes=sizes)
 
 
 def run_policy(name: str, routes: Routes | TraceRoutes, slots: dict[int, int], n_expert: int,
@@ -134,8 +138,9 @@ class Job:
 
 
 def replay_jobs(routes: Routes | TraceRoutes, jobs: Sequence[Job], n_expert: int, progress: Progress | None = None,
-                chunk_tokens: int = CHUNK_TOKENS) -> list[PolicyResult]:
-    """Every job's result, as ``run_policy(job.policy, routes.tokens(job.a, job.b), ...)`` gives it. A routing
+                chunk_tokens: int = CHUNK_TOKENS, sizes: Mapping[int, LayerShape] | None = None) -> list[PolicyResult]:
+    """Every job's result, as ``run_policy(job.policy, routes.tokens(job.a, job.b), ...)`` gives it (``sizes``: the
+    layers' shapes, for the engine's policies to count their bytes, as ``replayer`` takes them). A routing
     in memory replays its jobs one after another. Trace files are read once for all the jobs but belady's,
     each fed the chunks of its tokens (the chunks are cut at every job's edges), and once per group of layers
     for belady's (as many layers' ids of the tokens they span as fit in ``BELADY_GROUP_BYTES``, at least one).
@@ -151,7 +156,8 @@ def replay_jobs(routes: Routes | TraceRoutes, jobs: Sequence[Job], n_expert: int
             if job.policy == "belady":
                 results[i] = belady_routes(part, job.slots, n_expert, tick, chunk_tokens)
             else:
-                replay = replayer(job.policy, part.layers, part.k, part.one_token_ubatches, job.slots, n_expert, job.profile)
+                replay = replayer(job.policy, part.layers, part.k, part.one_token_ubatches, job.slots, n_expert, job.profile,
+                                  sizes)
                 results[i] = drive(replay, part, chunk_tokens, tick)
         return results  # type: ignore[return-value]
     n_layers = len(routes.layers)
@@ -170,8 +176,8 @@ def replay_jobs(routes: Routes | TraceRoutes, jobs: Sequence[Job], n_expert: int
     if feeding:
         a0, b0 = min(jobs[i].a for i in feeding), max(jobs[i].b for i in feeding)
         source = routes if (a0, b0) == (0, routes.n_tokens) else routes.tokens(a0, b0)
-        replays = {i: replayer(jobs[i].policy, routes.layers, routes.k, True, jobs[i].slots, n_expert, jobs[i].profile)
-                   for i in feeding}
+        replays = {i: replayer(jobs[i].policy, routes.layers, routes.k, True, jobs[i].slots, n_expert, jobs[i].profile,
+                               sizes) for i in feeding}
         cuts = sorted({x - a0 for i in feeding for x in (jobs[i].a, jobs[i].b)})
         for t, chunk in source.chunks(cuts, meter.part(feed_weight), chunk_tokens):
             t += a0

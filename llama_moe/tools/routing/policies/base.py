@@ -40,6 +40,11 @@ class PolicyResult:
     n_large: int = 0        # (ubatch, layer) pairs of over max_ubatch() tokens: llama.cpp's path, not looked up
     n_repartition: int = 0  # (admitN-repartR) rounds that moved slots between layers
     n_moved: int = 0        # (admitN-repartR) slots those rounds moved
+    n_bytes_upload: int | None = None  # (the engine's policies, given the experts' sizes) bytes copied into the
+                                       # slots as the engine's policy counts them (upload mode: the misses a slot
+                                       # takes; the hybrid: its admissions), not the profile's fill at the start;
+                                       # None: no sizes, or a simulator policy
+    n_bytes_cpu: int | None = None     # the same, of the misses computed on the CPU (upload mode: its split's)
 
     @property
     def n_lookup(self) -> int:
@@ -73,7 +78,9 @@ def merge_results(results: Sequence[PolicyResult]) -> PolicyResult:
     sums = {name: sum(getattr(r, name) for r in results) for name in
             ("n_hit", "n_hit_profile", "n_miss", "n_token_layers", "n_token_layers_all", "n_cpu", "n_slots",
              "n_resident", "n_swap", "n_fill", "n_split_lookups", "n_large", "n_repartition", "n_moved")}
-    return PolicyResult(results[0].policy, per_layer=per_layer, per_layer_cpu=per_layer_cpu, **sums)
+    nbytes = {name: None if any(getattr(r, name) is None for r in results) else sum(getattr(r, name) for r in results)
+              for name in ("n_bytes_upload", "n_bytes_cpu")}
+    return PolicyResult(results[0].policy, per_layer=per_layer, per_layer_cpu=per_layer_cpu, **sums, **nbytes)
 
 
 def _looked_up(layers: Sequence[int], slots: dict[int, int], n_expert: int) -> list[int]:

@@ -18,7 +18,7 @@ of one expert shape)."""
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -70,15 +70,21 @@ def engine_stream(chunk: Routes) -> np.ndarray:
 class EngineReplay(Replay):
     """One of ENGINE_POLICIES replayed by the engine (or, named ``name``, any ``policy`` of the engine's options):
     its cached layers (``slots``; a layer with n_expert slots is held whole and looks nothing up), filled from
-    ``profile`` as the engine fills them."""
+    ``profile`` as the engine fills them. ``sizes``: the model's layers as the engine sizes them (il ->
+    ``budget.layer_shapes``' shape): the replay then counts the bytes it uploads and computes on the CPU as the
+    engine does (``PolicyResult.n_bytes_upload``, ``n_bytes_cpu``); without, it counts no bytes."""
 
     def __init__(self, name: str, layers: Sequence[int], k: int, slots: dict[int, int], n_expert: int,
-                 profile: Sequence[tuple[int, int]], policy: ReplayPolicy | None = None) -> None:
+                 profile: Sequence[tuple[int, int]], policy: ReplayPolicy | None = None,
+                 sizes: Mapping[int, LayerShape] | None = None) -> None:
         self.name = name
         self.policy = replace(policy or ENGINE_POLICIES[name], ranked=tuple(profile))
+        self.sized = sizes is not None
         cached = [il for il in layers if il in slots]
         self.looked = {il for il in cached if slots[il] < n_expert}
-        shapes = [LayerShape(il, n_expert, k, 1) for il in cached]
+        # one pool of slots (group 0) whatever the sizes: a re-partition moves slots between all the layers
+        shapes = [LayerShape(il, n_expert, k, sizes[il].expert_bytes, sizes[il].bias_bytes) if sizes is not None
+                  else LayerShape(il, n_expert, k, 1) for il in cached]
         self.replay = PolicyReplay(shapes, {il: slots[il] for il in cached}, self.policy) if cached else None
 
     def feed(self, chunk: Routes) -> None:
@@ -93,7 +99,8 @@ class EngineReplay(Replay):
 
     def result(self) -> PolicyResult:
         if self.replay is None:
-            return PolicyResult(self.name, 0, 0, 0, 0, 0, 0, 0, 0, {})
+            zero = 0 if self.sized else None
+            return PolicyResult(self.name, 0, 0, 0, 0, 0, 0, 0, 0, {}, n_bytes_upload=zero, n_bytes_cpu=zero)
         r = self.replay.result()
         layers = [l for l in r.layers if l.il in self.looked]
         upload = self.policy.mode == "upload"
@@ -106,14 +113,15 @@ class EngineReplay(Replay):
             n_swap=sum(l.n_admit if admitting else l.n_swap for l in layers), n_fill=sum(l.n_fill for l in layers),
             per_layer_cpu={l.il: l.n_cpu for l in layers} if upload else {},
             n_split_lookups=sum(l.n_split for l in layers), n_large=sum(l.n_large for l in layers),
-            n_repartition=r.n_repartition, n_moved=r.n_moved)
+            n_repartition=r.n_repartition, n_moved=r.n_moved,
+            n_bytes_upload=r.n_bytes_upload if self.sized else None, n_bytes_cpu=r.n_bytes_cpu if self.sized else None)
 
 
 def engine_replay(name: str):
     """The factory of REPLAYS' signature for the engine's policy ``name``."""
     def make(layers: Sequence[int], k: int, one_token: bool, slots: dict[int, int], n_expert: int,
-             profile: Sequence[tuple[int, int]]) -> Replay:
-        return EngineReplay(name, layers, k, slots, n_expert, profile)
+             profile: Sequence[tuple[int, int]], sizes: Mapping[int, LayerShape] | None = None) -> Replay:
+        return EngineReplay(name, layers, k, slots, n_expert, profile, sizes=sizes)
     return make
 
 

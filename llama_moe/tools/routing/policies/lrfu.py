@@ -9,9 +9,9 @@ the calibrated routing it hits up to 1.6 points more than LRU eviction and never
 "Admission")."""
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Mapping, Sequence
 
-from ....policy_replay import max_ubatch
+from ....policy_replay import LayerShape, max_ubatch
 from ..ranking import prefill_resident
 from ..routes import Routes
 from .base import PolicyResult, Replay, _looked_up
@@ -118,8 +118,9 @@ class LrfuReplay(Replay):
 
 
 def lrfu_replay(admit: int, half_life: float = LRFU_HALF_LIFE):
-    """The factory of REPLAYS' signature for LRFU admission of ``admit`` experts per layer and decode."""
+    """The factory of REPLAYS' signature for LRFU admission of ``admit`` experts per layer and decode (``sizes`` is
+    not used: a simulator policy counts no bytes)."""
     def make(layers: Sequence[int], k: int, one_token: bool, slots: dict[int, int], n_expert: int,
-             profile: Sequence[tuple[int, int]]) -> Replay:
+             profile: Sequence[tuple[int, int]], sizes: Mapping[int, LayerShape] | None = None) -> Replay:
         return LrfuReplay(layers, k, slots, n_expert, profile, admit, half_life)
     return make
