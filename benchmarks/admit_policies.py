@@ -20,7 +20,8 @@ mode):
   is the least recently used unprotected slot;
 - ``lrfu:H``: the slot whose expert's selections, each fading with a half-life of H tokens, weigh least
   (the expert's whole history counts, held or not);
-- ``arc``: ARC's two lists (seen once, seen again) with ghosts of the evicted that move the split between them.
+- ``arc``: ARC's two lists (seen once, seen again) with ghosts of the evicted that move the split between them
+  (``arc.py``, shared with ``ram_tier_policies.py``).
 
     python benchmarks/admit_policies.py [--shapes qwen3-30b-a3b,gpt-oss-120b] [--pcts 12.5,25,50]
         [--policies ...] [--eviction slru:0.5,lrfu:16,arc]
@@ -31,7 +32,6 @@ import argparse
 import math
 import sys
 import time
-from collections import OrderedDict
 from collections.abc import Iterator
 
 import numpy as np
@@ -42,6 +42,8 @@ from llama_moe.tools.routing.ranking import prefill_resident, rank_pairs
 from llama_moe.tools.routing.routes import Routes
 from llama_moe.tools.synth import SHAPES, sample_routes
 from llama_moe.tools.synth.corpus import load_corpus, paragraphs
+
+from arc import Arc  # the one ARC of the studies (ram_tier_policies' too)
 
 DEFAULT_POLICIES = "static,adaptive,admit1,admit2,admit4,lru,belady"
 
@@ -71,9 +73,11 @@ def evicting_admit(stream: np.ndarray, n_slots: int, n_expert: int, filled: dict
     for j in range(stream.shape[1]):
         col = stream[:, j, :].tolist()
         f = filled[j]
-        if kind == "arc":
-            h, m = _arc(col, n_slots, f, admit)
-            hits, misses = hits + h, misses + m
+        if kind == "arc":  # the admitted misses enter, and ARC's victim may be one the decode used
+            arc = Arc(n_slots, f, protect=False, admit=admit)
+            for row in col:
+                h, m = arc.token(row)
+                hits, misses = hits + h, misses + m
             continue
         expert_in = f + [-1] * (n_slots - len(f))
         slot_of = {e: s for s, e in enumerate(f)}
@@ -119,64 +123,6 @@ def evicting_admit(stream: np.ndarray, n_slots: int, n_expert: int, filled: dict
                 if expert_in[victim] >= 0:
                     del slot_of[expert_in[victim]]
                 expert_in[victim], slot_of[e], last[victim], protected[victim] = e, victim, clock, False
-    return hits, misses
-
-
-def _arc(col: list[list[int]], c: int, filled: list[int], admit: int) -> tuple[int, int]:
-    """ARC over one layer: T1 (resident, seen once since admitted), T2 (resident, seen again), ghosts B1 and
-    B2 of what each evicted, and the target size p of T1, moved by ghost hits. Only admitted misses enter."""
-    t1: OrderedDict[int, None] = OrderedDict((e, None) for e in filled)
-    t2: OrderedDict[int, None] = OrderedDict()
-    b1: OrderedDict[int, None] = OrderedDict()
-    b2: OrderedDict[int, None] = OrderedDict()
-    p = 0.0
-    hits = misses = 0
-
-    def replace(in_b2: bool) -> None:
-        if t1 and (len(t1) > p or (in_b2 and len(t1) == p)):
-            e, _ = t1.popitem(last=False)
-            b1[e] = None
-        else:
-            e, _ = t2.popitem(last=False)
-            b2[e] = None
-
-    for row in col:
-        queue = []
-        for e in dict.fromkeys(row):
-            if e in t1:
-                del t1[e]
-                t2[e] = None
-                hits += 1
-            elif e in t2:
-                t2.move_to_end(e)
-                hits += 1
-            else:
-                misses += 1
-                queue.append(e)
-        for e in queue[:admit]:
-            if e in b1:
-                p = min(float(c), p + max(len(b2) / len(b1), 1.0))
-                replace(False)
-                del b1[e]
-                t2[e] = None
-            elif e in b2:
-                p = max(0.0, p - max(len(b1) / len(b2), 1.0))
-                replace(True)
-                del b2[e]
-                t2[e] = None
-            else:
-                if len(t1) + len(b1) == c:
-                    if len(t1) < c:
-                        b1.popitem(last=False)
-                        replace(False)
-                    else:
-                        t1.popitem(last=False)
-                elif len(t1) + len(t2) + len(b1) + len(b2) >= c:
-                    if len(t1) + len(t2) + len(b1) + len(b2) >= 2 * c:
-                        b2.popitem(last=False)
-                    if len(t1) + len(t2) >= c:
-                        replace(False)
-                t1[e] = None
     return hits, misses
 
 

@@ -28,7 +28,7 @@ RAM policies (simulator-only: none is an engine mode; the code is here):
 - ``slru:P``: segmented LRU: an expert hit while held moves to a protected segment of P of the slots (its
   least recent goes back to probation when full); the least recent of probation leaves;
 - ``arc``: ARC (Megiddo and Modha): recency and frequency lists with ghosts of the evicted that move the split
-  between them;
+  between them (``arc.py``, shared with ``admit_policies.py``);
 - ``lrfu:H``: the expert whose requests at the tier, each fading with a half-life of H tokens, weigh least
   leaves (its whole history counts, held or not; ties: the least recent);
 - ``static+lru:P``: a share P of the slots pinned to the experts most requested at the tier in the training
@@ -75,6 +75,7 @@ from llama_moe.tools.routing.ranking import pair_counts
 from llama_moe.tools.routing.routes import Routes, expert_dtype
 
 from admit_policies import cell, shape_arguments, shape_documents  # the same corpus, documents and cells
+from arc import Arc  # the one ARC of the studies (admit_policies' too)
 
 DEFAULT_POLICIES = "lru,lfu,slru:0.5,arc,lrfu:16,static+lru:0.5,belady,lru-exclusive"
 STATIC_SHARE = 0.5  # static+lru without a share: half the slots pinned
@@ -271,72 +272,19 @@ class Slru(TierPolicy):
         return set(self.probation) | set(self.protected)
 
 
-class Arc(TierPolicy):
-    """ARC: T1 (held, requested once since read), T2 (held, requested again), ghosts B1 and B2 of what each
-    evicted, and T1's target size p, moved by ghost requests. The fill starts in T1."""
+class ArcTier(TierPolicy):
+    """ARC (``arc.Arc``), a token's own experts never evicted for another of them; the fill starts in T1, the
+    hottest last to leave."""
 
     def __init__(self, n_slots: int, k: int, fill: Sequence[int]) -> None:
         super().__init__(n_slots, k)
-        self.t1: OrderedDict[int, None] = OrderedDict((e, None) for e in reversed(list(fill)[:n_slots]))
-        self.t2: OrderedDict[int, None] = OrderedDict()
-        self.b1: OrderedDict[int, None] = OrderedDict()
-        self.b2: OrderedDict[int, None] = OrderedDict()
-        self.p = 0.0
-
-    def _replace(self, in_b2: bool, mine: set[int]) -> None:
-        x1 = next((c for c in self.t1 if c not in mine), None)
-        x2 = next((c for c in self.t2 if c not in mine), None)
-        if x1 is not None and (len(self.t1) > self.p or (in_b2 and len(self.t1) == self.p) or x2 is None):
-            del self.t1[x1]
-            self.b1[x1] = None
-        else:
-            del self.t2[x2]
-            self.b2[x2] = None
+        self.arc = Arc(n_slots, reversed(list(fill)[:n_slots]), protect=True)
 
     def token(self, row: list[int], t: int) -> int:
-        t1, t2, b1, b2, c = self.t1, self.t2, self.b1, self.b2, self.n
-        hits, new = 0, []
-        for e in row:
-            if e in t1:
-                del t1[e]
-                t2[e] = None
-                hits += 1
-            elif e in t2:
-                t2.move_to_end(e)
-                hits += 1
-            else:
-                new.append(e)
-        mine = set(row)
-        for e in new:
-            if e in b1:
-                self.p = min(float(c), self.p + max(len(b2) / len(b1), 1.0))
-                self._replace(False, mine)
-                del b1[e]
-                t2[e] = None
-            elif e in b2:
-                self.p = max(0.0, self.p - max(len(b1) / len(b2), 1.0))
-                self._replace(True, mine)
-                del b2[e]
-                t2[e] = None
-            else:
-                if len(t1) + len(b1) == c:
-                    if len(t1) < c:
-                        b1.popitem(last=False)
-                        self._replace(False, mine)
-                    else:
-                        del t1[next(x for x in t1 if x not in mine)]
-                else:
-                    total = len(t1) + len(t2) + len(b1) + len(b2)
-                    if total >= c:
-                        if total >= 2 * c:
-                            b2.popitem(last=False)
-                        if len(t1) + len(t2) >= c:
-                            self._replace(False, mine)
-                t1[e] = None
-        return hits
+        return self.arc.token(row)[0]
 
     def held(self) -> set[int]:
-        return set(self.t1) | set(self.t2)
+        return self.arc.held()
 
 
 class Lrfu(TierPolicy):
@@ -447,7 +395,7 @@ def make_policy(spec: str, n_slots: int, k: int, fill: Sequence[int], pinned: Se
     if kind == "slru":
         return Slru(n_slots, k, fill, param)
     if kind == "arc":
-        return Arc(n_slots, k, fill)
+        return ArcTier(n_slots, k, fill)
     if kind == "lrfu":
         return Lrfu(n_slots, k, fill, param)
     if kind == "static+lru":
