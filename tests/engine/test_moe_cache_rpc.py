@@ -295,7 +295,7 @@ def test_llama_server_with_rpc_puts_each_layer_s_slots_on_its_device(rpc_pair, t
     args = ["-m", str(tiny_model_path), "--rpc", endpoints, "-ngl", "99", "--cpu-moe", "--no-repack",
             "--moe-cache-mib", "2", "-c", "512", "-t", "2", "-np", "1"]
     with server_process.start_server(find_server_binary(), args, tmp_path / "server.log") as server:
-        r = requests.post(f"{server.url}/completion", json={"prompt": PROMPT, "n_predict": 8}, timeout=120)
+        r = requests.post(f"{server.url}/completion", json={"prompt": PROMPT, "n_predict": 8, "ignore_eos": True, "temperature": 0}, timeout=120)
         assert r.status_code == 200 and r.json()["tokens_predicted"] == 8
     log = (tmp_path / "server.log").read_text(errors="replace")
     line = re.search(r"llama_moe: MoE cache on: .*", log)
