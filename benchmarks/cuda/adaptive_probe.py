@@ -20,7 +20,7 @@ import numpy as np
 from llama_moe import Context, ContextParams, Model, ModelParams
 from llama_moe.tools.equivalence import PROMPTS, greedy_steps
 from llama_moe.tools.experts import expert_layout
-from llama_moe.tools.routing.budget import cache_bytes_for_slots
+from llama_moe.tools.routing.budget import mib_for_slots
 
 
 def main() -> int:
@@ -32,7 +32,7 @@ def main() -> int:
     a = ap.parse_args()
     layout = expert_layout(a.model)
     slots = max(1, min(layout.n_expert - 1, round(layout.n_expert * a.pct / 100)))
-    mib = (cache_bytes_for_slots(layout, slots, True) + sum(l.bytes_per_expert for l in layout.layers) // 2) / 2**20
+    mib = mib_for_slots(layout, slots, True)
     prompt = PROMPTS[0]
     hybrid = dict(moe_cache_mib=mib, moe_cache_hybrid=True, **({"moe_cache_device": a.device} if a.device else {}))
     setups = [("adaptive, mailbox", dict(hybrid, moe_cache_adaptive=True), None),

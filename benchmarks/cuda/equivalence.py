@@ -54,18 +54,17 @@ def ram_tier_check(path: Path, prompts: list[str], n: int, pcts: list[int]) -> b
     the CPU computes the same experts from the same bytes, so the tokens must be identical; the logits are held to
     the device tolerance (a prompt's experts may go to the GPU by llama.cpp's op offload on either side) and the
     largest difference is printed."""
-    from llama_moe.tools.routing.budget import cache_bytes_for_slots
+    from llama_moe.tools.routing.budget import mib_for_slots
 
     layout = expert_layout(path)
-    half = sum(l.bytes_per_expert for l in layout.layers) // 2
     ok = True
     with Model(path, ModelParams(cpu_moe=True, lazy_experts=True, repack=False)) as model:
         for prompt in prompts:
             ref = reference(model, prompt, n)
             for pct in pcts:
                 slots = max(layout.n_expert_used, min(layout.n_expert - 1, round(layout.n_expert * pct / 100)))
-                mib = (cache_bytes_for_slots(layout, slots, False) + half) / 2**20
-                c = compare(model, ref, ContextParams(n_ctx=1024, moe_ram_mib=mib), prompt, DEVICE_TOLERANCE)
+                cp = ContextParams(n_ctx=1024, moe_ram_mib=mib_for_slots(layout, slots, False))
+                c = compare(model, ref, cp, prompt, DEVICE_TOLERANCE)
                 s = c.stats
                 good = c.ok and c.identical and s is not None and s.ram_tier and s.n_disk_reads > 0
                 ok &= good
