@@ -478,7 +478,7 @@ def test_llama_server_reports_each_device_in_metrics_and_audit(rpc_pair, tiny_mo
             "--cpu-moe", "--no-repack", "--moe-cache-mib", "1", "-c", "512", "-t", "2", "-np", "1", "--metrics",
             "--moe-cache-audit", str(audit)]
     with server_process.start_server(find_server_binary(), args, tmp_path / "server.log") as server:
-        r = requests.post(f"{server.url}/completion", json={"prompt": LONG_PROMPT, "n_predict": 16}, timeout=120)
+        r = requests.post(f"{server.url}/completion", json={"prompt": LONG_PROMPT, "n_predict": 16, "ignore_eos": True, "temperature": 0}, timeout=120)
         assert r.status_code == 200 and r.json()["tokens_predicted"] == 16
         text = fetch_metrics_text(server.url)
         m = parse_moe_cache(text)
