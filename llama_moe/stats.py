@@ -52,7 +52,10 @@ class MoeCacheStats(HitRate):
     ContextParams.moe_ram_mib) the cache is in RAM and its uploads are reads of the model's file: n_disk_reads
     expert tensors (three an expert), n_bytes_disk bytes, disk_wait_us the time decodes waited for them, and of
     the bytes n_bytes_disk_prompt those of ubatches over 32 tokens (prompts, not looked up: each reads the experts
-    it selects that no slot holds into a staging copy of one layer's experts). Each is the engine's own figure."""
+    it selects that no slot holds into a staging copy of one layer's experts). n_ram_hit and n_ram_miss are the RAM
+    tier's lookups: alone, the cache's hits and misses; under a device cache (``ram_below``, three tiers: both
+    moe_cache_mib and moe_ram_mib), the experts the device's slots lacked, distinct per ubatch, that the tier held
+    or read from the file. Each is the engine's own figure."""
 
     n_hit: int
     n_hit_profile: int
@@ -82,6 +85,9 @@ class MoeCacheStats(HitRate):
     n_bytes_disk: int = 0
     disk_wait_us: int = 0
     n_bytes_disk_prompt: int = 0
+    ram_below: bool = False
+    n_ram_hit: int = 0
+    n_ram_miss: int = 0
 
     @classmethod
     def _from_native(cls, s: Any) -> "MoeCacheStats":
@@ -90,7 +96,8 @@ class MoeCacheStats(HitRate):
                    int(s.n_bytes_cache), int(s.n_swap), int(s.n_refused), int(s.n_resident), int(s.n_admit),
                    int(s.n_cpu), int(s.n_repartition), int(s.n_moved), int(s.n_hit_peer), int(s.n_slots_peer),
                    int(s.n_upload), int(s.n_admitted), int(s.n_bytes_peer), bool(s.ram_tier), int(s.n_disk_reads),
-                   int(s.n_bytes_disk), int(s.disk_wait_us), int(s.n_bytes_disk_prompt))
+                   int(s.n_bytes_disk), int(s.disk_wait_us), int(s.n_bytes_disk_prompt), bool(s.ram_below),
+                   int(s.n_ram_hit), int(s.n_ram_miss))
 
 
 _STATES = enum_names("enum llama_moe_cache_state", "LLAMA_MOE_CACHE_STATE_")
@@ -113,7 +120,8 @@ class MoeCacheStatus:
     and measured the size (``moe_cache_mib="auto"``), ``choice`` how, in words, with the link's and the CPU's rates
     measured when the context was made (``link_gbps``, ``cpu_gbps``; 0 when not measured). The reason
     "slow_link" on a cache that is "on" is a warning only: an explicit upload mode or admission on a slow link.
-    ``ram_tier``: the cache is the RAM tier (slots in locked RAM, filled from the model's file); ``disk_direct``:
+    ``ram_tier``: the cache is the RAM tier (slots in locked RAM, filled from the model's file), or has one under it
+    (three tiers: ``MoeCacheStats.ram_below``); ``disk_direct``:
     its reads bypass the page cache (False where the file system refuses O_DIRECT)."""
 
     state: str
@@ -243,7 +251,12 @@ def cache_lines(c: Any, off_reason: str | None = None, not_as_asked: str | None 
         moved = f"{c.n_bytes_upload / 2**20:.2f} MiB uploaded"
         if cpu:
             moved += f"; {cpu} misses computed on the CPU, reading {c.n_bytes_cpu / 2**20:.2f} MiB"
-    if getattr(c, "ram_tier", False):
+    if getattr(c, "ram_below", False):
+        mode += " over a RAM tier"
+        moved += (f"; the RAM tier held {c.n_ram_hit} of {c.n_ram_hit + c.n_ram_miss} experts the slots lacked, "
+                  f"{(c.n_bytes_disk or 0) / 2**20:.2f} MiB read from the model's file "
+                  f"({(c.disk_wait_us or 0) / 1000:.1f} ms waited)")
+    elif getattr(c, "ram_tier", False):
         mode = "RAM tier, upload"
         moved = (f"{(c.n_bytes_disk or 0) / 2**20:.2f} MiB read from the model's file "
                  f"({(c.disk_wait_us or 0) / 1000:.1f} ms waited)")

@@ -71,5 +71,10 @@ def test_the_main_job_with_a_ram_tier_instead(lib) -> None:
     assert both["identical"] and both["no_cache"]["cache"] is None
     assert tier["ram_tier"] and tier["n_bytes_disk"] > 0 and 0 < tier["n_hit"]
     assert "RAM tier" in both["where"]
-    refused = _stats("--moe-ram-mib", "1", "--moe-cache-mib", "2")
-    assert refused.returncode == 2 and "three tiers" in refused.stderr
+    # three tiers: the device cache (in RAM here) over the tier
+    three = _stats("--moe-ram-mib", "1", "--moe-cache-mib", "2", "--json")
+    assert three.returncode == 0, three.stderr[-2000:]
+    both = json.loads(three.stdout)
+    tiers = both["cache"]["cache"]
+    assert both["identical"] and "three tiers" in both["where"]
+    assert tiers["ram_below"] and tiers["ram_tier"] and tiers["n_ram_miss"] > 0 and tiers["n_bytes_disk"] > 0

@@ -14,7 +14,6 @@ import os
 import shutil
 import subprocess
 import sys
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -173,18 +172,6 @@ def test_a_file_that_shrinks_fails_the_decodes_that_need_what_it_lost(lib, tiny_
             said = str(err.value)
             assert f"layer {last}" in said and "shrank" in said and path.name in said
             assert ctx.moe_cache_stats().n_cpu == 0  # nothing read from the lost pages through the mapping
-
-
-def test_the_tier_under_a_device_cache_is_refused_with_its_reason(lib, tiny_model_path) -> None:
-    with Model(tiny_model_path, LAZY) as model:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            cp = ContextParams(n_ctx=256, n_threads=2, moe_cache_device="CPU", moe_cache_mib=1, moe_ram_mib=1)
-            with Context(model, cp) as ctx:
-                status = ctx.cache_status()
-    assert not status.ram_tier and "option_ignored" in status.reasons
-    assert "three tiers" in status.text
-    assert any("three tiers" in str(w.message) for w in caught)
 
 
 def test_an_automatic_tier_holds_a_small_model_whole(lib, tiny_model_path) -> None:

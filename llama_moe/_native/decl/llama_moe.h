@@ -34,6 +34,9 @@ struct llama_moe_cache_stats {
     uint64_t n_bytes_disk;
     uint64_t disk_wait_us;
     uint64_t n_bytes_disk_prompt;
+    bool     ram_below;
+    uint64_t n_ram_hit;
+    uint64_t n_ram_miss;
 };
 
 // the enums as include/llama-moe.h declares them: the binding reads their names from here

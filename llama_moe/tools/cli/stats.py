@@ -139,10 +139,12 @@ def run(args: argparse.Namespace) -> int:
                        moe_cache_adaptive=args.moe_cache_adaptive, moe_cache_admit=args.moe_cache_admit,
                        moe_cache_repartition=args.moe_cache_repartition, moe_cache_peer=args.moe_cache_peer,
                        moe_cache_device=device)
-    if args.moe_ram_mib is not None:
-        if explicit_mib:
-            raise ParameterError("--moe-ram-mib runs without --moe-cache-mib: a RAM tier under a device cache (three tiers) "
-                                 "is not supported")
+    if args.moe_ram_mib is not None and explicit_mib:
+        where = (f"three tiers: {where}; under it a RAM tier of expert slots in locked RAM, read from the model's file "
+                 "(the experts mapped untouched)")
+        mp = dataclasses.replace(mp, lazy_experts=True, repack=False, use_mmap=True)
+        cp = dataclasses.replace(cp, moe_ram_mib=args.moe_ram_mib)
+    elif args.moe_ram_mib is not None:
         mib = 1  # compared with no tier
         where = "the RAM tier: expert slots in locked RAM, read from the model's file (the experts mapped untouched)"
         mp = dataclasses.replace(mp, cpu_moe=False, n_cpu_moe=0, lazy_experts=True, repack=False, use_mmap=True)

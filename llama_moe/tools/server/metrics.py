@@ -36,7 +36,8 @@ SCALARS = {
 # series of later builds still, read when present (None from a server built before them)
 OPTIONAL = {"uploads_total": "n_upload", "admitted_total": "n_admitted", "peer_bytes": "n_bytes_peer",
             "ram_tier": "ram_tier", "disk_reads_total": "n_disk_reads", "disk_bytes_total": "n_bytes_disk",
-            "disk_prompt_bytes_total": "n_bytes_disk_prompt"}
+            "disk_prompt_bytes_total": "n_bytes_disk_prompt", "ram_below": "ram_below", "ram_hits_total": "n_ram_hit",
+            "ram_misses_total": "n_ram_miss"}
 # seconds, kept as whole microseconds as the engine counts them
 OPTIONAL_SECONDS = {"disk_wait_seconds_total": "disk_wait_us"}
 PER_LAYER = ("layer_hits_total", "layer_hits_profile_total", "layer_misses_total", "layer_refused_total")
@@ -145,6 +146,9 @@ class MoeCacheMetrics(HitRate):
     n_bytes_disk: int | None = None
     disk_wait_us: int | None = None
     n_bytes_disk_prompt: int | None = None
+    ram_below: int | None = None     # 1: the RAM tier is under the device cache (three tiers)
+    n_ram_hit: int | None = None     # the RAM tier's lookups (MoeCacheStats.n_ram_hit, n_ram_miss)
+    n_ram_miss: int | None = None
 
     @property
     def hit_rate(self) -> float:

@@ -1,0 +1,107 @@
+"""Three tiers: a device cache (moe_cache_mib) over the RAM tier (moe_ram_mib) over the model's file. On the real
+patched libllama, the device cache held in RAM (moe_cache_device="CPU") stands in for a GPU's: in every mode the
+tokens and logits are those of no cache (four sequences, prompts over 32 tokens beside the decodes, fewer slots
+than a token's experts in both tiers), the RAM tier looks up exactly the experts the device's slots lacked, every
+byte read from the file is one of its misses or a prompt's read, and a read that fails fails its decode."""
+from __future__ import annotations
+
+import logging
+import warnings
+
+import numpy as np
+import pytest
+
+from llama_moe import Context, ContextParams, Model, ModelParams, Sampling
+from llama_moe.errors import NativeCallError
+from llama_moe.tools.experts import expert_layout
+from support.cache_sizes import mib_for_slots
+from test_moe_cache_split import PROMPTS, _batch  # four sequences, prompts over 32 tokens, 64 steps
+
+PLAIN = ModelParams(cpu_moe=True, repack=False)
+LAZY = ModelParams(lazy_experts=True, repack=False)
+BASE = dict(n_ctx=1024, n_threads=2, n_seq_max=4, moe_cache_device="CPU")
+
+MODES = {
+    "upload": dict(),
+    "hybrid": dict(moe_cache_hybrid=True),  # no fill: every expert of the decodes from the RAM tier
+    "admitting": dict(moe_cache_hybrid=True, moe_cache_admit=2),
+    "adaptive": dict(moe_cache_hybrid=True, moe_cache_adaptive=True),
+}
+
+
+@pytest.fixture(scope="module")
+def plain(lib, tiny_model_path):
+    with Model(tiny_model_path, PLAIN) as model:
+        tokens, logits, *_ = _batch(model, ContextParams(n_ctx=1024, n_threads=2, n_seq_max=4), trace=False)
+    return tokens, logits
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+@pytest.mark.parametrize("device_k,ram_k", [(0.5, 0.5), (2, 1)])  # slots per experts a token selects, in each tier
+def test_three_tiers_change_nothing_and_the_tier_serves_what_the_device_lacks(
+        lib, tiny_model_path, caplog, plain, mode, device_k, ram_k) -> None:
+    layout = expert_layout(tiny_model_path)
+    k = layout.n_expert_used
+    dev_slots, ram_slots = max(1, int(device_k * k)), max(1, int(ram_k * k))
+    caplog.set_level(logging.INFO, logger="llama_moe.native")
+    cp = ContextParams(**BASE, **MODES[mode], moe_cache_mib=mib_for_slots(tiny_model_path, dev_slots, hybrid=mode != "upload"),
+                       moe_ram_mib=mib_for_slots(tiny_model_path, ram_slots))
+    with Model(tiny_model_path, LAZY) as model:
+        tokens, logits, stats, layers, _ = _batch(model, cp, trace=False)
+        with Context(model, cp) as ctx:
+            status = ctx.cache_status()
+    assert tokens == plain[0]
+    assert np.array_equal(logits, plain[1])
+    # the hybrid without a fill says it stays empty: every expert of the decodes comes from the RAM tier
+    assert status.state == "on" or (mode == "hybrid" and status.reasons == ("stays_empty",)), status.text
+    assert stats.ram_below and stats.ram_tier and stats.hybrid == (mode != "upload")
+    assert all(l.n_slots == dev_slots for l in layers)
+    # the RAM tier looks up what the device's slots lacked, distinct per ubatch: the decodes' misses, and what
+    # admission and the adaptive rounds brought in between decodes
+    assert stats.n_ram_hit + stats.n_ram_miss == stats.n_miss + stats.n_admit + stats.n_swap
+    assert stats.n_ram_miss > 0 and stats.n_ram_hit > 0
+    # every byte read from the file is a miss of the tier (into a slot, or beyond its slots for that read alone),
+    # or a prompt's read into its staging copy; nothing through the mapping
+    per_expert = layout.layers[0].bytes_per_expert
+    assert stats.n_bytes_disk - stats.n_bytes_disk_prompt == stats.n_ram_miss * per_expert
+    assert stats.n_bytes_disk_prompt > 0 and stats.n_bytes_disk_prompt % per_expert == 0
+    assert sum(l.n_bytes_disk for l in layers) == stats.n_bytes_disk
+    assert "the RAM tier under the cache held" in caplog.text
+
+
+def test_a_read_that_fails_under_the_device_cache_fails_its_decode(lib, tiny_model_path, monkeypatch) -> None:
+    layout = expert_layout(tiny_model_path)
+    bad = layout.layers[1].il
+    monkeypatch.setenv("LLAMA_MOE_TEST_DISK_FAIL_IL", str(bad))
+    k = layout.n_expert_used
+    cp = ContextParams(n_ctx=256, n_threads=2, moe_cache_device="CPU", moe_cache_hybrid=True, moe_cache_admit=2,
+                       moe_cache_mib=mib_for_slots(tiny_model_path, k, hybrid=True), moe_ram_mib=mib_for_slots(tiny_model_path, k))
+    with Model(tiny_model_path, LAZY) as model:
+        with Context(model, cp) as ctx:
+            monkeypatch.delenv("LLAMA_MOE_TEST_DISK_FAIL_IL")
+            with pytest.raises(NativeCallError) as err:
+                list(ctx.generate("Once upon a time", max_tokens=4, sampling=Sampling(temperature=0.0)))
+            said = str(err.value)
+            assert f"layer {bad}" in said and tiny_model_path.name in said and "Input/output error" in said
+            with pytest.raises(NativeCallError):  # the slots it could not fill hold nothing: it fails again
+                list(ctx.generate("Once", max_tokens=2, sampling=Sampling(temperature=0.0)))
+        with Context(model, cp) as ctx:  # a context without the fault runs from the same model
+            assert list(ctx.generate("Once upon a time", max_tokens=4, sampling=Sampling(temperature=0.0)))
+
+
+def test_what_cannot_run_over_the_tier_is_refused_with_its_reason(lib, tiny_model_path) -> None:
+    k = expert_layout(tiny_model_path).n_expert_used
+    cp = ContextParams(n_ctx=256, n_threads=2, moe_cache_device="CPU", moe_cache_hybrid=True, moe_cache_admit=2,
+                       moe_cache_admit_async=True, moe_cache_peer="CPU", moe_cache_mib=mib_for_slots(tiny_model_path, k, hybrid=True),
+                       moe_ram_mib=mib_for_slots(tiny_model_path, k))
+    with Model(tiny_model_path, LAZY) as model:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with Context(model, cp) as ctx:
+                status = ctx.cache_status()
+                out = list(ctx.generate("Once upon a time", max_tokens=4, sampling=Sampling(temperature=0.0)))
+                stats = ctx.moe_cache_stats()
+    assert "option_ignored" in status.reasons and not status.peer
+    assert "--moe-cache-peer, --moe-cache-admit-async 1: with a RAM tier under the device cache" in status.text
+    assert any("RAM tier under the device cache" in str(w.message) for w in caught)
+    assert len(out) == 4 and stats.ram_below and stats.n_hit_peer == 0
