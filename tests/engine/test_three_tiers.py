@@ -2,7 +2,9 @@
 patched libllama, the device cache held in RAM (moe_cache_device="CPU") stands in for a GPU's: in every mode the
 tokens and logits are those of no cache (four sequences, prompts over 32 tokens beside the decodes, fewer slots
 than a token's experts in both tiers), the RAM tier looks up exactly the experts the device's slots lacked, every
-byte read from the file is one of its misses or a prompt's read, and a read that fails fails its decode."""
+byte read from the file is one of its misses or a prompt's read, upload mode's two levels (exclusive: what moves up
+leaves the tier, what the device lets go moves down) equal an independent replay of the trace
+(tests/oracles/tiers.py), and a read that fails fails its decode."""
 from __future__ import annotations
 
 import logging
@@ -14,6 +16,8 @@ import pytest
 from llama_moe import Context, ContextParams, Model, ModelParams, Sampling
 from llama_moe.errors import NativeCallError
 from llama_moe.tools.experts import expert_layout
+from oracles.lru import simulate_lru
+from oracles.tiers import simulate_three_tiers
 from support.cache_sizes import mib_for_slots
 from test_moe_cache_split import PROMPTS, _batch  # four sequences, prompts over 32 tokens, 64 steps
 
@@ -67,6 +71,26 @@ def test_three_tiers_change_nothing_and_the_tier_serves_what_the_device_lacks(
     assert stats.n_bytes_disk_prompt > 0 and stats.n_bytes_disk_prompt % per_expert == 0
     assert sum(l.n_bytes_disk for l in layers) == stats.n_bytes_disk
     assert "the RAM tier under the cache held" in caplog.text
+
+
+@pytest.mark.parametrize("device_k,ram_k", [(0.5, 1), (2, 2)])
+def test_upload_modes_two_levels_equal_the_replay(lib, tiny_model_path, caplog, plain, device_k, ram_k) -> None:
+    layout = expert_layout(tiny_model_path)
+    k = layout.n_expert_used
+    dev_slots, ram_slots = int(device_k * k), int(ram_k * k)
+    caplog.set_level(logging.INFO, logger="llama_moe.native")
+    cp = ContextParams(**BASE, moe_cache_mib=mib_for_slots(tiny_model_path, dev_slots),
+                       moe_ram_mib=mib_for_slots(tiny_model_path, ram_slots))
+    with Model(tiny_model_path, LAZY) as model:
+        tokens, logits, stats, layers, records = _batch(model, cp, trace=True)
+    assert tokens == plain[0] and np.array_equal(logits, plain[1])
+    dev = simulate_lru(records, {l.il: dev_slots for l in layout.layers}, layout.n_expert)
+    assert (stats.n_hit, stats.n_miss, stats.n_cpu) == (dev.n_hit, dev.n_miss, dev.n_cpu)
+    sim = simulate_three_tiers(records, dev_slots, ram_slots, layout.n_expert)
+    assert (stats.n_ram_hit, stats.n_ram_miss) == (sim.n_ram_hit, sim.n_ram_miss)
+    assert sim.n_demoted > 0 and f"and took {sim.n_demoted} experts the device let go" in caplog.text
+    per_expert = layout.layers[0].bytes_per_expert
+    assert stats.n_bytes_disk - stats.n_bytes_disk_prompt == sim.n_ram_miss * per_expert
 
 
 def test_a_read_that_fails_under_the_device_cache_fails_its_decode(lib, tiny_model_path, monkeypatch) -> None:
