@@ -75,6 +75,37 @@ def ram_tier_check(path: Path, prompts: list[str], n: int, pcts: list[int]) -> b
     return ok
 
 
+def three_tiers_check(path: Path, prompts: list[str], n: int, pcts: list[int], profile: Path) -> bool:
+    """Three tiers on a GPU build: the device cache over the RAM tier (the model loaded with lazy experts), in
+    upload mode, the hybrid with a profile, the admitting hybrid (its uploads between decodes: the tier fetches on
+    the graph's thread) and the adaptive hybrid, each at pct% of the experts in VRAM over a tier of a quarter of
+    them. Against no cache, by the device rule (the GPU computes the cached experts); the tier's lookups and reads
+    must be there."""
+    from llama_moe.tools.routing.budget import mib_for_slots
+
+    layout = expert_layout(path)
+    quarter = max(layout.n_expert_used, layout.n_expert // 4)
+    hybrid = {"moe_cache_hybrid": True, "moe_cache_profile": str(profile)}
+    modes = {"upload": {}, "hybrid": hybrid, "admit": {**hybrid, "moe_cache_admit": 1},
+             "adaptive": {"moe_cache_hybrid": True, "moe_cache_adaptive": True}}
+    ok = True
+    with Model(path, ModelParams(cpu_moe=True, lazy_experts=True, repack=False)) as model:
+        for prompt in prompts:
+            ref = reference(model, prompt, n)
+            for (name, mode), pct in [(m, p) for m in modes.items() for p in pcts]:
+                slots = max(1, min(layout.n_expert - 1, round(layout.n_expert * pct / 100)))
+                cp = ContextParams(n_ctx=1024, moe_cache_mib=mib_for_slots(layout, slots, name != "upload"),
+                                   moe_ram_mib=mib_for_slots(layout, quarter, False), **mode)
+                c = compare(model, ref, cp, prompt, DEVICE_TOLERANCE)
+                s = c.stats
+                good = c.ok and s is not None and s.ram_below and s.n_ram_hit + s.n_ram_miss > 0
+                ok &= good
+                print(f"{prompt[:30]!r:34} three tiers {name:8} {pct:3d}%: {c.describe()} over {n} -> {'ok' if good else 'WRONG'}; "
+                      + (f"VRAM hit rate {s.hit_rate:.3f}, RAM tier {s.n_ram_hit} hits {s.n_ram_miss} misses, "
+                         f"{s.n_bytes_disk / 2**20:.1f} MiB from the file" if s else "no cache (the engine turned it off)"))
+    return ok
+
+
 # a cache mode mixes experts computed by the GPU's kernels and by the CPU's: its logits may stand as far from no
 # cache's as all in VRAM does (every expert on the GPU), with headroom for the mix; an expert computed wrongly
 # moves them by tenths of the largest, far beyond
@@ -143,6 +174,7 @@ def main() -> int:
     ap.add_argument("--pcts", default="25,50,100", help="the cache sizes, in percent of the experts")
     ap.add_argument("--batch", action="store_true", help="only several sequences at once (batch_check)")
     ap.add_argument("--ram-tier", action="store_true", help="only the RAM tier against no tier (ram_tier_check)")
+    ap.add_argument("--three-tiers", action="store_true", help="only the device cache over the RAM tier (three_tiers_check)")
     args = ap.parse_args()
     import logging
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
@@ -198,6 +230,11 @@ def main() -> int:
         modes = {name: modes[name] for name in args.modes.split(",")}
     if args.ram_tier:
         ok = ram_tier_check(path, PROMPTS[:args.prompts], args.n, [int(p) for p in args.pcts.split(",") if int(p) < 100])
+        print("EQUIVALENT" if ok else "DIFFERENT")
+        return 0 if ok else 1
+    if args.three_tiers:
+        ok = three_tiers_check(path, PROMPTS[:args.prompts], args.n, [int(p) for p in args.pcts.split(",") if int(p) < 100],
+                               profile)
         print("EQUIVALENT" if ok else "DIFFERENT")
         return 0 if ok else 1
     if args.batch:

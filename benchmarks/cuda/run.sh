@@ -40,6 +40,10 @@
 #                tier on the tiny and gpt-oss-tiny models (equivalence.py --ram-tier)
 #   probe        where the adaptive hybrid's counted hits are computed: its logits against no cache's, with and
 #                without the mailbox, beside slots filled by admit_experts (adaptive_probe.py)
+#   tiers        three tiers (the device cache over the RAM tier) in upload, hybrid, admitting and adaptive mode against no
+#                cache on the tiny and gpt-oss-tiny models (equivalence.py --three-tiers)
+#   tierspeed    the hybrid's decode on the big model with VRAM%:RAM% of the experts in the two tiers and the rest read
+#                from the file, against the hybrid without a tier (tiers_speed.py; TIERS, default 50:0,50:25,50:50,25:25)
 #   batch        several sequences at once (a 154-token prompt beside a short one) in every cache mode against
 #                the same batch without a cache, on the tiny model (equivalence.py --batch)
 set -u
@@ -218,6 +222,20 @@ step_ramtier() {
   done
   grep -qE "^(EQUIVALENT|DIFFERENT)" $R/ramtier_gpt-oss-tiny.txt && mark ramtier
 }
+step_tiers() {
+  for s in tiny gpt-oss-tiny; do
+    timeout $(cap 150) python3 $here/equivalence.py --shape $s --experts q8_0 -n 96 --three-tiers --pcts 25,50 --prompts 2 \
+        > $R/tiers_$s.txt 2>&1
+    echo "three tiers, $s: $(grep -c -- '-> ok' $R/tiers_$s.txt) ok, $(grep -c WRONG $R/tiers_$s.txt) wrong; $(tail -1 $R/tiers_$s.txt | cut -c1-160)"
+  done
+  grep -qE "^(EQUIVALENT|DIFFERENT)" $R/tiers_gpt-oss-tiny.txt && mark tiers
+}
+step_tierspeed() {
+  timeout $(cap 300) python3 $here/tiers_speed.py $M --profile $P -n 128 --settings ${TIERS:-50:0,50:25,50:50,25:25} \
+      > $R/tierspeed.txt 2>&1
+  grep -E "^\|" $R/tierspeed.txt
+  grep -q "^| 25% | 25%" $R/tierspeed.txt && mark tierspeed
+}
 step_probe() {
   timeout $(cap 120) python3 $here/adaptive_probe.py /tmp/tiny.gguf > $R/probe.txt 2>&1
   grep -vE "^    layer" $R/probe.txt | cut -c1-250 | tail -8
@@ -230,14 +248,14 @@ step_batch() {
   grep -qE "^(EQUIVALENT|DIFFERENT)" $R/batch.txt && mark batch
 }
 
-declare -A NEED=([build]=240 [big]=60 [tiny]=30 [speed]=150 [memcheck]=100 [racecheck]=200 [lifecycle]=150 [equivalence]=120 [split]=60
+declare -A NEED=([tiers]=120 [tierspeed]=150 [build]=240 [big]=60 [tiny]=30 [speed]=150 [memcheck]=100 [racecheck]=200 [lifecycle]=150 [equivalence]=120 [split]=60
                  [archs]=200 [mailbox]=200 [trap]=60 [serve]=90 [kernels]=240
                  [profile]=120 [batch]=90 [rates]=30 [ramtier]=60 [probe]=40)
 echo "$(date -u +%FT%TZ), deadline $DEADLINE s, steps: $STEPS; $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
 for s in $STEPS; do
   [ -z "${NEED[$s]:-}" ] && { echo "unknown step $s (steps: ${!NEED[*]})"; exit 2; }
   case $s in memcheck|racecheck|trap|equivalence|split|probe) [ -f $R/done_tiny ] || { fits tiny 30 && step_tiny; } ;; esac
-  case $s in speed|serve|kernels|profile) [ -f $R/done_big ] || { fits big 60 && step_big; } ;; esac
+  case $s in speed|serve|kernels|profile|tierspeed) [ -f $R/done_big ] || { fits big 60 && step_big; } ;; esac
   if fits $s ${NEED[$s]}; then step_$s; fi
 done
 echo "== table ($(( $(date +%s) - T0 )) s)"

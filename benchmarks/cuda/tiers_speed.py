@@ -1,0 +1,70 @@
+"""Three tiers on a GPU: the hybrid's decode with a share of the experts in VRAM, a share in the RAM tier and the rest
+read from the model's file, against the same hybrid whose other experts are all in RAM (the model mapped and in
+the page cache). Each setting in a process of its own model load; greedy decoding of N tokens after a prompt,
+timed from the second token. The RAM tier's reads are direct (O_DIRECT): the file's place in the page cache does
+not help them.
+
+python benchmarks/cuda/tiers_speed.py MODEL --profile P [--settings 50:0,50:25,50:50,25:25] [-n 128]
+
+A setting is VRAM%:RAM% of each layer's experts (RAM 0: no tier, the experts in RAM through the mapping).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from llama_moe import Context, ContextParams, Model, ModelParams
+from llama_moe.tools.equivalence import PROMPTS
+from llama_moe.tools.experts import expert_layout
+from llama_moe.tools.routing.budget import mib_for_slots
+
+
+def slots_at(layout, pct: int) -> int:
+    return max(1, min(layout.n_expert - 1, round(layout.n_expert * pct / 100)))
+
+
+def run(model_path: Path, profile: Path, vram: int, ram: int, n: int, device: str | None) -> str:
+    layout = expert_layout(model_path)
+    cp = ContextParams(n_ctx=2048, moe_cache_mib=mib_for_slots(layout, slots_at(layout, vram), True),
+                       moe_cache_hybrid=True, moe_cache_profile=str(profile),
+                       **({"moe_cache_device": device} if device else {}),
+                       **({"moe_ram_mib": mib_for_slots(layout, slots_at(layout, ram), False)} if ram else {}))
+    mp = ModelParams(cpu_moe=True, lazy_experts=ram > 0, repack=False)
+    with Model(model_path, mp) as model, Context(model, cp) as ctx:
+        prompt = ctx.tokenize(PROMPTS[0])
+        times = []
+        t0 = time.perf_counter()
+        for _ in ctx.generate(prompt, max_tokens=n):
+            times.append(time.perf_counter())
+        s = ctx.moe_cache_stats()
+    tps = (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 else 0.0
+    tier = "no tier (the rest in RAM, mapped)"
+    if s is not None and s.ram_below:
+        lookups = s.n_ram_hit + s.n_ram_miss
+        tier = (f"RAM tier hit rate {s.n_ram_hit / max(lookups, 1):.3f} of {lookups} lookups, "
+                f"{(s.n_bytes_disk - s.n_bytes_disk_prompt) / max(len(times), 1) / 1e6:.1f} MB/token from the file, "
+                f"{s.disk_wait_us / 1000 / max(len(times), 1):.2f} ms/token waited, prompt {times[0] - t0:.2f} s")
+    hit = f"VRAM hit rate {s.hit_rate:.3f}" if s is not None else "no cache"
+    return f"| {vram}% | {ram}% | {tps:.2f} | {hit} | {tier} |"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model", type=Path)
+    ap.add_argument("--profile", type=Path, required=True)
+    ap.add_argument("--settings", default="50:0,50:25,50:50,25:25")
+    ap.add_argument("-n", type=int, default=128)
+    ap.add_argument("--device", help="the cache's device (CPU: a check of the script without a GPU)")
+    a = ap.parse_args()
+    print("| VRAM | RAM tier | decode tok/s | device cache | RAM tier |")
+    print("|---|---|---|---|---|")
+    for item in a.settings.split(","):
+        vram, ram = (int(x) for x in item.split(":"))
+        print(run(a.model, a.profile, vram, ram, a.n, a.device), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
