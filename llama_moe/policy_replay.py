@@ -76,6 +76,8 @@ class ReplayLayer:
     n_large: int
     n_token: int
     n_token_resident: int
+    n_ram_hit: int = 0    # three tiers (``ram_slots``): the RAM tier's lookups, as ``MoeCacheStats`` counts them
+    n_ram_miss: int = 0
 
 
 @dataclass(frozen=True)
@@ -93,6 +95,7 @@ class ReplayResult:
     n_repart_rounds: int
     n_moved: int          # slots they moved between layers
     n_demoted: int        # experts admission evicted into the peer
+    n_ram_demoted: int = 0  # three tiers: experts the device let go that the RAM tier took
 
     @property
     def n_hit(self) -> int:
@@ -101,6 +104,14 @@ class ReplayResult:
     @property
     def n_miss(self) -> int:
         return sum(l.n_miss for l in self.layers)
+
+    @property
+    def n_ram_hit(self) -> int:
+        return sum(l.n_ram_hit for l in self.layers)
+
+    @property
+    def n_ram_miss(self) -> int:
+        return sum(l.n_ram_miss for l in self.layers)
 
 
 def _shapes(layers: Sequence[LayerShape]) -> Any:
@@ -170,11 +181,13 @@ def records_stream(records: Iterable[RoutingRecord]) -> np.ndarray:
 class PolicyReplay:
     """The cache's policies over ``layers`` with ``slots[il]`` slots each (and ``peer_slots[il]`` on a peer device),
     started as a context starts them, then fed a routing trace (``feed``) as the cache is fed it: each ubatch is one
-    decode, and the rounds due between two decodes run before the next. ``result()`` at any point. ParameterError
-    for options or shapes a cache would not take, with the engine's words. Close it (or use ``with``) to free it."""
+    decode, and the rounds due between two decodes run before the next. ``ram_slots[il]``: three tiers, a RAM tier
+    of that many slots a layer under the cache, driven as a context drives it. ``result()`` at any point.
+    ParameterError for options or shapes a cache would not take, with the engine's words. Close it (or use
+    ``with``) to free it."""
 
     def __init__(self, layers: Sequence[LayerShape], slots: Mapping[int, int], policy: ReplayPolicy = ReplayPolicy(),
-                 peer_slots: Mapping[int, int] | None = None) -> None:
+                 peer_slots: Mapping[int, int] | None = None, ram_slots: Mapping[int, int] | None = None) -> None:
         if policy.mode not in MODES:
             raise ParameterError(f"mode {policy.mode!r}: one of {', '.join(MODES)}")
         missing = [l.il for l in layers if l.il not in slots]
@@ -202,6 +215,15 @@ class PolicyReplay:
         self._ptr = ptr
         self._free = weakref.finalize(self, self._lib.llama_moe_replay_free, ptr)
         self._free.atexit = False
+        if ram_slots is not None:
+            missing = [l.il for l in layers if l.il not in ram_slots]
+            if missing:
+                self.close()
+                raise ParameterError(f"no RAM tier slot count for layers {missing}")
+            ram = ffi.new("int32_t[]", [int(ram_slots[l.il]) for l in layers] or [0])
+            if self._lib.llama_moe_replay_set_ram_tier(ptr, ram, err, _ERR_BYTES) != 0:
+                self.close()
+                raise ParameterError(_said(err))
 
     def _live(self) -> Any:
         if not self._free.alive:

@@ -7,6 +7,7 @@ and ``plan`` says the same."""
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import replace
 from pathlib import Path
 
@@ -176,3 +177,49 @@ def test_a_profiles_per_layer_counts_are_sized_as_a_context_sizes_them(lib, tiny
             with Context(model, ContextParams(moe_cache_device="CPU", n_ctx=256, moe_cache_mib=mib, moe_cache_profile=strp)) as ctx:
                 layers = {l.il: l.n_slots for l in ctx.layer_stats()}
             assert size_slots(layer_shapes(layout), mib_to_bytes(mib), False, counts) == layers, mib
+
+
+THREE_TIER_CASES = [c for c in CASES if c not in ("admit2-background", "admit2-mailbox")]  # a RAM tier turns both off
+
+
+@pytest.mark.parametrize("case", THREE_TIER_CASES)
+def test_the_replay_of_three_tiers_is_the_engines_own_count(lib, tiny_model_path, tmp_path, caplog, case) -> None:
+    slots, options, policy = CASES[case]
+    options = dict(options)
+    hybrid = bool(options.get("moe_cache_hybrid"))
+    if options.pop("profile", False):
+        options["moe_cache_profile"], ranked = _other_text_profile(tiny_model_path, tmp_path, slots)
+        policy = replace(policy, ranked=ranked)
+    layout = expert_layout(tiny_model_path)
+    ram_slots = 6
+    caplog.set_level(logging.INFO, logger="llama_moe.native")
+    cp = ContextParams(moe_cache_device="CPU", n_ctx=1024, moe_cache_mib=mib_for_slots(tiny_model_path, slots, hybrid),
+                       moe_ram_mib=mib_for_slots(tiny_model_path, ram_slots), **options)
+    with Model(tiny_model_path, ModelParams(lazy_experts=True, repack=False)) as model, Context(model, cp) as ctx:
+        run = traced_generation(ctx, PROMPT, N_GEN, SAMPLING)
+    stats = run.stats
+    assert stats.ram_below
+    with PolicyReplay(layer_shapes(layout), {l.il: slots for l in layout.layers}, policy,
+                      ram_slots={l.il: ram_slots for l in layout.layers}) as replay:
+        replay.feed_records(run.records)
+        got = replay.result()
+    # the device's counts are those of the cache without a tier, and the tier's the replay's
+    assert {l.il: (l.n_hit, l.n_miss, l.n_cpu) for l in got.layers} == \
+        {il: (l.n_hit, l.n_miss, l.n_cpu) for il, l in run.layers.items()}
+    assert (got.n_admit, got.n_swap, got.n_moved) == (stats.n_admit, stats.n_swap, stats.n_moved)
+    assert (got.n_ram_hit, got.n_ram_miss) == (stats.n_ram_hit, stats.n_ram_miss)
+    assert got.n_ram_miss > 0
+    assert f"and took {got.n_ram_demoted} experts the device let go" in caplog.text
+    per_expert = layout.layers[0].bytes_per_expert
+    assert stats.n_bytes_disk - stats.n_bytes_disk_prompt == got.n_ram_miss * per_expert
+
+
+def test_a_replays_ram_tier_is_refused_where_a_context_turns_it_off(lib) -> None:
+    shapes = [LayerShape(0, 8, 2, 100), LayerShape(1, 8, 2, 100)]
+    slots = {0: 4, 1: 4}
+    with pytest.raises(ParameterError, match="admit_background off"):
+        PolicyReplay(shapes, slots, ReplayPolicy("hybrid", admit=2, admit_background=True), ram_slots=slots)
+    with pytest.raises(ParameterError, match="turns the peer off"):
+        PolicyReplay(shapes, slots, ReplayPolicy("hybrid", admit=2), peer_slots=slots, ram_slots=slots)
+    with pytest.raises(ParameterError, match="at least one"):
+        PolicyReplay(shapes, slots, ReplayPolicy("upload"), ram_slots={0: 0, 1: 4})

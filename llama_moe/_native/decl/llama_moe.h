@@ -218,6 +218,8 @@ struct llama_moe_replay_layer_stats {
     uint64_t n_large;
     uint64_t n_token;
     uint64_t n_token_resident;
+    uint64_t n_ram_hit;
+    uint64_t n_ram_miss;
 };
 
 struct llama_moe_replay_stats {
@@ -231,8 +233,10 @@ struct llama_moe_replay_stats {
     uint64_t n_repart_rounds;
     uint64_t n_moved;
     uint64_t n_demoted;
+    uint64_t n_ram_demoted;
 };
 
+int32_t llama_moe_replay_set_ram_tier(struct llama_moe_replay * replay, const int32_t * ram_slots, char * err, size_t err_size);
 int32_t llama_moe_replay_get_layer_stats(const struct llama_moe_replay * replay, struct llama_moe_replay_layer_stats * stats, int32_t n_max);
 void    llama_moe_replay_get_stats(const struct llama_moe_replay * replay, struct llama_moe_replay_stats * stats);
 int32_t llama_moe_replay_get_slots(const struct llama_moe_replay * replay, int32_t il, int32_t * experts, int32_t n_max);
