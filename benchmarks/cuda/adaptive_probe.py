@@ -3,11 +3,14 @@ CPU's path) mean that no expert ran on the GPU's kernels, whatever the counters 
 steps against no cache, teacher-forced on no cache's tokens: the first step whose logits differ, the largest
 difference, the counters and each layer's resident experts.
 
-python benchmarks/cuda/adaptive_probe.py MODEL [--pct 50]
+python benchmarks/cuda/adaptive_probe.py MODEL [--pct 50] [--profile P]
 
 Setups: the adaptive hybrid without a profile, through the mailbox and through the scheduler; the plain hybrid
 without a profile whose slots are filled between decodes by admit_experts (filled after creation, no
-rebalance); the adaptive hybrid rebalanced by hand after the prompt.
+rebalance); the adaptive hybrid rebalanced by hand after the prompt; with --profile, the control: the plain
+hybrid whose slots the profile filled at load, whose hits the GPU computes. Where the GPU's kernels sum a row in
+the CPU's order (rows of a few blocks, as the tiny model's) bit-identical logits prove nothing: the control says
+whether they part on the model given (a wide one: synth's shape "tiny,n_embd=1024,n_ff_exp=1024").
 """
 from __future__ import annotations
 
@@ -29,6 +32,7 @@ def main() -> int:
     ap.add_argument("--pct", type=int, default=50)
     ap.add_argument("-n", type=int, default=64)
     ap.add_argument("--device", help="the cache's device (CPU: a check of the script without a GPU)")
+    ap.add_argument("--profile", type=Path, help="a profile of the model: adds the control setup, filled at load")
     a = ap.parse_args()
     layout = expert_layout(a.model)
     slots = max(1, min(layout.n_expert - 1, round(layout.n_expert * a.pct / 100)))
@@ -39,6 +43,8 @@ def main() -> int:
               ("adaptive, scheduler", dict(hybrid, moe_cache_adaptive=True, moe_cache_mailbox=False), None),
               ("hybrid, filled by admit_experts", hybrid, "admit"),
               ("adaptive, rebalanced after the prompt", dict(hybrid, moe_cache_adaptive=True), "rebalance")]
+    if a.profile:
+        setups.insert(0, ("control: hybrid, filled at load by the profile", dict(hybrid, moe_cache_profile=str(a.profile)), None))
     with Model(a.model, ModelParams(cpu_moe=True, use_mmap=False)) as model:
         ref_tokens, ref, _ = greedy_steps(model, ContextParams(n_ctx=1024), prompt, a.n)
         for name, cp, fill in setups:

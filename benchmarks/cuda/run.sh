@@ -237,9 +237,18 @@ step_tierspeed() {
   grep -q "^| 25% | 25%" $R/tierspeed.txt && mark tierspeed
 }
 step_probe() {
-  timeout $(cap 120) python3 $here/adaptive_probe.py /tmp/tiny.gguf > $R/probe.txt 2>&1
-  grep -vE "^    layer" $R/probe.txt | cut -c1-250 | tail -8
-  grep -q "PROBE: DONE" $R/probe.txt && mark probe
+  # the tiny model, and a wide one whose rows the GPU sums in another order than the CPU, each with the control
+  timeout $(cap 90) python3 -c "
+from pathlib import Path
+from llama_moe.tools.synth import synthesize
+from llama_moe.tools.bench.corpus_profile import train_profile
+synthesize('/tmp/wide.gguf', shape='tiny,n_embd=1024,n_ff_exp=1024', expert_type='q8_0', seed=0)
+train_profile(Path('/tmp/wide.gguf'), Path('/tmp/wide.strp'), log=lambda s: None, n_ctx=512)" > $R/wide.log 2>&1
+  for m in tiny wide; do
+    timeout $(cap 120) python3 $here/adaptive_probe.py /tmp/$m.gguf --profile /tmp/$m.strp > $R/probe_$m.txt 2>&1
+    echo "probe, $m:"; grep -vE "^    layer|Warning|with Context" $R/probe_$m.txt | cut -c1-250 | tail -8
+  done
+  grep -q "PROBE: DONE" $R/probe_wide.txt && mark probe
 }
 step_batch() {
   timeout $(cap 200) python3 $here/equivalence.py --shape tiny --experts q8_0 -n 48 --batch \

@@ -129,3 +129,24 @@ def test_what_cannot_run_over_the_tier_is_refused_with_its_reason(lib, tiny_mode
     assert "--moe-cache-peer, --moe-cache-admit-async 1: with a RAM tier under the device cache" in status.text
     assert any("RAM tier under the device cache" in str(w.message) for w in caught)
     assert len(out) == 4 and stats.ram_below and stats.n_hit_peer == 0
+
+
+@pytest.mark.parametrize("mode", ["hybrid", "admitting"])
+def test_three_tiers_on_a_model_with_expert_biases(lib, gpt_oss_path, mode) -> None:
+    """gpt-oss's experts carry biases, which the CPU adds by expert: its layers read every CPU expert from the
+    tier's staging copy instead of its slots. Tokens and logits as no cache's."""
+    layout = expert_layout(gpt_oss_path)
+    k = layout.n_expert_used
+    base = dict(n_ctx=512, n_threads=2)
+    with Model(gpt_oss_path, PLAIN) as model:
+        with Context(model, ContextParams(**base)) as ctx:
+            prompt = ctx.tokenize(PROMPTS[0])
+            plain = list(ctx.generate(prompt, max_tokens=48, sampling=Sampling(temperature=0.0)))
+    cp = ContextParams(**base, moe_cache_device="CPU", **MODES[mode],
+                       moe_cache_mib=mib_for_slots(gpt_oss_path, k, hybrid=True), moe_ram_mib=mib_for_slots(gpt_oss_path, k))
+    with Model(gpt_oss_path, LAZY) as model:
+        with Context(model, cp) as ctx:
+            tiers = list(ctx.generate(prompt, max_tokens=48, sampling=Sampling(temperature=0.0)))
+            stats = ctx.moe_cache_stats()
+    assert tiers == plain
+    assert stats.ram_below and stats.n_ram_miss > 0 and stats.n_miss > 0
