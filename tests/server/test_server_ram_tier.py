@@ -57,3 +57,18 @@ def test_the_tier_answers_as_without_it_and_its_readers_agree(tmp_path: Path, li
     assert sum(r.req.bytes_disk for r in reqs) == e.bytes_disk - ready.counters.bytes_disk
     (exit_line,) = re.findall(r"the RAM tier read (\d+) expert tensors \(([0-9.]+) MiB\)", log)
     assert int(exit_line[0]) == e.disk_reads
+
+
+def test_three_tiers_answer_as_without_a_cache_and_metrics_say_the_tiers(tmp_path: Path, lib, tiny_model_path: Path) -> None:
+    plain, _, _, _ = _serve(tmp_path, "plain", ["-m", str(tiny_model_path), "--cpu-moe"])
+    dev, ram = mib_for_slots(tiny_model_path, 8, hybrid=True), mib_for_slots(tiny_model_path, 8)
+    texts, metrics, log, _ = _serve(tmp_path, "three", ["-m", str(tiny_model_path), "--cpu-moe", "--moe-cache-device", "CPU",
+                                                        "--moe-cache-mib", f"{dev:.4f}", "--moe-cache-hybrid",
+                                                        "--moe-cache-admit", "2", "--moe-ram-mib", f"{ram:.4f}"])
+    assert texts == plain
+    c = parse_moe_cache(metrics)
+    assert c is not None and c.ram_below == 1 and c.ram_tier == 1 and c.hybrid
+    # the tier looks up what the device lacked: the misses, and the admissions between decodes
+    assert c.n_ram_hit + c.n_ram_miss == c.n_miss + c.n_admit > 0
+    assert c.n_disk_reads == 3 * c.n_ram_miss and c.n_bytes_disk > 0
+    assert "the RAM tier under the cache held" in log and "the mailbox is off with a RAM tier" in log
