@@ -96,6 +96,7 @@ class ReplayResult:
     n_moved: int          # slots they moved between layers
     n_demoted: int        # experts admission evicted into the peer
     n_ram_demoted: int = 0  # three tiers: experts the device let go that the RAM tier took
+    n_ram_fill: int = 0     # three tiers: of the tier's misses, what the start put in the device's slots through it
 
     @property
     def n_hit(self) -> int:

@@ -300,3 +300,40 @@ def test_plan_sizes_a_ram_tier_and_its_reads(tiny_model_path: Path, tiny_topics:
     capsys.readouterr()
     assert main(["plan", model, "--ram-mib", mib, "--hybrid", "-q"]) == 2
     assert "--ram-mib plans the RAM tier" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("hybrid", [False, True])
+def test_plan_sizes_three_tiers_from_the_engines_replay_of_both(tiny_model_path: Path, tiny_topics: list[Path], capsys,
+                                                                hybrid: bool) -> None:
+    """--cache-mib with --ram-mib plans the cache over a RAM tier: the tier's slots as the engine sizes them, and its
+    hit rate and reads of the file held out, each fold what the engine's replay of both tiers counts on that trace
+    from a profile ranked on the others (the tier's fill at load left out)."""
+    model = str(tiny_model_path)
+    layout = expert_layout(model)
+    k = layout.n_expert_used
+    mib = lambda n, h: f"{math.ceil(cache_bytes_for_slots(layout, n, h) / MiB * 1e4) / 1e4:.4f}"  # noqa: E731
+    dev_mib, ram_mib = mib(2 * k, hybrid), mib(k, False)
+    argv = ["plan", model, "--cache-mib", dev_mib, "--ram-mib", ram_mib, "--trace", *map(str, tiny_topics),
+            *(["--hybrid"] if hybrid else [])]
+    plan = _json(capsys, *argv)
+    slots = {l["il"]: l["slots"] for l in plan["layers"]}
+    assert plan["ram_slots"] == k and set(slots.values()) == {2 * k}
+    rates, disk, tokens = [], 0, 0
+    per_expert = layout.layers[0].bytes_per_expert
+    for i, trace in enumerate(tiny_topics):
+        ranked = rank_pairs(load_traces([t for j, t in enumerate(tiny_topics) if j != i], layout), layout.n_expert)
+        policy = ReplayPolicy("hybrid" if hybrid else "upload", ranked=ranked)
+        with PolicyReplay(layer_shapes(layout), slots, policy, ram_slots={il: k for il in slots}) as replay:
+            records = read_trace(trace)
+            replay.feed_records(records)
+            r = replay.result()
+        misses = r.n_ram_miss - r.n_ram_fill
+        rates.append(r.n_ram_hit / (r.n_ram_hit + misses))
+        disk, tokens = disk + misses * per_expert, tokens + len(records) // layout.n_moe_layers
+    assert plan["ram_hit_rate"]["folds"] == pytest.approx(rates)
+    assert plan["ram_bytes_disk_per_token"] == pytest.approx(disk / tokens)
+    out = _text(capsys, *argv)
+    line = next(l for l in out.splitlines() if l.startswith("RAM tier"))
+    assert line.startswith(f"RAM tier   --moe-ram-mib {float(ram_mib):g}: {k} slots per layer under the cache; of what the "
+                           f"cache lacks it holds {plan['ram_hit_rate']['mean']:.4f}"), line
+    assert f"reads {disk / tokens / 1e6:.2f} MB from the model's file per token" in line

@@ -24,12 +24,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("plan", help="fit the MoE cache to a budget and rank its profile from traces",
                        description=__doc__.replace("``", ""))
     p.add_argument("model", help="a GGUF MoE model (the expert sizes are read from it)")
-    size = p.add_mutually_exclusive_group(required=True)
+    size = p.add_mutually_exclusive_group()
     size.add_argument("--vram-gib", type=float,
                       help="the GPU's memory: the cache gets what the non-expert weights and the reserve leave")
     size.add_argument("--cache-mib", type=float, help="the cache size itself (--moe-cache-mib)")
-    size.add_argument("--ram-mib", type=float, help="a RAM tier of this size (--moe-ram-mib): upload mode's LRU in RAM, "
-                                                     "whose misses are read from the model's file")
+    p.add_argument("--ram-mib", type=float, help="a RAM tier of this size (--moe-ram-mib): alone, upload mode's LRU in RAM, "
+                                                 "whose misses are read from the model's file; with --cache-mib or "
+                                                 "--vram-gib, under that cache (three tiers)")
     p.add_argument("--reserve-gib", type=float, default=2.0,
                    help="with --vram-gib: kept for the KV cache, compute buffers and the driver (default 2)")
     add_plan_options(p)
@@ -100,12 +101,12 @@ def split_devices(args: argparse.Namespace, layout, mib: float) -> list[DeviceSp
 
 
 def plan_with_progress(args: argparse.Namespace, layout, mib: float, routes, budget: str,
-                       devices: Sequence[DeviceSplit] = ()):
+                       devices: Sequence[DeviceSplit] = (), ram_mib: float | None = None):
     """plan_cache with the k-fold replays on a progress line (shared by plan and profile)."""
     bar = progress(args, "% of the k-fold replays", percent=True)
     try:
         return plan_cache(args.model, layout, mib, args.hybrid, routes, args.kfold, args.whole_layers, budget, bar,
-                          args.per_layer, args.min_slots, devices)
+                          args.per_layer, args.min_slots, devices, ram_mib)
     finally:
         bar.close()
 
@@ -136,7 +137,13 @@ def run(args: argparse.Namespace) -> int:
     if args.out and not args.trace:
         raise ToolInputError("--out writes a profile ranked from routing: give --trace T.bin")
 
-    if args.ram_mib is not None:
+    three = args.ram_mib is not None and (args.cache_mib is not None or args.vram_gib is not None)
+    if args.ram_mib is None and args.cache_mib is None and args.vram_gib is None:
+        raise ToolInputError("give the cache's size: --vram-gib G, --cache-mib N or --ram-mib N")
+    if three and (args.tensor_split or args.rpc or args.engine):
+        raise ToolInputError("--ram-mib under a cache plans three tiers on one device: --tensor-split, --rpc and --engine "
+                             "do not apply")
+    if args.ram_mib is not None and not three:
         if args.hybrid or args.tensor_split or args.rpc or args.engine:
             raise ToolInputError("--ram-mib plans the RAM tier, an LRU in RAM on the CPU: --hybrid, --tensor-split, "
                                  "--rpc and --engine do not apply")
@@ -149,10 +156,12 @@ def run(args: argparse.Namespace) -> int:
     if devices:
         budget = describe_budget(mib, devices)
     routes = read_traces(args, args.trace, layout) if args.trace else None
-    plan, profile = plan_with_progress(args, layout, mib, routes, budget, devices)
+    plan, profile = plan_with_progress(args, layout, mib, routes, budget, devices, args.ram_mib if three else None)
     if args.out and profile is not None:
         write_profile(args.out, profile)
-    if args.ram_mib is not None:
+    if three:
+        emit(args, plan, lambda p: format_three_tiers(p, args.out))
+    elif args.ram_mib is not None:
         emit(args, plan, lambda p: format_ram_tier(p, args.out))
     else:
         emit(args, plan, lambda p: format_plan(p, args.out))
@@ -210,6 +219,24 @@ def format_ram_tier(p: Plan, profile_path: str | None) -> str:
                 f"engine's replay of decoding: {parts}; not counted: the profile's fill at load, and the prompts' "
                 f"ubatches of over {max_ubatch()} tokens, read into a staging copy of one layer's experts)")
     lines.insert(at, disk)
+    return "\n".join(lines)
+
+
+def format_three_tiers(p: Plan, profile_path: str | None) -> str:
+    """The plan of a cache over a RAM tier: the cache's plan, then the tier's line: its slots, the hit rate of its
+    lookups (what the cache lacked) and its reads of the file per token, held out, as the engine's replay of both
+    counts them."""
+    lines = format_plan(p, profile_path).split("\n")
+    at = max(i for i, l in enumerate(lines) if l.startswith(("budget", "slots", "held out", "in-sample"))) + 1
+    head = f"RAM tier   --moe-ram-mib {p.ram_mib:g}: {p.ram_slots} slots per layer under the cache"
+    if p.ram_hit_rate is None or p.ram_bytes_disk_per_token is None:
+        tier = f"{head}; no traces: give --trace T.bin to estimate its hit rate and reads"
+    else:
+        r = p.ram_hit_rate
+        tier = (f"{head}; of what the cache lacks it holds {r.mean:.4f} [{r.low:.4f}, {r.high:.4f}] held out, and reads "
+                f"{p.ram_bytes_disk_per_token / 1e6:.2f} MB from the model's file per token (the engine's replay of both "
+                f"tiers; not counted: the fill at load, and the prompts' ubatches of over {max_ubatch()} tokens)")
+    lines.insert(at, tier)
     return "\n".join(lines)
 
 

@@ -3,7 +3,7 @@ from, and what to expect, held out. The mode's own policy scores the plan: stati
 counters) with --hybrid, lru (the upload mode) without."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 import numpy as np
@@ -154,6 +154,11 @@ class Plan:
                                                  # counted); None without routing
     bytes_cpu_per_token: float | None = None     # the same of n_bytes_cpu: the misses computed on the CPU (upload
                                                  # mode: its split's, which a RAM tier reads from the file too)
+    ram_mib: float | None = None                 # three tiers: the RAM tier under the cache (--moe-ram-mib)
+    ram_slots: int | None = None                 #   its slots per layer, as the engine sizes them
+    ram_hit_rate: Estimate | None = None         #   held out: its hits over its lookups (what the cache lacked)
+    ram_bytes_disk_per_token: float | None = None  # held out, pooled: its misses' reads of the file per token (not
+                                                 #   the start's fill, nor the prompts' ubatches over 32 tokens)
 
 
 def split_warnings(layout: ExpertLayout, slots: dict[int, int], hybrid: bool,
@@ -247,7 +252,8 @@ def plan_cache(model: str, layout: ExpertLayout, cache_mib: float, hybrid: bool,
                routes: Routes | TraceRoutes | None = None, folds: int | str | Folds | None = None,
                whole_layers: int = 0, budget: str = "",
                progress: Callable[[int, int], None] | None = None, per_layer: bool = False,
-               min_slots: int | None = None, devices: Sequence[DeviceSplit] = ()) -> tuple[Plan, Profile | None]:
+               min_slots: int | None = None, devices: Sequence[DeviceSplit] = (),
+               ram_mib: float | None = None) -> tuple[Plan, Profile | None]:
     """The plan for a cache of ``cache_mib`` and, with routing, its profile (every selected pair, hottest
     first) scored by k-fold: ``folds`` as ``heldout.choose_folds`` takes them (by default one per trace with
     two or more trace files, else 10 contiguous blocks). ``whole_layers``: report the N layers that gain most
@@ -257,7 +263,8 @@ def plan_cache(model: str, layout: ExpertLayout, cache_mib: float, hybrid: bool,
     ``devices``: the layers split across devices (``placement``), ``cache_mib`` on each: each device's layers get
     its slots, and the plan reports every device's layers, slots, bytes and held-out hit rate; ``per_layer`` then
     splits each device's bytes across its own layers (the engine sizes each device's layers from the counts
-    within that device's budget).
+    within that device's budget). ``ram_mib``: three tiers, a RAM tier of that size under the cache, replayed with
+    it (its slots as the engine sizes them, its held-out hit rate and reads of the file).
     Streamed trace files are read once to count the folds (the profile is their sum), once to replay every
     fold and the in-sample figure, and once more for the whole-layers alternative."""
     if devices:
@@ -292,11 +299,13 @@ def plan_cache(model: str, layout: ExpertLayout, cache_mib: float, hybrid: bool,
     prefilled = sum(len(v) for v in prefill_resident(profile.ranked, slots, n_expert).values())
     fold_profiles = counts.fold_profiles()
 
-    def fold_jobs(slot_map: dict[int, int]) -> list[Job]:
-        return [Job(a, b, policy, slot_map, fp) for (a, b), fp in zip(bounds, fold_profiles)]
+    ram = engine_slots(layout, mib_to_bytes(ram_mib), False) if ram_mib is not None else None
+
+    def fold_jobs(slot_map: dict[int, int], tier: dict[int, int] | None = None) -> list[Job]:
+        return [Job(a, b, policy, slot_map, fp, tier) for (a, b), fp in zip(bounds, fold_profiles)]
 
     sizes = {shape.il: shape for shape in layer_shapes(layout)}  # the engine's replay counts the bytes it moves
-    results = replay_jobs(routes, fold_jobs(slots) + [Job(0, n, policy, slots, profile.ranked)], n_expert,
+    results = replay_jobs(routes, fold_jobs(slots, ram) + [Job(0, n, policy, slots, profile.ranked, ram)], n_expert,
                           meter.part(w_replay), sizes=sizes)
     scored, in_sample = kfold_result(results[:-1]), results[-1]
     test_tokens = sum(b - a for a, b in bounds)
@@ -331,7 +340,17 @@ def plan_cache(model: str, layout: ExpertLayout, cache_mib: float, hybrid: bool,
                 in_sample.hit_rate, layers, report, warnings, scheme.describe(), split,
                 _device_plans(layout, devices, slots, hybrid, scored, test_tokens),
                 _per_token_of(pooled.n_bytes_upload, test_tokens), _per_token_of(pooled.n_bytes_cpu, test_tokens))
+    if ram is not None:
+        plan = replace(plan, ram_mib=ram_mib, ram_slots=min(ram.values()),
+                       ram_hit_rate=_rate_estimate([r.ram_hit_rate for r in scored.folds]),
+                       ram_bytes_disk_per_token=_per_token_of(pooled.n_bytes_disk, test_tokens))
     return plan, profile
+
+
+def _rate_estimate(rates: Sequence[float | None]) -> Estimate | None:
+    """The folds' rates (those that looked anything up) as an estimate; None with fewer than two."""
+    kept = [r for r in rates if r is not None]
+    return t_interval(kept) if len(kept) >= 2 else None
 
 
 def _per_token_of(count: int | None, tokens: int) -> float | None:

@@ -92,12 +92,17 @@ def _unknown(name: str) -> ValueError:
 
 
 def replayer(name: str, layers: Sequence[int], k: int, one_token: bool, slots: dict[int, int], n_expert: int,
-             profile: Sequence[tuple[int, int]], sizes: Mapping[int, LayerShape] | None = None) -> Replay:
+             profile: Sequence[tuple[int, int]], sizes: Mapping[int, LayerShape] | None = None,
+             ram_slots: Mapping[int, int] | None = None) -> Replay:
     """The ``Replay`` of one of POLICIES but belady (which needs the future), started from the profile.
     ``sizes`` (il -> ``budget.layer_shapes``' shape): the engine's policies count their bytes as the engine does
     (``PolicyResult.n_bytes_upload``, ``n_bytes_cpu``)."""
     if name not in REPLAYS:
         raise _unknown(name)
+    if ram_slots is not None:
+        if name not in ENGINE_POLICIES:
+            raise ValueError(f"policy {name!r} is the simulator's own: a RAM tier under it is the engine's policies' alone")
+        return REPLAYS[name][0](layers, k, one_token, slots, n_expert, profile, sizes=sizes, ram_slots=ram_slots)
     return REPLAYS[name][0](layers, k, one_token, slots, n_expert, profile, sizes=sizes)
 
 
@@ -128,13 +133,15 @@ def belady(routes: Routes | TraceRoutes, slots: dict[int, int], n_expert: int, p
 
 @dataclass(frozen=True)
 class Job:
-    """One replay: ``policy`` over tokens ``a:b`` of a routing, with ``slots``, from ``profile``."""
+    """One replay: ``policy`` over tokens ``a:b`` of a routing, with ``slots``, from ``profile``; ``ram_slots``:
+    three tiers, a RAM tier of that many slots a layer under the cache (the engine's policies only)."""
 
     a: int
     b: int
     policy: str
     slots: dict[int, int]
     profile: Sequence[tuple[int, int]] = ()
+    ram_slots: Mapping[int, int] | None = None
 
 
 def replay_jobs(routes: Routes | TraceRoutes, jobs: Sequence[Job], n_expert: int, progress: Progress | None = None,
@@ -157,7 +164,7 @@ def replay_jobs(routes: Routes | TraceRoutes, jobs: Sequence[Job], n_expert: int
                 results[i] = belady_routes(part, job.slots, n_expert, tick, chunk_tokens)
             else:
                 replay = replayer(job.policy, part.layers, part.k, part.one_token_ubatches, job.slots, n_expert, job.profile,
-                                  sizes)
+                                  sizes, job.ram_slots)
                 results[i] = drive(replay, part, chunk_tokens, tick)
         return results  # type: ignore[return-value]
     n_layers = len(routes.layers)
@@ -177,7 +184,7 @@ def replay_jobs(routes: Routes | TraceRoutes, jobs: Sequence[Job], n_expert: int
         a0, b0 = min(jobs[i].a for i in feeding), max(jobs[i].b for i in feeding)
         source = routes if (a0, b0) == (0, routes.n_tokens) else routes.tokens(a0, b0)
         replays = {i: replayer(jobs[i].policy, routes.layers, routes.k, True, jobs[i].slots, n_expert, jobs[i].profile,
-                               sizes) for i in feeding}
+                               sizes, jobs[i].ram_slots) for i in feeding}
         cuts = sorted({x - a0 for i in feeding for x in (jobs[i].a, jobs[i].b)})
         for t, chunk in source.chunks(cuts, meter.part(feed_weight), chunk_tokens):
             t += a0

@@ -45,11 +45,21 @@ class PolicyResult:
                                        # takes; the hybrid: its admissions), not the profile's fill at the start;
                                        # None: no sizes, or a simulator policy
     n_bytes_cpu: int | None = None     # the same, of the misses computed on the CPU (upload mode: its split's)
+    n_ram_hit: int | None = None       # three tiers (a Job's ram_slots, the engine's policies): the RAM tier's hits
+    n_ram_miss: int | None = None      #   and misses of the decodes (not the start's fill), None without a tier
+    n_bytes_disk: int | None = None    #   the bytes those misses read from the model's file (with sizes)
 
     @property
     def n_lookup(self) -> int:
         """hits + misses: the distinct selections the cache was asked for."""
         return self.n_hit + self.n_miss
+
+    @property
+    def ram_hit_rate(self) -> float | None:
+        """Three tiers: the RAM tier's hits over its lookups of the decodes; None without a tier or lookups."""
+        if self.n_ram_hit is None or self.n_ram_miss is None or not self.n_ram_hit + self.n_ram_miss:
+            return None
+        return self.n_ram_hit / (self.n_ram_hit + self.n_ram_miss)
 
     @property
     def hit_rate(self) -> float | None:
@@ -79,7 +89,7 @@ def merge_results(results: Sequence[PolicyResult]) -> PolicyResult:
             ("n_hit", "n_hit_profile", "n_miss", "n_token_layers", "n_token_layers_all", "n_cpu", "n_slots",
              "n_resident", "n_swap", "n_fill", "n_split_lookups", "n_large", "n_repartition", "n_moved")}
     nbytes = {name: None if any(getattr(r, name) is None for r in results) else sum(getattr(r, name) for r in results)
-              for name in ("n_bytes_upload", "n_bytes_cpu")}
+              for name in ("n_bytes_upload", "n_bytes_cpu", "n_ram_hit", "n_ram_miss", "n_bytes_disk")}
     return PolicyResult(results[0].policy, per_layer=per_layer, per_layer_cpu=per_layer_cpu, **sums, **nbytes)
 
 

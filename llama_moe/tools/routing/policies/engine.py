@@ -76,7 +76,7 @@ class EngineReplay(Replay):
 
     def __init__(self, name: str, layers: Sequence[int], k: int, slots: dict[int, int], n_expert: int,
                  profile: Sequence[tuple[int, int]], policy: ReplayPolicy | None = None,
-                 sizes: Mapping[int, LayerShape] | None = None) -> None:
+                 sizes: Mapping[int, LayerShape] | None = None, ram_slots: Mapping[int, int] | None = None) -> None:
         self.name = name
         self.policy = replace(policy or ENGINE_POLICIES[name], ranked=tuple(profile))
         self.sized = sizes is not None
@@ -85,7 +85,10 @@ class EngineReplay(Replay):
         # one pool of slots (group 0) whatever the sizes: a re-partition moves slots between all the layers
         shapes = [LayerShape(il, n_expert, k, sizes[il].expert_bytes, sizes[il].bias_bytes) if sizes is not None
                   else LayerShape(il, n_expert, k, 1) for il in cached]
-        self.replay = PolicyReplay(shapes, {il: slots[il] for il in cached}, self.policy) if cached else None
+        self.ram = ram_slots is not None
+        self.bytes_of = {il: shape.expert_bytes for il, shape in zip(cached, shapes)} if sizes is not None else None
+        ram = {il: ram_slots[il] for il in cached} if ram_slots is not None else None
+        self.replay = PolicyReplay(shapes, {il: slots[il] for il in cached}, self.policy, ram_slots=ram) if cached else None
 
     def feed(self, chunk: Routes) -> None:
         if self.replay is not None:
@@ -114,14 +117,30 @@ class EngineReplay(Replay):
             per_layer_cpu={l.il: l.n_cpu for l in layers} if upload else {},
             n_split_lookups=sum(l.n_split for l in layers), n_large=sum(l.n_large for l in layers),
             n_repartition=r.n_repartition, n_moved=r.n_moved,
-            n_bytes_upload=r.n_bytes_upload if self.sized else None, n_bytes_cpu=r.n_bytes_cpu if self.sized else None)
+            n_bytes_upload=r.n_bytes_upload if self.sized else None, n_bytes_cpu=r.n_bytes_cpu if self.sized else None,
+            **self._ram(r))
+
+    def _ram(self, r) -> dict:
+        """The RAM tier's counts of the decodes: the start's fill (every one a miss) left out."""
+        if not self.ram:
+            return {}
+        misses = sum(l.n_ram_miss for l in r.layers) - r.n_ram_fill
+        disk = None
+        if self.bytes_of is not None:
+            # a miss reads its layer's expert; the start's fill is left out at the misses' mean size (a model's
+            # layers have one expert shape, where it is exact)
+            per = {l.il: l.n_ram_miss for l in r.layers}
+            total, n = sum(m * self.bytes_of[il] for il, m in per.items()), sum(per.values())
+            disk = total * misses // n if n else 0
+        return {"n_ram_hit": sum(l.n_ram_hit for l in r.layers), "n_ram_miss": misses, "n_bytes_disk": disk}
 
 
 def engine_replay(name: str):
     """The factory of REPLAYS' signature for the engine's policy ``name``."""
     def make(layers: Sequence[int], k: int, one_token: bool, slots: dict[int, int], n_expert: int,
-             profile: Sequence[tuple[int, int]], sizes: Mapping[int, LayerShape] | None = None) -> Replay:
-        return EngineReplay(name, layers, k, slots, n_expert, profile, sizes=sizes)
+             profile: Sequence[tuple[int, int]], sizes: Mapping[int, LayerShape] | None = None,
+             ram_slots: Mapping[int, int] | None = None) -> Replay:
+        return EngineReplay(name, layers, k, slots, n_expert, profile, sizes=sizes, ram_slots=ram_slots)
     return make
 
 
