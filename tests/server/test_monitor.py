@@ -283,7 +283,8 @@ TILE_SERIES = {"hit_ratio", "hits_total", "hits_profile_total", "misses_total", 
                "copies_total", "swaps_total", "bytes", "slots", "resident", "prefilled"}
 LATER_TILE_SERIES = {"uploads_total": "uploads-tile", "admitted_total": "admitted-tile", "peer_bytes": "peer-bytes-line",
                      "disk_bytes_total": "disk-tile", "disk_reads_total": "disk-tile",
-                     "disk_prompt_bytes_total": "disk-tile", "disk_wait_seconds_total": "disk-tile"}
+                     "disk_prompt_bytes_total": "disk-tile", "disk_wait_seconds_total": "disk-tile",
+                     "ram_hits_total": "ram-line", "ram_misses_total": "ram-line"}
 BYTE_SERIES = {"upload_bytes_total", "cpu_bytes_total", "bytes", "peer_bytes", "disk_bytes_total", "disk_prompt_bytes_total"}
 
 
@@ -711,7 +712,8 @@ def test_the_page_names_the_ram_tier(tmp_path: Path) -> None:
                           f"# TYPE llamacpp:moe_cache_{name} counter\nllamacpp:moe_cache_{name} {v:g}\n"
                           for name, v in [("disk_reads_total", 1234 * (i + 1)), ("disk_bytes_total", 96 * 2**20 * (i + 1)),
                                           ("disk_prompt_bytes_total", 40 * 2**20 * (i + 1)),
-                                          ("disk_wait_seconds_total", 0.5 * (i + 1))]))
+                                          ("disk_wait_seconds_total", 0.5 * (i + 1)),
+                                          ("ram_hits_total", 300 * (i + 1)), ("ram_misses_total", 100 * (i + 1))]))
     polls = [tier(i) for i in range(2)]
     out = _run_page_script(tmp_path, *polls)
     assert out["text"]["mode"] == "RAM tier (upload mode in RAM)"
@@ -722,5 +724,30 @@ def test_the_page_names_the_ram_tier(tmp_path: Path) -> None:
     # the share of the wall clock the decodes waited for the disk, between the two polls
     share = out["text"]["disk-wait-share"]
     assert share.endswith("%") and float(share[:-1]) > 0
+    # the tier's lookups: 300 held and 100 missed a poll
+    assert out["text"]["ram-held-share"] == "75.0%" and "ram-line" not in hidden
     plain = _run_page_script(tmp_path, metrics_text(0))
     assert plain["text"]["mode"] == "upload mode" and plain["text"]["bytes-upload-label"] == "bytes uploaded"
+
+
+def test_the_page_names_three_tiers(tmp_path: Path) -> None:
+    """A hybrid device cache over the RAM tier (llamacpp:moe_cache_ram_below 1): the page names the device's mode
+    over the tier, its uploads stay the device's, and the tier's tile shows its reads and lookups."""
+    def three(i: int) -> str:
+        text = metrics_text(i).replace("llamacpp:moe_cache_hybrid 0", "llamacpp:moe_cache_hybrid 1")
+        return (text + "# TYPE llamacpp:moe_cache_ram_tier gauge\nllamacpp:moe_cache_ram_tier 1\n"
+                + "# TYPE llamacpp:moe_cache_ram_below gauge\nllamacpp:moe_cache_ram_below 1\n"
+                + "".join(f"# HELP llamacpp:moe_cache_{name} MoE cache: the RAM tier's {name}\n"
+                          f"# TYPE llamacpp:moe_cache_{name} counter\nllamacpp:moe_cache_{name} {v:g}\n"
+                          for name, v in [("disk_reads_total", 60 * (i + 1)), ("disk_bytes_total", 8 * 2**20 * (i + 1)),
+                                          ("disk_prompt_bytes_total", 2**20 * (i + 1)), ("disk_wait_seconds_total", 0.1 * (i + 1)),
+                                          ("ram_hits_total", 90 * (i + 1)), ("ram_misses_total", 10 * (i + 1))]))
+    polls = [three(i) for i in range(2)]
+    assert "llamacpp:moe_cache_hybrid 1" in polls[0]
+    out = _run_page_script(tmp_path, *polls)
+    assert out["text"]["mode"] == "hybrid mode over a RAM tier"
+    assert out["text"]["bytes-upload-label"] == "bytes uploaded"
+    hidden = {i for i, h in out["hidden"].items() if h}
+    assert "disk-tile" not in hidden and "ram-line" not in hidden
+    assert out["text"]["ram-held-share"] == "90.0%"
+    _check_tiles(_script_tiles(out), polls[-1], hidden, out["titles"])
