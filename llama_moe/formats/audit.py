@@ -18,7 +18,11 @@ _SHA256_RE = re.compile(r"[0-9a-fA-F]{64}")  # hash_sha256_hex writes lower case
 # (every miss is uploaded, computed on the CPU or by the peer: misses = uploads + cpu + peer_hits; admitted = uploads
 # + swaps + admissions, the experts brought into slots while running)
 COUNTERS = ("hits", "hits_profile", "misses", "bytes_upload", "bytes_cpu", "copies", "bytes_copy", "swaps", "refused",
-            "uploads", "cpu", "peer_hits", "admissions", "admitted", "disk_reads", "bytes_disk", "disk_wait_us")
+            "uploads", "cpu", "peer_hits", "admissions", "admitted", "disk_reads", "bytes_disk", "disk_wait_us",
+            "ram_hits", "ram_misses")
+# of them, those the context's creation may count: the RAM tier reads what it holds whole, and a device cache over
+# it fills its slots through it
+CREATION_COUNTERS = ("disk_reads", "bytes_disk", "disk_wait_us", "ram_hits", "ram_misses")
 # a request's own counters: the context's counters at its end minus those at its start
 REQUEST_COUNTERS = ("req_hits", "req_hits_profile", "req_misses", "req_bytes_upload", "req_bytes_cpu", "req_refused",
                     "req_uploads", "req_cpu", "req_peer_hits", "req_admissions", "req_bytes_disk", "req_disk_wait_us")
@@ -30,7 +34,7 @@ OWN_COUNTERS = ("own_hits", "own_misses", "own_refused", "own_bytes_upload", "ow
 LATER_COUNTERS = ("refused", "req_refused", "moe_cache_admit", "moe_cache_repartition",  # fields of later builds: 0 when absent
                   "uploads", "cpu", "peer_hits", "admissions", "admitted", "req_uploads", "req_cpu", "req_peer_hits",
                   "req_admissions", "own_uploads", "own_cpu", "own_peer_hits", "disk_reads", "bytes_disk", "disk_wait_us",
-                  "req_bytes_disk", "req_disk_wait_us")
+                  "req_bytes_disk", "req_disk_wait_us", "ram_hits", "ram_misses")
 _TIME_RE = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}(Z|\+00:00)$")
 
 
@@ -55,6 +59,8 @@ class Counters:
     disk_reads: int = 0  # the RAM tier: expert tensors read from the model's file
     bytes_disk: int = 0  # and their bytes
     disk_wait_us: int = 0  # the time decodes waited for them
+    ram_hits: int = 0    # the RAM tier's lookups (alone: the cache's hits and misses; under a device cache, three
+    ram_misses: int = 0  #   tiers: the experts the device's slots lacked)
 
     def __sub__(self, other: "Counters") -> "Counters":
         return Counters(*(getattr(self, f) - getattr(other, f) for f in COUNTERS))

@@ -4,6 +4,8 @@ line."""
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import requests
@@ -62,9 +64,9 @@ def test_the_tier_answers_as_without_it_and_its_readers_agree(tmp_path: Path, li
 def test_three_tiers_answer_as_without_a_cache_and_metrics_say_the_tiers(tmp_path: Path, lib, tiny_model_path: Path) -> None:
     plain, _, _, _ = _serve(tmp_path, "plain", ["-m", str(tiny_model_path), "--cpu-moe"])
     dev, ram = mib_for_slots(tiny_model_path, 8, hybrid=True), mib_for_slots(tiny_model_path, 8)
-    texts, metrics, log, _ = _serve(tmp_path, "three", ["-m", str(tiny_model_path), "--cpu-moe", "--moe-cache-device", "CPU",
-                                                        "--moe-cache-mib", f"{dev:.4f}", "--moe-cache-hybrid",
-                                                        "--moe-cache-admit", "2", "--moe-ram-mib", f"{ram:.4f}"])
+    texts, metrics, log, audit = _serve(tmp_path, "three", ["-m", str(tiny_model_path), "--cpu-moe", "--moe-cache-device",
+                                                            "CPU", "--moe-cache-mib", f"{dev:.4f}", "--moe-cache-hybrid",
+                                                            "--moe-cache-admit", "2", "--moe-ram-mib", f"{ram:.4f}"])
     assert texts == plain
     c = parse_moe_cache(metrics)
     assert c is not None and c.ram_below == 1 and c.ram_tier == 1 and c.hybrid
@@ -72,3 +74,12 @@ def test_three_tiers_answer_as_without_a_cache_and_metrics_say_the_tiers(tmp_pat
     assert c.n_ram_hit + c.n_ram_miss == c.n_miss + c.n_admit > 0
     assert c.n_disk_reads == 3 * c.n_ram_miss and c.n_bytes_disk > 0
     assert "the RAM tier under the cache held" in log and "the mailbox is off with a RAM tier" in log
+    # the audit log's exit record reads the same counters, and the log checks clean
+    end = read_audit(audit).records[-1]
+    assert isinstance(end, ExitRecord)
+    assert (end.counters.ram_hits, end.counters.ram_misses, end.counters.bytes_disk) == (c.n_ram_hit, c.n_ram_miss, c.n_bytes_disk)
+    check = subprocess.run([sys.executable, "-m", "llama_moe", "audit", "check", str(audit), "--model", str(tiny_model_path)],
+                           capture_output=True, text=True, timeout=300)
+    assert check.returncode == 0, check.stdout + check.stderr
+    (held,) = re.findall(r"the RAM tier under the cache held (\d+) of the (\d+) experts", log)
+    assert (int(held[0]), int(held[1])) == (c.n_ram_hit, c.n_ram_hit + c.n_ram_miss)
