@@ -61,14 +61,21 @@ def _other_text_profile(path: Path, tmp_path: Path, slots: int) -> tuple[Path, t
     return strp, ranked
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_the_replay_of_a_decodes_trace_is_the_engines_own_count(lib, tiny_model_path, tmp_path, case) -> None:
+def _case(case: str, path: Path, tmp_path: Path) -> tuple[int, dict, ReplayPolicy, bool]:
+    """CASES[case] made concrete: its slots, the context's options (a profile written where asked, and given to the
+    replay as its ranked pairs), the replay's policy, and whether it is the hybrid."""
     slots, options, policy = CASES[case]
     options = dict(options)
     hybrid = bool(options.get("moe_cache_hybrid"))
     if options.pop("profile", False):
-        options["moe_cache_profile"], ranked = _other_text_profile(tiny_model_path, tmp_path, slots)
+        options["moe_cache_profile"], ranked = _other_text_profile(path, tmp_path, slots)
         policy = replace(policy, ranked=ranked)
+    return slots, options, policy, hybrid
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_replay_of_a_decodes_trace_is_the_engines_own_count(lib, tiny_model_path, tmp_path, case) -> None:
+    slots, options, policy, hybrid = _case(case, tiny_model_path, tmp_path)
     layout = expert_layout(tiny_model_path)
     cp = ContextParams(moe_cache_device="CPU", n_ctx=1024, moe_cache_mib=mib_for_slots(tiny_model_path, slots, hybrid), **options)
     with Model(tiny_model_path, RAM) as model, Context(model, cp) as ctx:
@@ -184,12 +191,7 @@ THREE_TIER_CASES = [c for c in CASES if c not in ("admit2-background", "admit2-m
 
 @pytest.mark.parametrize("case", THREE_TIER_CASES)
 def test_the_replay_of_three_tiers_is_the_engines_own_count(lib, tiny_model_path, tmp_path, caplog, case) -> None:
-    slots, options, policy = CASES[case]
-    options = dict(options)
-    hybrid = bool(options.get("moe_cache_hybrid"))
-    if options.pop("profile", False):
-        options["moe_cache_profile"], ranked = _other_text_profile(tiny_model_path, tmp_path, slots)
-        policy = replace(policy, ranked=ranked)
+    slots, options, policy, hybrid = _case(case, tiny_model_path, tmp_path)
     layout = expert_layout(tiny_model_path)
     ram_slots = 6
     caplog.set_level(logging.INFO, logger="llama_moe.native")
