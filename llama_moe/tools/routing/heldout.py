@@ -226,7 +226,7 @@ def kfold(splits: Sequence[tuple[Routes | JoinedRoutes, Routes]], replay: Callab
     return kfold_result(results)
 
 
-def _estimate(values: Sequence[float | None]) -> Estimate | None:
+def estimate(values: Sequence[float | None]) -> Estimate | None:
     """The folds that have a rate (something was looked up), as an estimate; None with fewer than two."""
     rates = [v for v in values if v is not None]
     return t_interval(rates) if len(rates) >= 2 else None
@@ -237,7 +237,7 @@ def kfold_result(results: Sequence[PolicyResult], lengths: Sequence[int] = (), m
     ``min_tokens`` are left out of both (``KFoldResult.too_short``)."""
     short = tuple(i for i, n in enumerate(lengths) if n < min_tokens) if min_tokens else ()
     kept = [r for i, r in enumerate(results) if i not in short]
-    return KFoldResult(_estimate([r.hit_rate for r in kept]), _estimate([r.h_layer for r in kept]),
+    return KFoldResult(estimate([r.hit_rate for r in kept]), estimate([r.h_layer for r in kept]),
                        merge_results(kept) if kept else None, tuple(results), short, min_tokens if short else 0)
 
 

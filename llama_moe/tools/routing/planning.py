@@ -14,7 +14,7 @@ from ...policy_replay import max_ubatch
 from .budget import (MiB, cache_mib_for_vram, engine_buffer_bytes, engine_slots, layer_shapes, mib_for_slots,
                      mib_to_bytes, non_expert_bytes, slot_row_bytes, slots_beside_whole)
 from ..errors import CacheBudgetError, ToolInputError
-from .heldout import Estimate, FoldCounts, Folds, KFoldResult, choose_folds, fold_counts, kfold_result, t_interval
+from .heldout import Estimate, FoldCounts, Folds, KFoldResult, choose_folds, estimate, fold_counts, kfold_result
 from .placement import DeviceSplit
 from .misscurves import lru_miss_curves, split_slots, static_curves
 from .policies import Job, Meter, PolicyResult, replay_jobs
@@ -342,15 +342,9 @@ def plan_cache(model: str, layout: ExpertLayout, cache_mib: float, hybrid: bool,
                 _per_token_of(pooled.n_bytes_upload, test_tokens), _per_token_of(pooled.n_bytes_cpu, test_tokens))
     if ram is not None:
         plan = replace(plan, ram_mib=ram_mib, ram_slots=min(ram.values()),
-                       ram_hit_rate=_rate_estimate([r.ram_hit_rate for r in scored.folds]),
+                       ram_hit_rate=estimate([r.ram_hit_rate for r in scored.folds]),
                        ram_bytes_disk_per_token=_per_token_of(pooled.n_bytes_disk, test_tokens))
     return plan, profile
-
-
-def _rate_estimate(rates: Sequence[float | None]) -> Estimate | None:
-    """The folds' rates (those that looked anything up) as an estimate; None with fewer than two."""
-    kept = [r for r in rates if r is not None]
-    return t_interval(kept) if len(kept) >= 2 else None
 
 
 def _per_token_of(count: int | None, tokens: int) -> float | None:
@@ -400,7 +394,7 @@ def _device_plans(layout: ExpertLayout, devices: Sequence[DeviceSplit], slots: d
                         sum(r.per_layer.get(il, (0, 0))[1] for il in d.layers))
             per_fold = [counts(r) for i, r in enumerate(scored.folds) if i not in scored.too_short]
             rates = [h / (h + m) for h, m in per_fold if h + m]
-            rate = t_interval(rates) if len(rates) >= 2 else None
+            rate = estimate(rates)
             h, m = counts(scored.pooled)
             pooled_rate = h / (h + m) if h + m else None
             misses = m / test_tokens
@@ -461,7 +455,7 @@ def _per_layer(layout: ExpertLayout, routes: Routes | TraceRoutes, counts: FoldC
 def _per_token(result: KFoldResult, lengths: Sequence[int]) -> Estimate | None:
     """Per fold, misses per token of the fold (a layer held whole misses nothing); None under two folds."""
     values = [r.n_miss / n for i, (r, n) in enumerate(zip(result.folds, lengths)) if n and i not in result.too_short]
-    return t_interval(values) if len(values) >= 2 else None
+    return estimate(values)
 
 
 def _fold_lookups(routes: Routes | TraceRoutes, counts: FoldCounts) -> np.ndarray:
@@ -492,7 +486,7 @@ def _share(lookups: np.ndarray, layers: Sequence[int], result: KFoldResult,
         served = sum(int(lookups[f, j]) for j, il in enumerate(layers) if slot_map.get(il, 0) >= n_expert)
         total = r.n_lookup + served
         shares.append((r.n_hit + served) / total if total else 1.0)
-    return t_interval(shares) if len(shares) >= 2 else None
+    return estimate(shares)
 
 
 def _whole_layers(layout: ExpertLayout, route_layers: Sequence[int], lookups: np.ndarray, test_tokens: int,
