@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from ..errors import GgufError
@@ -70,3 +72,30 @@ def expert_layout(path: str | os.PathLike[str]) -> ExpertLayout:
         layers.append(LayerExperts(il, int(n), sum(t.nbytes for t in tensors) // int(n), types,
                                    sum(t.nbytes for t in biases) // int(n)))
     return ExpertLayout(n_layer, n_expert, n_used, tuple(layers))
+
+
+@contextmanager
+def zeroed_experts(path: str | os.PathLike[str], experts: Mapping[int, Sequence[int]]) -> Iterator[int]:
+    """The file's bytes of the given experts (layer -> expert ids: weights and biases) are zeros inside the
+    block and what they were after it; yields the bytes zeroed. A model mapped from the file (``use_mmap``, no
+    repack) computes with the zeros at once, while copies made before (a cache's slots) keep the weights: where
+    a computation's experts come from, told apart without comparing kernels."""
+    from ..gguf_files.reader import read_gguf
+
+    saved: list[tuple[int, bytes]] = []
+    fd = os.open(path, os.O_RDWR)
+    try:
+        for t in read_gguf(path).tensors:
+            m = _EXPS.match(t.name)
+            if not m:
+                continue
+            per_expert = t.nbytes // t.ne[-1]
+            for e in experts.get(int(m.group(1)), ()):
+                at = t.offset + int(e) * per_expert
+                saved.append((at, os.pread(fd, per_expert, at)))
+                os.pwrite(fd, bytes(per_expert), at)
+        yield sum(len(d) for _, d in saved)
+    finally:
+        for at, data in saved:
+            os.pwrite(fd, data, at)
+        os.close(fd)
