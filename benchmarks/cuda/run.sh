@@ -40,6 +40,9 @@
 #                tier on the tiny and gpt-oss-tiny models (equivalence.py --ram-tier)
 #   probe        where the adaptive hybrid's counted hits are computed: its logits against no cache's, with and
 #                without the mailbox, beside slots filled by admit_experts (adaptive_probe.py)
+#   poison       where the hybrid's counted hits are computed, told apart without comparing kernels: the file's bytes
+#                of the cached experts zeroed after the slots are filled (adaptive_probe.py --poison), on the tiny
+#                and the wide model (the probe step writes the wide one)
 #   tiers        three tiers (the device cache over the RAM tier) in upload, hybrid, admitting and adaptive mode against no
 #                cache on the tiny and gpt-oss-tiny models (equivalence.py --three-tiers)
 #   tierspeed    the hybrid's decode on the big model with VRAM%:RAM% of the experts in the two tiers and the rest read
@@ -201,13 +204,16 @@ step_kernels() {
 }
 
 step_profile() {
+  local ok=1 rc
   for m in hybrid vram; do
     GGML_SCHED_PROFILE=1 timeout $(cap 200) python3 $here/bench_admit.py --admit 1 --repartition 0 -v bench $M -t 16 \
         --runs 1 -n 64 --pp 512 --cache-pct ${PROFILE_PCT:-50} --modes $m --profile $P > $R/profile_$m.log 2>&1
-    echo "$m: rc $?"
+    rc=$?
+    echo "$m: rc $rc"
+    [ $rc = 0 ] || ok=0
     grep -E "ggml_sched_profile|the CPU waited|tok/s, pp" $R/profile_$m.log | sed -E 's/^ +//' | cut -c1-300
   done
-  mark profile
+  [ $ok = 1 ] && mark profile
 }
 step_rates() {
   local B=/tmp/lmcache/work/cuda
@@ -250,6 +256,14 @@ train_profile(Path('/tmp/wide.gguf'), Path('/tmp/wide.strp'), log=lambda s: None
   done
   grep -q "PROBE: DONE" $R/probe_wide.txt && mark probe
 }
+step_poison() {
+  [ -f /tmp/wide.strp ] || { echo "poison needs the probe step's wide model"; return; }
+  for m in tiny wide; do
+    timeout $(cap 120) python3 $here/adaptive_probe.py /tmp/$m.gguf --profile /tmp/$m.strp --poison -n 32 > $R/poison_$m.txt 2>&1
+    echo "poison, $m:"; grep -vE "Warning|with Context" $R/poison_$m.txt | cut -c1-250 | tail -7
+  done
+  grep -q "^POISON: " $R/poison_wide.txt && mark poison
+}
 step_batch() {
   timeout $(cap 200) python3 $here/equivalence.py --shape tiny --experts q8_0 -n 48 --batch \
       --modes upload,hybrid,hybrid-split,adaptive,admit,admit-sync,admit-repart > $R/batch.txt 2>&1
@@ -259,11 +273,11 @@ step_batch() {
 
 declare -A NEED=([tiers]=120 [tierspeed]=150 [build]=240 [big]=60 [tiny]=30 [speed]=150 [memcheck]=100 [racecheck]=200 [lifecycle]=150 [equivalence]=120 [split]=60
                  [archs]=200 [mailbox]=200 [trap]=60 [serve]=90 [kernels]=240
-                 [profile]=120 [batch]=90 [rates]=30 [ramtier]=60 [probe]=40)
+                 [profile]=120 [batch]=90 [rates]=30 [ramtier]=60 [probe]=40 [poison]=60)
 echo "$(date -u +%FT%TZ), deadline $DEADLINE s, steps: $STEPS; $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
 for s in $STEPS; do
   [ -z "${NEED[$s]:-}" ] && { echo "unknown step $s (steps: ${!NEED[*]})"; exit 2; }
-  case $s in memcheck|racecheck|trap|equivalence|split|probe) [ -f $R/done_tiny ] || { fits tiny 30 && step_tiny; } ;; esac
+  case $s in memcheck|racecheck|trap|equivalence|split|probe|poison) [ -f $R/done_tiny ] || { fits tiny 30 && step_tiny; } ;; esac
   case $s in speed|serve|kernels|profile|tierspeed) [ -f $R/done_big ] || { fits big 60 && step_big; } ;; esac
   if fits $s ${NEED[$s]}; then step_$s; fi
 done
