@@ -108,7 +108,7 @@ def poison(a: argparse.Namespace) -> int:
     prompt = PROMPTS[0]
     ok = True
     with Model(copy, ModelParams(cpu_moe=True, repack=False, use_mmap=True)) as model:
-        steps = model.tokenize(PROMPTS[1], add_special=False)[: a.n]
+        steps = model.tokenize(" ".join(PROMPTS[1:]), add_special=False)[: a.n]
         for name, cp, admit in setups:
             got = []
             for zero in (False, True):
