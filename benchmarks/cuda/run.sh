@@ -47,6 +47,8 @@
 #                cache on the tiny and gpt-oss-tiny models (equivalence.py --three-tiers)
 #   tierspeed    the hybrid's decode on the big model with VRAM%:RAM% of the experts in the two tiers and the rest read
 #                from the file, against the hybrid without a tier (tiers_speed.py; TIERS, default 50:0,50:25,50:50,25:25)
+#   tierfree     the same with RAM made scarce (tiers_speed.py --free-gib; FREE_GIB, default 6; TIERS_FREE, default
+#                50:0,50:25): the hybrid whose other experts are mapped against the three tiers, with the same RAM
 #   batch        several sequences at once (a 154-token prompt beside a short one) in every cache mode against
 #                the same batch without a cache, on the tiny model (equivalence.py --batch)
 set -u
@@ -242,6 +244,12 @@ step_tierspeed() {
   grep -E "^\|" $R/tierspeed.txt
   grep -q "^| 25% | 25%" $R/tierspeed.txt && mark tierspeed
 }
+step_tierfree() {
+  timeout $(cap 400) python3 $here/tiers_speed.py $M --profile $P -n 128 --settings ${TIERS_FREE:-50:0,50:25} \
+      --free-gib ${FREE_GIB:-6} > $R/tierfree.txt 2>&1
+  grep -E "^\||^each" $R/tierfree.txt
+  grep -q "^| 50% | 25%" $R/tierfree.txt && mark tierfree
+}
 step_probe() {
   # the tiny model, and a wide one whose rows the GPU sums in another order than the CPU, each with the control
   timeout $(cap 90) python3 -c "
@@ -273,12 +281,12 @@ step_batch() {
 
 declare -A NEED=([tiers]=120 [tierspeed]=150 [build]=240 [big]=60 [tiny]=30 [speed]=150 [memcheck]=100 [racecheck]=200 [lifecycle]=150 [equivalence]=120 [split]=60
                  [archs]=200 [mailbox]=200 [trap]=60 [serve]=90 [kernels]=240
-                 [profile]=120 [batch]=90 [rates]=30 [ramtier]=60 [probe]=40 [poison]=60)
+                 [profile]=120 [batch]=90 [rates]=30 [ramtier]=60 [probe]=40 [poison]=60 [tierfree]=150)
 echo "$(date -u +%FT%TZ), deadline $DEADLINE s, steps: $STEPS; $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
 for s in $STEPS; do
   [ -z "${NEED[$s]:-}" ] && { echo "unknown step $s (steps: ${!NEED[*]})"; exit 2; }
   case $s in memcheck|racecheck|trap|equivalence|split|probe|poison) [ -f $R/done_tiny ] || { fits tiny 30 && step_tiny; } ;; esac
-  case $s in speed|serve|kernels|profile|tierspeed) [ -f $R/done_big ] || { fits big 60 && step_big; } ;; esac
+  case $s in speed|serve|kernels|profile|tierspeed|tierfree) [ -f $R/done_big ] || { fits big 60 && step_big; } ;; esac
   if fits $s ${NEED[$s]}; then step_$s; fi
 done
 echo "== table ($(( $(date +%s) - T0 )) s)"

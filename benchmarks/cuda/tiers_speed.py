@@ -4,9 +4,14 @@ the page cache). Each setting in a process of its own model load; greedy decodin
 timed from the second token. The RAM tier's reads are direct (O_DIRECT): the file's place in the page cache does
 not help them.
 
-python benchmarks/cuda/tiers_speed.py MODEL --profile P [--settings 50:0,50:25,50:50,25:25] [-n 128]
+python benchmarks/cuda/tiers_speed.py MODEL --profile P [--settings 50:0,50:25,50:50,25:25] [-n 128] [--free-gib G]
 
-A setting is VRAM%:RAM% of each layer's experts (RAM 0: no tier, the experts in RAM through the mapping).
+A setting is VRAM%:RAM% of each layer's experts (RAM 0: no tier, the experts in RAM through the mapping), with
+":s" after it for the hybrid through the scheduler (the mailbox off, as a tier turns it off).
+
+--free-gib G makes RAM scarce for each setting as benchmarks/ram_tier.py does: the model's pages are dropped from
+the page cache, and a balloon process locks all the available memory but G GiB, so that the mapping's experts
+(no tier) and the tier's locked slots get the same RAM.
 """
 from __future__ import annotations
 
@@ -15,20 +20,23 @@ import sys
 import time
 from pathlib import Path
 
-from llama_moe import Context, ContextParams, Model, ModelParams
-from llama_moe.tools.equivalence import PROMPTS
-from llama_moe.tools.experts import expert_layout
-from llama_moe.tools.routing.budget import mib_for_slots
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from ram_tier import GiB, Balloon, drop_cache, meminfo  # noqa: E402  (the balloon's one home)
+
+from llama_moe import Context, ContextParams, Model, ModelParams  # noqa: E402
+from llama_moe.tools.equivalence import PROMPTS  # noqa: E402
+from llama_moe.tools.experts import expert_layout  # noqa: E402
+from llama_moe.tools.routing.budget import mib_for_slots  # noqa: E402
 
 
 def slots_at(layout, pct: int) -> int:
     return max(1, min(layout.n_expert - 1, round(layout.n_expert * pct / 100)))
 
 
-def run(model_path: Path, profile: Path, vram: int, ram: int, n: int, device: str | None) -> str:
+def run(model_path: Path, profile: Path, vram: int, ram: int, n: int, device: str | None, mailbox: bool = True) -> str:
     layout = expert_layout(model_path)
     cp = ContextParams(n_ctx=2048, moe_cache_mib=mib_for_slots(layout, slots_at(layout, vram), True),
-                       moe_cache_hybrid=True, moe_cache_profile=str(profile),
+                       moe_cache_hybrid=True, moe_cache_profile=str(profile), moe_cache_mailbox=mailbox,
                        **({"moe_cache_device": device} if device else {}),
                        **({"moe_ram_mib": mib_for_slots(layout, slots_at(layout, ram), False)} if ram else {}))
     mp = ModelParams(cpu_moe=True, lazy_experts=ram > 0, repack=False)
@@ -42,7 +50,7 @@ def run(model_path: Path, profile: Path, vram: int, ram: int, n: int, device: st
             first = first or ctx.moe_cache_stats()
         s = ctx.moe_cache_stats()
     tps = (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 else 0.0
-    tier = "no tier (the rest in RAM, mapped)"
+    tier = "no tier (the rest in RAM, mapped)" + ("" if mailbox else "; through the scheduler")
     if s is not None and s.ram_below and first is not None:
         # the decode's own share, after the first token (the context's creation fills the device's slots through
         # the tier, and the prompt reads what it selects)
@@ -63,12 +71,23 @@ def main() -> int:
     ap.add_argument("--settings", default="50:0,50:25,50:50,25:25")
     ap.add_argument("-n", type=int, default=128)
     ap.add_argument("--device", help="the cache's device (CPU: a check of the script without a GPU)")
+    ap.add_argument("--free-gib", type=float, help="leave this much RAM to each setting (a balloon locks the rest)")
     a = ap.parse_args()
+    if a.free_gib is not None:
+        print(f"each setting with {a.free_gib:g} GiB of RAM left (the model's pages dropped first)")
     print("| VRAM | RAM tier | decode tok/s | device cache | RAM tier |")
     print("|---|---|---|---|---|")
     for item in a.settings.split(","):
-        vram, ram = (int(x) for x in item.split(":"))
-        print(run(a.model, a.profile, vram, ram, a.n, a.device), flush=True)
+        vram, ram, *rest = item.split(":")
+        balloon = None
+        if a.free_gib is not None:
+            drop_cache(a.model)
+            balloon = Balloon(meminfo()["MemAvailable"] - int(a.free_gib * GiB))
+        try:
+            print(run(a.model, a.profile, int(vram), int(ram), a.n, a.device, mailbox=rest != ["s"]), flush=True)
+        finally:
+            if balloon:
+                balloon.close()
     return 0
 
 
