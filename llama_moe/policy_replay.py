@@ -97,6 +97,9 @@ class ReplayResult:
     n_demoted: int        # experts admission evicted into the peer
     n_ram_demoted: int = 0  # three tiers: experts the device let go that the RAM tier took
     n_ram_fill: int = 0     # three tiers: of the tier's misses, what the start put in the device's slots through it
+    n_bytes_disk: int = 0   # three tiers: what the tier's misses read from the file (the context's n_bytes_disk
+                            #   less its prompts' reads)
+    n_bytes_ram_fill: int = 0  # of them, the start's fill's
 
     @property
     def n_hit(self) -> int:

@@ -329,7 +329,8 @@ def test_plan_sizes_three_tiers_from_the_engines_replay_of_both(tiny_model_path:
             r = replay.result()
         misses = r.n_ram_miss - r.n_ram_fill
         rates.append(r.n_ram_hit / (r.n_ram_hit + misses))
-        disk, tokens = disk + misses * per_expert, tokens + len(records) // layout.n_moe_layers
+        assert r.n_bytes_ram_fill == r.n_ram_fill * per_expert  # one expert shape: every miss reads one expert
+        disk, tokens = disk + r.n_bytes_disk - r.n_bytes_ram_fill, tokens + len(records) // layout.n_moe_layers
     assert plan["ram_hit_rate"]["folds"] == pytest.approx(rates)
     assert plan["ram_bytes_disk_per_token"] == pytest.approx(disk / tokens)
     out = _text(capsys, *argv)

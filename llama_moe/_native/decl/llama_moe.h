@@ -235,6 +235,8 @@ struct llama_moe_replay_stats {
     uint64_t n_demoted;
     uint64_t n_ram_demoted;
     uint64_t n_ram_fill;
+    uint64_t n_bytes_disk;
+    uint64_t n_bytes_ram_fill;
 };
 
 int32_t llama_moe_replay_set_ram_tier(struct llama_moe_replay * replay, const int32_t * ram_slots, char * err, size_t err_size);

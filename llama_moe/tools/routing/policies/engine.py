@@ -86,7 +86,6 @@ class EngineReplay(Replay):
         shapes = [LayerShape(il, n_expert, k, sizes[il].expert_bytes, sizes[il].bias_bytes) if sizes is not None
                   else LayerShape(il, n_expert, k, 1) for il in cached]
         self.ram = ram_slots is not None
-        self.bytes_of = {il: shape.expert_bytes for il, shape in zip(cached, shapes)} if sizes is not None else None
         ram = {il: ram_slots[il] for il in cached} if ram_slots is not None else None
         self.replay = PolicyReplay(shapes, {il: slots[il] for il in cached}, self.policy, ram_slots=ram) if cached else None
 
@@ -124,15 +123,8 @@ class EngineReplay(Replay):
         """The RAM tier's counts of the decodes: the start's fill (every one a miss) left out."""
         if not self.ram:
             return {}
-        misses = sum(l.n_ram_miss for l in r.layers) - r.n_ram_fill
-        disk = None
-        if self.bytes_of is not None:
-            # a miss reads its layer's expert; the start's fill is left out at the misses' mean size (a model's
-            # layers have one expert shape, where it is exact)
-            per = {l.il: l.n_ram_miss for l in r.layers}
-            total, n = sum(m * self.bytes_of[il] for il, m in per.items()), sum(per.values())
-            disk = total * misses // n if n else 0
-        return {"n_ram_hit": sum(l.n_ram_hit for l in r.layers), "n_ram_miss": misses, "n_bytes_disk": disk}
+        return {"n_ram_hit": sum(l.n_ram_hit for l in r.layers), "n_ram_miss": sum(l.n_ram_miss for l in r.layers) - r.n_ram_fill,
+                "n_bytes_disk": r.n_bytes_disk - r.n_bytes_ram_fill if self.sized else None}
 
 
 def engine_replay(name: str):
