@@ -280,8 +280,9 @@ def test_a_failed_decode_leaves_the_context_as_before_and_one_timeout_ends_it(li
             t0 = time.monotonic()
             with pytest.raises(NativeCallError, match=r"mailbox: layer 3: the CPU's part did not come within"):
                 ctx.decode(prompt[:8])
-            # one timeout for the decode, not one per ubatch (eight here: 3.2 s); the margin is the machine's
-            assert time.monotonic() - t0 < 5 * 0.4, time.monotonic() - t0
+            # one timeout for the decode, not one per ubatch (eight here: at least 3.2 s); below that, the rest is
+            # the machine's load (a busy 2-core machine took 2.0 s)
+            assert time.monotonic() - t0 < 8 * 0.4, time.monotonic() - t0
             assert ctx.n_past == 0
             assert re.search(r"mailbox: \d+ later layers did not wait for the CPU side after that", caplog.text), caplog.text
             ctx.decode(prompt)  # from position 0 again: the failed decode left nothing in the KV cache
