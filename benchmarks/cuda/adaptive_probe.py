@@ -21,15 +21,14 @@ mapping differ. A context without a cache, which reads the zeros, shows the zero
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 from pathlib import Path
-
-import shutil
 
 import numpy as np
 
 from llama_moe import Context, ContextParams, Model, ModelParams
-from llama_moe.tools.equivalence import PROMPTS, greedy_steps
+from llama_moe.tools.equivalence import PROMPTS, forced_steps, greedy_steps
 from llama_moe.tools.experts import expert_layout, zeroed_experts
 from llama_moe.tools.routing.budget import mib_for_slots
 
@@ -84,14 +83,6 @@ def main() -> int:
     return 0
 
 
-def _decode_steps(ctx: Context, tokens: list[int]) -> np.ndarray:
-    out = []
-    for t in tokens:
-        ctx.decode([t])
-        out.append(ctx.logits().copy())
-    return np.array(out)
-
-
 def poison(a: argparse.Namespace) -> int:
     layout = expert_layout(a.model)
     slots = max(1, min(layout.n_expert - 1, round(layout.n_expert * a.pct / 100)))
@@ -121,9 +112,9 @@ def poison(a: argparse.Namespace) -> int:
                     h0 = ctx.moe_cache_stats().n_hit
                     if zero:
                         with zeroed_experts(copy, resident) as n_bytes:
-                            logits = _decode_steps(ctx, steps)
+                            logits = forced_steps(ctx, steps)
                     else:
-                        logits = _decode_steps(ctx, steps)
+                        logits = forced_steps(ctx, steps)
                     got.append((logits, ctx.moe_cache_stats().n_hit - h0, resident))
             (clean, hits, res0), (zeroed, hits_z, res1) = got
             same = bool(np.array_equal(clean, zeroed))
@@ -137,9 +128,9 @@ def poison(a: argparse.Namespace) -> int:
                 ctx.decode(model.tokenize(prompt))
                 if zero:
                     with zeroed_experts(copy, res1):
-                        diffs.append(_decode_steps(ctx, steps[:8]))
+                        diffs.append(forced_steps(ctx, steps[:8]))
                 else:
-                    diffs.append(_decode_steps(ctx, steps[:8]))
+                    diffs.append(forced_steps(ctx, steps[:8]))
         seen = not np.array_equal(diffs[0], diffs[1])
         print(f"no cache, the same experts zeroed: logits {'differ (the zeros are read)' if seen else 'UNCHANGED (the check sees nothing)'} "
               f"(largest difference {float(np.max(np.abs(diffs[0] - diffs[1]))):.3g})")

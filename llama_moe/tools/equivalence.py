@@ -47,6 +47,15 @@ def greedy_steps(model: Model, cp: ContextParams, prompt: str, n: int,
         return tokens, np.stack(steps), ctx.moe_cache_stats()
 
 
+def forced_steps(ctx: Context, tokens: list[int]) -> np.ndarray:
+    """The logits after each of ``tokens``, decoded one a decode on the context as it stands."""
+    out = []
+    for t in tokens:
+        ctx.decode([t])
+        out.append(ctx.logits().copy())
+    return np.array(out)
+
+
 def max_rel_diff(steps: np.ndarray, ref_steps: np.ndarray) -> float:
     """The largest logit difference from the reference's, of the reference's largest |logit|."""
     return float(np.max(np.abs(steps - ref_steps))) / (float(np.max(np.abs(ref_steps))) or 1.0)

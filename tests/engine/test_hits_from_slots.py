@@ -15,6 +15,7 @@ import pytest
 
 from llama_moe import Context, ContextParams, Model, ModelParams
 from llama_moe.formats.profile import Profile, write_profile
+from llama_moe.tools.equivalence import forced_steps
 from llama_moe.tools.experts import expert_layout, zeroed_experts
 from support.cache_sizes import mib_for_slots
 
@@ -23,14 +24,6 @@ STEPS = "sang as they hauled the ropes, and the wind rose over the grey water un
 # the experts' bytes stay the mapping's: no copy into repacked buffers, no read of the file into memory
 MAPPED = ModelParams(cpu_moe=True, repack=False, use_mmap=True)
 SLOTS = 12
-
-
-def _steps(ctx: Context, tokens: list[int]) -> np.ndarray:
-    out = []
-    for t in tokens:
-        ctx.decode([t])
-        out.append(ctx.logits().copy())
-    return np.array(out)
 
 
 @pytest.fixture()
@@ -64,9 +57,9 @@ def test_the_hits_are_computed_from_the_slots_copies(lib, model_copy: Path, tmp_
                 assert all(len(r) == SLOTS for r in resident.values())
                 hits0 = ctx.moe_cache_stats().n_hit
                 if not poisoned:
-                    return _steps(ctx, steps), resident, ctx.moe_cache_stats().n_hit - hits0
+                    return forced_steps(ctx, steps), resident, ctx.moe_cache_stats().n_hit - hits0
                 with zeroed_experts(model_copy, resident):
-                    return _steps(ctx, steps), resident, ctx.moe_cache_stats().n_hit - hits0
+                    return forced_steps(ctx, steps), resident, ctx.moe_cache_stats().n_hit - hits0
 
         clean, resident, hits = run(poisoned=False)
         poisoned, resident_after, hits_after = run(poisoned=True)
@@ -78,9 +71,9 @@ def test_the_hits_are_computed_from_the_slots_copies(lib, model_copy: Path, tmp_
         # the check can fail: the CPU, computing from the file, reads the zeros
         with Context(model, ContextParams(n_ctx=512, n_threads=2)) as plain:
             plain.decode(model.tokenize(PROMPT))
-            before = _steps(plain, steps[:4])
+            before = forced_steps(plain, steps[:4])
         with Context(model, ContextParams(n_ctx=512, n_threads=2)) as plain:
             plain.decode(model.tokenize(PROMPT))
             with zeroed_experts(model_copy, resident):
-                after = _steps(plain, steps[:4])
+                after = forced_steps(plain, steps[:4])
         assert not np.array_equal(before, after)
