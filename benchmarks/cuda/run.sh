@@ -49,6 +49,10 @@
 #                from the file, against the hybrid without a tier (tiers_speed.py; TIERS, default 50:0,50:25,50:50,25:25)
 #   tierfree     the same with RAM made scarce (tiers_speed.py --free-gib; FREE_GIB, default 6; TIERS_FREE, default
 #                50:0,50:25): the hybrid whose other experts are mapped against the three tiers, with the same RAM
+#   spec         speculative decoding on the big model through llama-server, all in VRAM and the hybrid at half its experts,
+#                without drafts, with n-gram drafts and with a 2-layer draft model of the same shape (spec_speed.py)
+#   auto         the cache's auto size and mode against hand-picked modes at the size auto chose, with the GPU's memory
+#                made scarce by a balloon (auto_speed.py; VRAM_FREE_GIB, default 10)
 #   batch        several sequences at once (a 154-token prompt beside a short one) in every cache mode against
 #                the same batch without a cache, on the tiny model (equivalence.py --batch)
 set -u
@@ -272,6 +276,20 @@ step_poison() {
   done
   grep -q "^POISON: " $R/poison_wide.txt && mark poison
 }
+step_spec() {
+  [ -f /tmp/draft.gguf ] || timeout $(cap 120) python3 -c "
+from llama_moe.tools.synth import synthesize
+synthesize('/tmp/draft.gguf', 'qwen3-30b-a3b,n_layer=2', 'q4_0', seed=0)" > $R/draft.log 2>&1
+  timeout $(cap 400) python3 $here/spec_speed.py $M --profile $P --cache-mib 7776 --draft /tmp/draft.gguf \
+      --configs vram,hybrid --specs none,ngram,draft --rounds 3 -n 128 -t 16 --log-dir $R > $R/spec.md 2> $R/spec.err
+  cut -c1-200 $R/spec.md
+  grep -q "^| hybrid | draft" $R/spec.md && mark spec
+}
+step_auto() {
+  timeout $(cap 400) python3 $here/auto_speed.py $M --profile $P --free-gib ${VRAM_FREE_GIB:-10} -n 128 > $R/auto.md 2> $R/auto.err
+  cut -c1-300 $R/auto.md; tail -3 $R/auto.err
+  grep -q "^| upload" $R/auto.md && mark auto
+}
 step_batch() {
   timeout $(cap 200) python3 $here/equivalence.py --shape tiny --experts q8_0 -n 48 --batch \
       --modes upload,hybrid,hybrid-split,adaptive,admit,admit-sync,admit-repart > $R/batch.txt 2>&1
@@ -281,12 +299,12 @@ step_batch() {
 
 declare -A NEED=([tiers]=120 [tierspeed]=150 [build]=240 [big]=60 [tiny]=30 [speed]=150 [memcheck]=100 [racecheck]=200 [lifecycle]=150 [equivalence]=120 [split]=60
                  [archs]=200 [mailbox]=200 [trap]=60 [serve]=90 [kernels]=240
-                 [profile]=120 [batch]=90 [rates]=30 [ramtier]=60 [probe]=40 [poison]=60 [tierfree]=150)
+                 [profile]=120 [batch]=90 [rates]=30 [ramtier]=60 [probe]=40 [poison]=60 [tierfree]=150 [spec]=200 [auto]=200)
 echo "$(date -u +%FT%TZ), deadline $DEADLINE s, steps: $STEPS; $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
 for s in $STEPS; do
   [ -z "${NEED[$s]:-}" ] && { echo "unknown step $s (steps: ${!NEED[*]})"; exit 2; }
   case $s in memcheck|racecheck|trap|equivalence|split|probe|poison) [ -f $R/done_tiny ] || { fits tiny 30 && step_tiny; } ;; esac
-  case $s in speed|serve|kernels|profile|tierspeed|tierfree) [ -f $R/done_big ] || { fits big 60 && step_big; } ;; esac
+  case $s in speed|serve|kernels|profile|tierspeed|tierfree|spec|auto) [ -f $R/done_big ] || { fits big 60 && step_big; } ;; esac
   if fits $s ${NEED[$s]}; then step_$s; fi
 done
 echo "== table ($(( $(date +%s) - T0 )) s)"
