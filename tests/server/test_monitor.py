@@ -611,7 +611,8 @@ function done() {
   for (const [id, e] of Object.entries(els)) {
     text[id] = e.textContent; values[id] = e.dataset.value; hidden[id] = e.hidden; titles[id] = e.title;
   }
-  console.log(JSON.stringify({text, values, hidden, titles, cells, heat: el("chart-heat").dataset}));
+  console.log(JSON.stringify({text, values, hidden, titles, cells, heat: el("chart-heat").dataset,
+                              charts: {hit: el("chart-hit").dataset, bytes: el("chart-bytes").dataset}}));
 }
 """
 
@@ -726,8 +727,20 @@ def test_the_page_names_the_ram_tier(tmp_path: Path) -> None:
     assert share.endswith("%") and float(share[:-1]) > 0
     # the tier's lookups: 300 held and 100 missed a poll
     assert out["text"]["ram-held-share"] == "75.0%" and "ram-line" not in hidden
-    plain = _run_page_script(tmp_path, metrics_text(0))
+    # the charts draw the tier's series beside the cache's: its held share and its reads per second
+    assert _chart(out, "hit")["ram"] == "0.75" and "legend-ram" not in hidden
+    read = float(f"{96 * 2**20 * 2:g}") - float(f"{96 * 2**20:g}")   # the series as written, one second apart
+    assert float(_chart(out, "bytes")["disk"]) == pytest.approx(read) and "legend-disk" not in hidden
+    plain = _run_page_script(tmp_path, metrics_text(0), metrics_text(1))
     assert plain["text"]["mode"] == "upload mode" and plain["text"]["bytes-upload-label"] == "bytes uploaded"
+    assert set(_chart(plain, "hit")) == {"ratio", "recent"} and set(_chart(plain, "bytes")) == {"up", "cpu"}
+    assert plain["hidden"]["legend-ram"] and plain["hidden"]["legend-disk"]
+
+
+def _chart(out: dict, which: str) -> dict[str, str]:
+    """A line chart's series as the page drew them: name -> its newest value."""
+    d = out["charts"][which]
+    return dict(zip(d["lines"].split(","), d["newest"].split(",")))
 
 
 def test_the_page_names_three_tiers(tmp_path: Path) -> None:
@@ -750,4 +763,7 @@ def test_the_page_names_three_tiers(tmp_path: Path) -> None:
     hidden = {i for i, h in out["hidden"].items() if h}
     assert "disk-tile" not in hidden and "ram-line" not in hidden
     assert out["text"]["ram-held-share"] == "90.0%"
+    hit = _chart(out, "hit")
+    assert hit["ram"] == "0.9" and float(hit["recent"]) == pytest.approx(float(out["text"]["hit-ratio-recent"]), abs=1e-3)
+    assert float(_chart(out, "bytes")["disk"]) == pytest.approx(float(f"{8 * 2**20 * 2:g}") - float(f"{8 * 2**20:g}"))
     _check_tiles(_script_tiles(out), polls[-1], hidden, out["titles"])
