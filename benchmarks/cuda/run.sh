@@ -246,13 +246,15 @@ step_tierspeed() {
   timeout $(cap 300) python3 $here/tiers_speed.py $M --profile $P -n 128 --settings ${TIERS:-50:0,50:25,50:50,25:25} \
       > $R/tierspeed.txt 2>&1
   grep -E "^\|" $R/tierspeed.txt
-  grep -q "^| 25% | 25%" $R/tierspeed.txt && mark tierspeed
+  local want=${TIERS:-50:0,50:25,50:50,25:25}
+  [ $(grep -c "^| [0-9]*% | [0-9]*% |" $R/tierspeed.txt) = $(echo $want | tr ',' '\n' | wc -l) ] && mark tierspeed
 }
 step_tierfree() {
   timeout $(cap 400) python3 $here/tiers_speed.py $M --profile $P -n 128 --settings ${TIERS_FREE:-50:0,50:25} \
       --free-gib ${FREE_GIB:-6} > $R/tierfree.txt 2>&1
   grep -E "^\||^each" $R/tierfree.txt
-  grep -q "^| 50% | 25%" $R/tierfree.txt && mark tierfree
+  local want=${TIERS_FREE:-50:0,50:25}
+  [ $(grep -c "^| [0-9]*% | [0-9]*% |" $R/tierfree.txt) = $(echo $want | tr ',' '\n' | wc -l) ] && mark tierfree
 }
 step_probe() {
   # the tiny model, and a wide one whose rows the GPU sums in another order than the CPU, each with the control
