@@ -20,19 +20,17 @@ from pathlib import Path
 
 import requests
 
+from llama_moe.tools.server.metrics import parse_moe_cache
 from llama_moe.tools.server.process import free_port, launch, server_binary, stop_process
 from llama_moe.tools.synth.corpus import split_paragraphs
 
 REPEAT = ("one two three four five six seven eight nine ten, " * 8).strip()
 
 
-def _counters(url: str) -> dict[str, float]:
-    out = {}
-    for line in requests.get(url + "/metrics", timeout=10).text.splitlines():
-        if line.startswith("llamacpp:moe_cache_") and "{" not in line:
-            name, value = line.split()
-            out[name.removeprefix("llamacpp:moe_cache_")] = float(value)
-    return out
+def _lookups(url: str) -> tuple[int, int]:
+    """The cache's hits and misses so far (0, 0 without a cache), as the server's /metrics says them."""
+    c = parse_moe_cache(requests.get(url + "/metrics", timeout=10).text)
+    return (c.n_hit, c.n_miss) if c is not None else (0, 0)
 
 
 def run(model: Path, config: str, cache: list[str], spec: str, spec_args: list[str], prompts: dict[str, str],
@@ -54,14 +52,13 @@ def run(model: Path, config: str, cache: list[str], spec: str, spec_args: list[s
 
         one(prompts["corpus"])  # warm-up, not counted
         for name, prompt in prompts.items():
-            before = _counters(url)
+            before = _lookups(url)
             res = [one(prompt) for _ in range(rounds)]
-            after = _counters(url)
+            after = _lookups(url)
             rate = [r["timings"]["predicted_per_second"] for r in res]
             drafted = sum(r["timings"].get("draft_n", 0) for r in res)
             accepted = sum(r["timings"].get("draft_n_accepted", 0) for r in res)
-            hits = after.get("hits_total", 0) - before.get("hits_total", 0)
-            misses = after.get("misses_total", 0) - before.get("misses_total", 0)
+            hits, misses = after[0] - before[0], after[1] - before[1]
             hit_rate = f"{hits / (hits + misses):.3f}" if hits + misses else "-"
             rows.append(f"| {config} | {spec} | {name} | {statistics.median(rate):.2f} ({max(rate) - min(rate):.2f}) | "
                         f"{drafted} | {accepted} | {hit_rate} | {int(hits + misses)} |")
