@@ -190,6 +190,26 @@ def test_an_automatic_tier_holds_a_small_model_whole(lib, tiny_model_path) -> No
                                                            for l in expert_layout(tiny_model_path).layers)
 
 
+
+def test_an_automatic_tier_leaves_room_for_its_staging_copy(lib, tiny_model_path, monkeypatch) -> None:
+    """--moe-ram-mib auto on a machine that cannot hold every expert (the test switch gives it half the experts
+    beyond the model's other weights and the 1 GiB margin): the slots and the staging copy of one layer's experts,
+    which the tier keeps besides them, together fit in what the machine can spare."""
+    layout = expert_layout(tiny_model_path)
+    experts = sum(l.bytes_per_expert * l.n_expert for l in layout.layers)
+    stage = max(l.bytes_per_expert * l.n_expert for l in layout.layers)  # one shape: one layer's experts
+    spare = experts // 2
+    with Model(tiny_model_path, LAZY) as model:
+        others = model.size_bytes - experts
+        monkeypatch.setenv("LLAMA_MOE_TEST_RAM_AVAIL_KIB", str((others + (1 << 30) + spare) // 1024))
+        with Context(model, ContextParams(n_ctx=256, n_threads=2, moe_ram_mib="auto")) as ctx:
+            status = ctx.cache_status()
+            text = list(ctx.generate("Once upon a time", max_tokens=8, sampling=Sampling(temperature=0.0)))
+    assert status.ram_tier and status.size_auto and status.n_layers_whole < status.n_layers
+    assert "staging copy of one layer's experts" in status.choice
+    assert status.n_bytes + stage <= spare + 1024 and status.n_bytes > 0, (status.n_bytes, stage, spare)
+    assert len(text) == 8
+
 _LOCK_SCRIPT = """
 import json, resource, sys, warnings
 from llama_moe import Context, ContextParams, Model, ModelParams, Sampling
