@@ -68,6 +68,12 @@ def one(model: Path, profile: Path, kw: dict, n: int) -> tuple:
     return res
 
 
+def row(name: str, res: tuple) -> str:
+    """One table row of a setting's result (one()'s tuple)."""
+    tps, mode, n_bytes, hit, choice = res
+    return f"| {name} | {mode} | {n_bytes / 2**20:.0f} | {tps:.2f} | {hit} | {choice} |"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model", type=Path)
@@ -83,8 +89,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         print("| setting | mode | cache MiB | decode tok/s | hit rate | engine's choice |")
         print("|---|---|---:|---:|---:|---|")
-        tps, mode, n_bytes, hit, choice = one(a.model, a.profile, {"moe_cache_mib": "auto", "moe_cache_mode": "auto"}, a.n)
-        print(f"| auto | {mode} | {n_bytes / 2**20:.0f} | {tps:.2f} | {hit} | {choice} |", flush=True)
+        auto = one(a.model, a.profile, {"moe_cache_mib": "auto", "moe_cache_mode": "auto"}, a.n)
+        print(row("auto", auto), flush=True)
+        n_bytes = auto[2]
         if not n_bytes:
             return 1
         mib = n_bytes / 2**20
@@ -94,8 +101,7 @@ def main(argv: list[str] | None = None) -> int:
                 "adaptive": {"moe_cache_mode": "adaptive"},
                 "upload": {"moe_cache_mode": "upload"}}
         for name, kw in hand.items():
-            tps, mode, n_bytes, hit, choice = one(a.model, a.profile, {"moe_cache_mib": mib, **kw}, a.n)
-            print(f"| {name} | {mode} | {n_bytes / 2**20:.0f} | {tps:.2f} | {hit} | {choice} |", flush=True)
+            print(row(name, one(a.model, a.profile, {"moe_cache_mib": mib, **kw}, a.n)), flush=True)
     finally:
         stop.set()
         balloon.join(10)
