@@ -90,7 +90,7 @@ def test_llama_bin_is_where_the_tools_find_llama_server(binary, tiny_model_path,
     with process.start_server(found, _args(tiny_model_path), tmp_path / "s.log") as server:
         assert Path(os.readlink(f"/proc/{server.proc.pid}/exe")) == binary.resolve()
         assert server.proc.args[0] == str(link / "llama-server")
-        r = requests.post(f"{server.url}/completion", json={"prompt": "The ship", "n_predict": 4}, timeout=60)
+        r = requests.post(f"{server.url}/completion", json={"prompt": "The ship", "n_predict": 4, "ignore_eos": True, "temperature": 0}, timeout=60)
         assert r.status_code == 200 and r.json()["tokens_predicted"] == 4
     plan = subprocess.run([sys.executable, "-m", "llama_moe", "serve", str(tiny_model_path), "--dry-run"],
                           capture_output=True, text=True, timeout=300)
