@@ -20,10 +20,11 @@ static double bench(enum ggml_type t, int n, size_t nrows, int reps, int prefetc
     char * y = aligned_alloc(64, (ggml_row_size(tr->vec_dot_type,n)+63)/64*64);
     ty->from_float(f, y, n);
     float s=0, acc=0; double best=1e9;
-    // prefetch: the rows 4 KiB ahead of the one computed, as one token's MUL_MAT_ID does (patch 0026)
-    const size_t ahead = prefetch ? (4096 + rb - 1) / rb : 0;
-    for (int k=0;k<reps;k++){ double t0=now(); for(size_t r=0;r<nrows;r++){
-        if (ahead && r + ahead < nrows) for (size_t o=0;o<rb;o+=64) __builtin_prefetch(w+(r+ahead)*rb+o);
+    // prefetch: the rows 4 KiB ahead of the one computed, through ggml-cpu's own calls (as one token's MUL_MAT_ID)
+    for (int k=0;k<reps;k++){ double t0=now();
+        const int64_t ahead = ggml_cpu_mmid_prefetch_begin(w, w + rb*nrows, rb, prefetch ? 4096 : 0);
+        for(size_t r=0;r<nrows;r++){
+        ggml_cpu_mmid_prefetch(w + (r+ahead)*rb, w + rb*nrows, rb, ahead);
         tr->vec_dot(n,&s,0,w+r*rb,0,y,0,1); acc+=s;} double dt=now()-t0; if(dt<best)best=dt; }
     if (acc==12345) printf("x");
     free(w); free(f); free(y);
