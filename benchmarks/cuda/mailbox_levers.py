@@ -20,7 +20,7 @@ import statistics
 import sys
 from pathlib import Path
 
-import llama_moe.tools.bench.throughput as throughput
+from llama_moe.tools.bench.throughput import measure_context
 from llama_moe.model import Model
 from llama_moe.params import ContextParams, ModelParams
 from llama_moe.tools.experts import expert_layout
@@ -61,7 +61,8 @@ def main() -> int:
             cp = ContextParams(n_ctx=max(1024, args.pp + args.n + 128), n_batch=args.pp, n_ubatch=args.pp,
                                n_threads=args.threads, moe_cache_mib=mib, moe_cache_hybrid=True,
                                moe_cache_profile=args.profile, moe_cache_mailbox_threads=t or None)
-            d, p, hit, _, moved, has_cache = throughput._measure(model, cp, args.n, args.pp, args.runs, args.seed, None)
+            m = measure_context(model, cp, args.n, args.pp, args.runs, args.seed)
+            d, p, hit, moved, has_cache = m.decode, m.pp, m.hit_rate, m.ram_bytes_per_token, m.has_cache
             row = (t or "default", c, statistics.median(d), max(d) - min(d), statistics.median(p), hit,
                    None if moved is None else moved / 1e6, has_cache, d)
             rows.append(row)

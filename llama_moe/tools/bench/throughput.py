@@ -72,11 +72,24 @@ def _used_mib(before: float | None) -> float | None:
     return before - now
 
 
-def _measure(model: Model, cp: ContextParams, n_gen: int, n_pp: int, runs: int, seed: int,
-             base_free: float | None) -> tuple[list[float], list[float], float | None, float | None, float | None, bool]:
-    """Decode and prompt rates per run, the decode hit rate, VRAM used, the bytes per generated token that
-    come from RAM: those the CPU computes (hybrid), or those uploaded (upload mode), and whether the context had
-    a MoE cache (the engine's answer: without a GPU it turns one off)."""
+@dataclass(frozen=True)
+class ContextRates:
+    """One context's measured rates (measure_context): decode and prompt tok/s per counted run, the decode's hit
+    rate, the VRAM used with the context alive (MiB; None where unknown), the bytes per generated token that come
+    from RAM (those the CPU computes in the hybrid, those uploaded in upload mode), and whether the context had a
+    MoE cache (the engine's answer: without a GPU it turns one off)."""
+    decode: list[float]
+    pp: list[float]
+    hit_rate: float | None
+    used_mib: float | None
+    ram_bytes_per_token: float | None
+    has_cache: bool
+
+
+def measure_context(model: Model, cp: ContextParams, n_gen: int, n_pp: int, runs: int, seed: int,
+                    base_free: float | None = None) -> ContextRates:
+    """The bench's measurement of one context: runs + 1 rounds of a prompt of n_pp tokens and n_gen generated
+    tokens after a held-out paragraph, the first round not counted (it warms caches and allocators)."""
     decode, pp, hit, cpu_bytes = [], [], None, None
     with Context(model, cp) as ctx:
         has_cache = ctx.moe_cache_stats() is not None
@@ -109,7 +122,7 @@ def _measure(model: Model, cp: ContextParams, n_gen: int, n_pp: int, runs: int, 
                 hit = (after.n_hit - before.n_hit) / lookups if lookups else None
                 moved = after.n_bytes_cpu - before.n_bytes_cpu if after.hybrid else after.n_bytes_upload - before.n_bytes_upload
                 cpu_bytes = moved / max(n, 1)
-    return decode, pp, hit, used, cpu_bytes, has_cache
+    return ContextRates(decode, pp, hit, used, cpu_bytes, has_cache)
 
 
 MODES = ("cpu-moe", "n-cpu-moe", "upload", "hybrid", "hybrid-no-mailbox", "hybrid-adaptive", "hybrid-admit", "vram")
@@ -163,7 +176,8 @@ def run_bench(model_path: Path, cache_pcts: list[float], threads: list[int], n_g
             n_ctx = max(1024, n_pp + n_gen + 128)
             if "cpu-moe" in modes:
                 cp = ContextParams(n_ctx=n_ctx, n_batch=n_pp, n_ubatch=n_pp, n_threads=t)
-                d, p, hit, used, _, _ = _measure(model, cp, n_gen, n_pp, runs, seed, base_free)
+                m = measure_context(model, cp, n_gen, n_pp, runs, seed, base_free)
+                d, p, hit, used = m.decode, m.pp, m.hit_rate, m.used_mib
                 row("cpu-moe", 0.0, t, d, p, hit, used, all_experts_per_token)
             for pct in cache_pcts:
                 mib = total_mib * pct / 100
@@ -178,7 +192,8 @@ def run_bench(model_path: Path, cache_pcts: list[float], threads: list[int], n_g
                                        moe_cache_profile=profile if hybrid else None, moe_cache_device=cache_device,
                                        # hybrid-no-mailbox: the hand-overs through llama.cpp's scheduler (the mailbox's before)
                                        moe_cache_mailbox=False if mode == "hybrid-no-mailbox" else None)
-                    d, p, hit, used, moved, has_cache = _measure(model, cp, n_gen, n_pp, runs, seed, base_free)
+                    m = measure_context(model, cp, n_gen, n_pp, runs, seed, base_free)
+                    d, p, hit, used, moved, has_cache = m.decode, m.pp, m.hit_rate, m.used_mib, m.ram_bytes_per_token, m.has_cache
                     if not has_cache:
                         # what ran was cpu-moe under this mode's name: marked, never a cache's number
                         log(f"{mode}: the context has no MoE cache (no GPU; --cache-device CPU runs it in RAM): "
@@ -198,14 +213,16 @@ def run_bench(model_path: Path, cache_pcts: list[float], threads: list[int], n_g
             with Model(model_path, ModelParams(n_cpu_moe=n_cpu_moe, use_mmap=False, repack=False)) as split:
                 for t in threads:
                     cp = ContextParams(n_ctx=max(1024, n_pp + n_gen + 128), n_batch=n_pp, n_ubatch=n_pp, n_threads=t)
-                    d, p, hit, used, _, _ = _measure(split, cp, n_gen, n_pp, runs, seed, base_free)
+                    m = measure_context(split, cp, n_gen, n_pp, runs, seed, base_free)
+                    d, p, hit, used = m.decode, m.pp, m.hit_rate, m.used_mib
                     row(f"n-cpu-moe {n_cpu_moe}", (layout.n_moe_layers - n_cpu_moe) * per_layer, t, d, p, hit, used,
                         all_experts_per_token * n_cpu_moe / max(layout.n_moe_layers, 1))
     if vram and "vram" in modes:
         base_free = _base_free(base_free)
         with Model(model_path, ModelParams()) as model:
             cp = ContextParams(n_ctx=max(1024, n_pp + n_gen + 128), n_batch=n_pp, n_ubatch=n_pp, n_threads=threads[0])
-            d, p, _, used, _, _ = _measure(model, cp, n_gen, n_pp, runs, seed, base_free)
+            m = measure_context(model, cp, n_gen, n_pp, runs, seed, base_free)
+            d, p, used = m.decode, m.pp, m.used_mib
             row("all-in-vram", total_mib, threads[0], d, p, None, used, 0.0)
     ceiling = next((r.decode_tps for r in rows if r.mode == "all-in-vram"), None) if g else None
     return [with_gpu_ceiling(r, ceiling) for r in rows] if ceiling else rows
