@@ -62,13 +62,13 @@ def main() -> int:
                                n_threads=args.threads, moe_cache_mib=mib, moe_cache_hybrid=True,
                                moe_cache_profile=args.profile, moe_cache_mailbox_threads=t or None)
             m = measure_context(model, cp, args.n, args.pp, args.runs, args.seed)
-            d, p, hit, moved, has_cache = m.decode, m.pp, m.hit_rate, m.ram_bytes_per_token, m.has_cache
-            row = (t or "default", c, statistics.median(d), max(d) - min(d), statistics.median(p), hit,
-                   None if moved is None else moved / 1e6, has_cache, d)
+            d, moved = m.decode, m.ram_bytes_per_token
+            row = (t or "default", c, statistics.median(d), max(d) - min(d), statistics.median(m.pp), m.hit_rate,
+                   None if moved is None else moved / 1e6, m.has_cache, d)
             rows.append(row)
             print(f"{label}: decode {row[2]:.2f} tok/s (spread {row[3]:.2f}; runs {', '.join(f'{x:.2f}' for x in d)}), "
-                  f"pp{args.pp} {row[4]:.0f} tok/s, hits {'-' if hit is None else f'{hit:.3f}'}"
-                  f"{'' if has_cache else ', NO CACHE'}", file=sys.stderr, flush=True)
+                  f"pp{args.pp} {row[4]:.0f} tok/s, hits {'-' if m.hit_rate is None else f'{m.hit_rate:.3f}'}"
+                  f"{'' if m.has_cache else ', NO CACHE'}", file=sys.stderr, flush=True)
             print(f"LEVER {label}: decode {row[2]:.2f} ({row[3]:.2f}) pp {row[4]:.0f}", flush=True)
     print(f"\n{args.model.name}, hybrid through the mailbox, {args.cache_pct:g}% of the experts ({mib:.0f} MiB), "
           f"{args.threads} threads, {args.runs} runs of {args.n} tokens:\n")
