@@ -7,7 +7,8 @@ not help them.
 python benchmarks/cuda/tiers_speed.py MODEL --profile P [--settings 50:0,50:25,50:50,25:25] [-n 128] [--free-gib G]
 
 A setting is VRAM%:RAM% of each layer's experts (RAM 0: no tier, the experts in RAM through the mapping), with
-":s" after it for the hybrid through the scheduler (the mailbox off, as a tier turns it off).
+":s" after it for the hybrid through the scheduler (the mailbox off; with it, the mailbox's CPU side reads a
+token's experts into the tier's slots and computes them there).
 
 --free-gib G makes RAM scarce for each setting as benchmarks/ram_tier.py does: the model's pages are dropped from
 the page cache, and a balloon process locks all the available memory but G GiB, so that the mapping's experts
@@ -59,7 +60,8 @@ def run(model_path: Path, profile: Path, vram: int, ram: int, n: int, device: st
         tier = (f"RAM tier hit rate {hits / max(hits + misses, 1):.3f} of {(hits + misses) / steps:.1f} lookups/token, "
                 f"{(s.n_bytes_disk - first.n_bytes_disk) / steps / 1e6:.1f} MB/token from the file, "
                 f"{(s.disk_wait_us - first.disk_wait_us) / 1000 / steps:.2f} ms/token waited; before the first token "
-                f"{first.n_bytes_disk / 1e6:.0f} MB read, {times[0] - t0:.2f} s")
+                f"{first.n_bytes_disk / 1e6:.0f} MB read, {times[0] - t0:.2f} s"
+                + ("" if mailbox else "; through the scheduler"))
     hit = f"VRAM hit rate {s.hit_rate:.3f}" if s is not None else "no cache"
     return f"| {vram}% | {ram}% | {tps:.2f} | {hit} | {tier} |"
 

@@ -7,6 +7,7 @@ leaves the tier, what the device lets go moves down) equal an independent replay
 (tests/oracles/tiers.py), and a read that fails fails its decode."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import warnings
 
@@ -71,6 +72,63 @@ def test_three_tiers_change_nothing_and_the_tier_serves_what_the_device_lacks(
     assert stats.n_bytes_disk_prompt > 0 and stats.n_bytes_disk_prompt % per_expert == 0
     assert sum(l.n_bytes_disk for l in layers) == stats.n_bytes_disk
     assert "the RAM tier under the cache held" in caplog.text
+
+
+def _one_by_one(model: Model, cp: ContextParams, prompt: list[int]):
+    """One sequence's greedy tokens over 64 steps, its last logits and the counters: one-token decodes, which
+    the mailbox hands over."""
+    with Context(model, cp) as ctx:
+        tokens = list(ctx.generate(prompt, max_tokens=64, sampling=Sampling(temperature=0.0), stop_at_eog=False))
+        return tokens, ctx.logits(), ctx.moe_cache_stats(), ctx.layer_stats()
+
+
+@pytest.mark.parametrize("mode", ["hybrid", "admitting", "adaptive"])
+def test_the_mailbox_computes_the_cpu_experts_from_the_tier(lib, tiny_model_path, caplog, mode) -> None:
+    """The hybrid's mailbox over a RAM tier (moe_cache_mailbox_on_cpu: the CPU as the device, the protocol and the
+    CPU side as on CUDA): its CPU side reads a token's experts into the tier's slots, then computes them there.
+    Tokens and logits as no cache's, and every counter of both tiers as the scheduler's path counts it."""
+    layout = expert_layout(tiny_model_path)
+    k = layout.n_expert_used
+    caplog.set_level(logging.INFO, logger="llama_moe.native")
+    with Model(tiny_model_path, PLAIN) as model:
+        with Context(model, ContextParams(n_ctx=512, n_threads=2)) as ctx:
+            prompt = ctx.tokenize(PROMPTS[0])  # over 32 tokens: the prompt takes the tier's staging copy
+        plain_tokens, plain_logits, *_ = _one_by_one(model, ContextParams(n_ctx=512, n_threads=2), prompt)
+    cp = ContextParams(n_ctx=512, n_threads=2, moe_cache_device="CPU", **MODES[mode],
+                       moe_cache_mib=mib_for_slots(tiny_model_path, k // 2, hybrid=True),
+                       moe_ram_mib=mib_for_slots(tiny_model_path, k + 1))
+    with Model(tiny_model_path, LAZY) as model:
+        caplog.clear()
+        tokens, logits, stats, layers = _one_by_one(model, dataclasses.replace(cp, moe_cache_mailbox_on_cpu=True), prompt)
+        said = caplog.text
+        sched_tokens, sched_logits, sched_stats, sched_layers = _one_by_one(model, cp, prompt)
+    assert f"mailbox: {len(layout.layers)} layers hand over" in said
+    handovers = [line for line in said.splitlines() if "the CPU waited " in line and " hand-overs from the GPU" in line]
+    assert handovers and int(handovers[-1].split("for each of ")[1].split()[0]) >= len(layout.layers) * 60
+    assert tokens == sched_tokens == plain_tokens
+    np.testing.assert_array_equal(logits, plain_logits)
+    np.testing.assert_array_equal(sched_logits, plain_logits)
+    fields = ("n_hit", "n_miss", "n_admit", "n_swap", "n_ram_hit", "n_ram_miss", "n_disk_reads", "n_bytes_disk",
+              "n_bytes_disk_prompt")
+    assert {f: getattr(stats, f) for f in fields} == {f: getattr(sched_stats, f) for f in fields}
+    assert stats.ram_below and stats.n_ram_miss > 0 and stats.n_ram_hit > 0
+    assert [(l.n_hit, l.n_miss, l.n_bytes_disk) for l in layers] == [(l.n_hit, l.n_miss, l.n_bytes_disk) for l in sched_layers]
+
+
+def test_the_mailbox_steps_aside_for_a_tier_smaller_than_a_token(lib, tiny_model_path, caplog) -> None:
+    """A RAM tier with fewer slots than a token's experts cannot hold them all for the mailbox's CPU side: the
+    hybrid hands over through the scheduler, which reads the rest through the tier's staging copy, and says so."""
+    k = expert_layout(tiny_model_path).n_expert_used
+    caplog.set_level(logging.INFO, logger="llama_moe.native")
+    cp = ContextParams(n_ctx=256, n_threads=2, moe_cache_device="CPU", moe_cache_hybrid=True, moe_cache_mailbox_on_cpu=True,
+                       moe_cache_mib=mib_for_slots(tiny_model_path, k // 2, hybrid=True),
+                       moe_ram_mib=mib_for_slots(tiny_model_path, k - 1))
+    with Model(tiny_model_path, PLAIN) as model:
+        plain, *_ = _one_by_one(model, ContextParams(n_ctx=256, n_threads=2), [1, 2, 3])
+    with Model(tiny_model_path, LAZY) as model:
+        tokens, _, stats, _ = _one_by_one(model, cp, [1, 2, 3])
+    assert f"fewer than the {k} experts a token selects; the hybrid hands over through the scheduler" in caplog.text
+    assert tokens == plain and stats.n_ram_miss > 0
 
 
 @pytest.mark.parametrize("device_k,ram_k", [(0.5, 1), (2, 2)])
