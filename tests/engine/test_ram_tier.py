@@ -146,36 +146,51 @@ def test_the_load_and_the_decodes_leave_the_experts_out_of_the_page_cache(lib, t
         assert _settled_pages(path, experts) <= loaded + read // 10
 
 
-def test_whole_blocks_of_an_expert_are_read_into_its_slot(lib, tmp_path, caplog) -> None:
+@pytest.mark.parametrize("way", ["direct, several in flight", "direct, one at a time", "through the page cache"])
+def test_whole_blocks_of_an_expert_are_read_into_its_slot(lib, tmp_path, caplog, monkeypatch, way) -> None:
+    """f16 experts of 16 KiB a tensor: whole blocks of the direct reads, which go into the slots themselves (with
+    the kernel's asynchronous I/O, or one at a time without it); only an expert's partial first and last blocks go
+    through a buffer and a copy. Reads through the page cache (a file system without direct reads) take any range:
+    nothing is copied. The test switches take the engine down the paths of a kernel without asynchronous I/O and
+    of a file system without direct reads."""
     from llama_moe.tools.synth import synthesize
 
-    # f16 experts of 16 KiB a tensor: whole blocks of the direct reads, which go into the slots themselves; only
-    # an expert's partial first and last blocks go through a buffer and a copy
     path = tmp_path / "f16-experts.gguf"
-    synthesize(path, shape="tiny", expert_type="f16", seed=0)
-    layout = expert_layout(path)
-    assert all(t.nbytes // layout.layers[0].n_expert % 4096 == 0 for t in read_gguf(path).tensors if "_exps" in t.name)
-    caplog.set_level(logging.INFO, logger="llama_moe.native")
-    sampling = Sampling(temperature=0.0)
-    with Model(path, PLAIN) as model, Context(model, ContextParams(n_ctx=256, n_threads=2)) as ctx:
-        plain = list(ctx.generate("Once", max_tokens=48, sampling=sampling))
-    with Model(path, LAZY) as model:
-        # slots for every expert the prompt's ubatch selects: nothing read for a ubatch alone (into the staging
-        # copy, whose place cannot agree with every layer's offsets)
-        cp = ContextParams(n_ctx=256, n_threads=2, moe_ram_mib=mib_for_slots(path, 3 * layout.n_expert_used))
-        with Context(model, cp) as ctx:
-            status = ctx.cache_status()
-            tokens = list(ctx.generate("Once", max_tokens=48, sampling=sampling))
-            stats = ctx.moe_cache_stats()
-    if not status.disk_direct:
-        pytest.skip("this file system refuses direct reads: every read goes through the page cache and a copy")
+    switch = {"direct, one at a time": "LLAMA_MOE_TEST_DISK_SYNC", "through the page cache": "LLAMA_MOE_TEST_DISK_BUFFERED"}
+    if way in switch:
+        monkeypatch.setenv(switch[way], "1")
+    try:
+        synthesize(path, shape="tiny", expert_type="f16", seed=0)
+        layout = expert_layout(path)
+        assert all(t.nbytes // layout.layers[0].n_expert % 4096 == 0 for t in read_gguf(path).tensors if "_exps" in t.name)
+        caplog.set_level(logging.INFO, logger="llama_moe.native")
+        sampling = Sampling(temperature=0.0)
+        with Model(path, PLAIN) as model, Context(model, ContextParams(n_ctx=256, n_threads=2)) as ctx:
+            plain = list(ctx.generate("Once", max_tokens=48, sampling=sampling))
+        with Model(path, LAZY) as model:
+            # slots for every expert the prompt's ubatch selects: nothing read for a ubatch alone (into the staging
+            # copy, whose place cannot agree with every layer's offsets)
+            cp = ContextParams(n_ctx=256, n_threads=2, moe_ram_mib=mib_for_slots(path, 3 * layout.n_expert_used))
+            with Context(model, cp) as ctx:
+                status = ctx.cache_status()
+                tokens = list(ctx.generate("Once", max_tokens=48, sampling=sampling))
+                stats = ctx.moe_cache_stats()
+    finally:
+        path.unlink(missing_ok=True)
+    if way != "through the page cache" and not status.disk_direct:
+        pytest.skip("this file system refuses direct reads: every read goes through the page cache")
+    assert status.disk_direct == (way != "through the page cache")
+    for name in switch.values():
+        assert (f"{name}: the RAM tier reads" in caplog.text) == (switch.get(way) == name)
     assert tokens == plain and stats.n_miss > 0 and stats.n_cpu == 0 and stats.n_bytes_disk_prompt == 0
-    line = next(r.getMessage() for r in caplog.records if "the RAM tier read" in r.getMessage())
-    m = re.search(r"read (\d+) expert tensors \(([\d.]+) MiB\) from the model's file, ([\d.]+) MiB of them through a copy", line)
-    assert m, line
+    said = r"read (\d+) expert tensors \(([\d.]+) MiB\) from the model's file, ([\d.]+) MiB of them through a copy"
+    m = next((m for m in (re.search(said, r.getMessage()) for r in caplog.records) if m), None)
+    assert m, caplog.text
     assert int(m[1]) == stats.n_disk_reads and abs(float(m[2]) - stats.n_bytes_disk / 2**20) < 0.01
-    # at most one block of the four of a tensor is copied (its offset's first and last partial blocks)
-    assert float(m[3]) <= float(m[2]) / 4 + 0.01
+    if way == "through the page cache":
+        assert float(m[3]) == 0
+    else:  # at most one block of the four of a tensor is copied (its offset's first and last partial blocks)
+        assert 0 < float(m[3]) <= float(m[2]) / 4 + 0.01
 
 
 def test_a_read_that_fails_fails_its_decode_and_the_context_goes_on(lib, tiny_model_path, monkeypatch) -> None:
