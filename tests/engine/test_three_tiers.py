@@ -4,7 +4,8 @@ tokens and logits are those of no cache (four sequences, prompts over 32 tokens 
 than a token's experts in both tiers), the RAM tier looks up exactly the experts the device's slots lacked, every
 byte read from the file is one of its misses or a prompt's read, upload mode's two levels (exclusive: what moves up
 leaves the tier, what the device lets go moves down) equal an independent replay of the trace
-(tests/oracles/tiers.py), and a read that fails fails its decode."""
+(tests/oracles/tiers.py), a read that fails fails its decode, and the hybrid's mailbox over the tier counts what
+the scheduler's path counts."""
 from __future__ import annotations
 
 import dataclasses
