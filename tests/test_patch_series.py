@@ -16,7 +16,7 @@ from llama_moe.native_build.patches import IDENT, PatchSeries, apply_series, exp
 from llama_moe.native_build.source import BasePin, pristine_tree
 
 # the lines the diffs add to upstream files, all patches together; lower it when a hook shrinks
-MAX_UPSTREAM_ADDED = 394
+MAX_UPSTREAM_ADDED = 389
 
 
 def upstream_added_lines(series: PatchSeries) -> dict[str, int]:
