@@ -155,9 +155,9 @@ def run_bench(model_path: Path, cache_pcts: list[float], threads: list[int], n_g
     # upload mode's misses cross PCIe from the pinned experts: its bound is that link, not the CPU's reads
     h2d_gbps = copy[0].h2d_pinned_gbps if copy and copy[0].h2d_pinned_gbps > 0 else None
 
-    def row(mode: str, mib: float, t: int, m: ContextRates, hit: float | None, ram_bytes: float | None = None,
+    def row(mode: str, mib: float, t: int, m: ContextRates, ram_bytes: float | None = None,
             link_gbps: float | None = None, cache_off: bool = False) -> None:
-        d, p, used = m.decode, m.pp, m.used_mib
+        d, p, hit, used = m.decode, m.pp, m.hit_rate, m.used_mib  # no hit rate without a cache
         gbps = link_gbps if link_gbps else ram_gbps[t]
         bound = gbps * 1e9 / ram_bytes if ram_bytes else None
         median = statistics.median(d)
@@ -178,7 +178,7 @@ def run_bench(model_path: Path, cache_pcts: list[float], threads: list[int], n_g
             if "cpu-moe" in modes:
                 cp = ContextParams(n_ctx=n_ctx, n_batch=n_pp, n_ubatch=n_pp, n_threads=t)
                 m = measure_context(model, cp, n_gen, n_pp, runs, seed, base_free)
-                row("cpu-moe", 0.0, t, m, m.hit_rate, all_experts_per_token)
+                row("cpu-moe", 0.0, t, m, all_experts_per_token)
             for pct in cache_pcts:
                 mib = total_mib * pct / 100
                 for mode in CACHE_MODES:
@@ -197,11 +197,11 @@ def run_bench(model_path: Path, cache_pcts: list[float], threads: list[int], n_g
                         # what ran was cpu-moe under this mode's name: marked, never a cache's number
                         log(f"{mode}: the context has no MoE cache (no GPU; --cache-device CPU runs it in RAM): "
                             f"the row is marked 'cache off'")
-                        row(mode, mib, t, m, None, all_experts_per_token, cache_off=True)
+                        row(mode, mib, t, m, all_experts_per_token, cache_off=True)
                     elif hybrid:
-                        row(mode, mib, t, m, m.hit_rate, m.ram_bytes_per_token)
+                        row(mode, mib, t, m, m.ram_bytes_per_token)
                     else:  # misses cross PCIe: bounded by the link, measurable only with a GPU
-                        row(mode, mib, t, m, m.hit_rate, m.ram_bytes_per_token if h2d_gbps else None, h2d_gbps)
+                        row(mode, mib, t, m, m.ram_bytes_per_token if h2d_gbps else None, h2d_gbps)
     if "n-cpu-moe" in modes:
         # llama.cpp's own answer to the same VRAM: whole layers' experts on the GPU, the first N in RAM
         per_layer = layout.total_expert_bytes / max(layout.n_moe_layers, 1) / 2**20
@@ -213,14 +213,14 @@ def run_bench(model_path: Path, cache_pcts: list[float], threads: list[int], n_g
                 for t in threads:
                     cp = ContextParams(n_ctx=max(1024, n_pp + n_gen + 128), n_batch=n_pp, n_ubatch=n_pp, n_threads=t)
                     m = measure_context(split, cp, n_gen, n_pp, runs, seed, base_free)
-                    row(f"n-cpu-moe {n_cpu_moe}", (layout.n_moe_layers - n_cpu_moe) * per_layer, t, m, m.hit_rate,
+                    row(f"n-cpu-moe {n_cpu_moe}", (layout.n_moe_layers - n_cpu_moe) * per_layer, t, m,
                         all_experts_per_token * n_cpu_moe / max(layout.n_moe_layers, 1))
     if vram and "vram" in modes:
         base_free = _base_free(base_free)
         with Model(model_path, ModelParams()) as model:
             cp = ContextParams(n_ctx=max(1024, n_pp + n_gen + 128), n_batch=n_pp, n_ubatch=n_pp, n_threads=threads[0])
             m = measure_context(model, cp, n_gen, n_pp, runs, seed, base_free)
-            row("all-in-vram", total_mib, threads[0], m, None, 0.0)
+            row("all-in-vram", total_mib, threads[0], m, 0.0)
     ceiling = next((r.decode_tps for r in rows if r.mode == "all-in-vram"), None) if g else None
     return [with_gpu_ceiling(r, ceiling) for r in rows] if ceiling else rows
 
